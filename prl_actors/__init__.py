@@ -1,0 +1,1 @@
+"""prl-actors: periodic-asynchronous GRPO with five ZeroMQ actors."""

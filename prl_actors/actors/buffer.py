@@ -1,0 +1,131 @@
+"""RolloutBuffer: admits each group of the open epoch exactly once and streams it to the Trainer.
+
+Admission (in this order; the first failing rule is the rejection reason, counted and logged):
+  wrong_epoch / epoch_closed  the group's epoch is not the open one
+  stale_version               its version is not the open epoch's version (on-policy)
+  unknown_group               its group id is not one of the epoch's 0..B-1
+  bad_group_size              it does not hold G samples
+  duplicate                   (epoch, group id) was already accepted
+  buffer_full                 more than buffer.max_groups groups wait for the trainer
+Accepted groups go to the Trainer as `TrainGroup` under credit-based flow control: one credit per
+group, returned by the trainer after consuming it. `periodic` streams each group on arrival; `sync`
+holds the epoch's groups and releases the whole batch when the last one arrives.
+The stream per epoch is: EpochOpen, TrainGroup x B (seq 0..B-1), EpochComplete.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prl_actors.actors.runtime import Core
+from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import (
+    Ack,
+    EpochComplete,
+    EpochOpen,
+    GroupAccepted,
+    GroupAck,
+    Msg,
+    TrainGroup,
+)
+from prl_actors.transport.port import Dest, Inbound
+
+
+class BufferCore(Core):
+    role = "buffer"
+
+    def __init__(self, name: str, log: EventLog, mode: str, group_size: int, max_groups: int) -> None:
+        super().__init__(name, log)
+        self.mode, self.group_size, self.max_groups = mode, group_size, max_groups
+        self.groups = 0  # B of the open epoch (0 = none open)
+        self.accepted: set[int] = set()
+        self.held: list[TrainGroup] = []  # sync mode: the epoch's groups until the batch is complete
+        self.stream: deque[Msg] = deque()  # what goes to the trainer, in order
+        self.credits = 0
+        self.trainer: bytes = b""
+        self.seq = 0
+
+    def start(self, now: float) -> None:
+        self.register()
+
+    # --- from the coordinator -------------------------------------------------------------------
+
+    def on_epoch_open(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        if msg.epoch != self.epoch:
+            if self.groups and len(self.accepted) < self.groups:
+                self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
+            self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
+            self.accepted, self.held, self.seq = set(), [], 0
+            self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
+            self._pump()
+        self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
+
+    # --- from workers ----------------------------------------------------------------------------
+
+    def on_group_result(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        group = msg.group
+        reason = self._reject_reason(msg.epoch, msg.version, group.group_id, len(group.samples))
+        fields = dict(group_id=group.group_id, worker=group.worker, msg_id=msg.id, msg_epoch=msg.epoch)
+        if reason:
+            self.count(f"rejected.{reason}")
+            self.log("group_rejected", reason=reason, msg_version=msg.version, **fields)
+            self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=False, reason=reason))
+            return
+        self.accepted.add(group.group_id)
+        self.count("accepted")
+        self.log("group_accepted", **fields, accepted=len(self.accepted), groups=self.groups)
+        self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=True))
+        accepted = GroupAccepted(epoch=msg.epoch, version=msg.version, group_id=group.group_id, worker=group.worker)
+        self.emit(Dest.peer("coordinator"), accepted)
+        item = TrainGroup(epoch=msg.epoch, version=msg.version, seq=self.seq, group=group)
+        self.seq += 1
+        if self.mode == "sync":
+            self.held.append(item)
+        else:
+            self.stream.append(item)
+        if len(self.accepted) == self.groups:
+            self.stream.extend(self.held)
+            self.held = []
+            self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups))
+            self.log("batch_complete", groups=self.groups)
+        self._pump()
+
+    def _reject_reason(self, epoch: int, version: int, group_id: int, n_samples: int) -> str:
+        if self.groups == 0 or epoch > self.epoch:
+            return "wrong_epoch"
+        if epoch < self.epoch:
+            return "epoch_closed"
+        if version != self.version:
+            return "stale_version"
+        if not 0 <= group_id < self.groups:
+            return "unknown_group"
+        if n_samples != self.group_size:
+            return "bad_group_size"
+        if group_id in self.accepted:
+            return "duplicate"
+        if len(self.stream) + len(self.held) >= self.max_groups:
+            return "buffer_full"
+        return ""
+
+    # --- to the trainer --------------------------------------------------------------------------
+
+    def on_credit(self, now: float, inbound: Inbound) -> None:
+        if inbound.identity != self.trainer:
+            self.log("trainer_connected", trainer=inbound.msg.sender)
+            self.trainer = inbound.identity
+        self.credits += inbound.msg.n
+        self._pump()
+
+    def _pump(self) -> None:
+        """Send in stream order: markers need no credit, each TrainGroup takes one."""
+        while self.trainer and self.stream:
+            head = self.stream[0]
+            if isinstance(head, TrainGroup):
+                if self.credits <= 0:
+                    return
+                self.credits -= 1
+                self.log("group_streamed", group_id=head.group.group_id, seq=head.seq, credits=self.credits)
+            self.stream.popleft()
+            self.emit(Dest.reply(self.trainer), head)

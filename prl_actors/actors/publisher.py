@@ -1,0 +1,102 @@
+"""WeightPublisher: stores the newest weight version and serves full snapshots to workers.
+
+Upload (Trainer -> Publisher): WeightsBegin, chunks, WeightsEnd -> reply WeightsStored, and
+WeightsAvailable to the Coordinator. Versions only move forward: an upload of an older version than
+the stored one is refused. Fetch (worker -> Publisher): FetchWeights -> the current snapshot as
+WeightsBegin/chunks/WeightsEnd (replying to the fetch's id), or Error `rejected` if none is stored yet.
+A late joiner therefore always gets the current snapshot. An upload not finished within
+`transfer_timeout_s` is dropped and logged as `transfer_failed`.
+"""
+
+from __future__ import annotations
+
+from prl_actors.actors.runtime import Core
+from prl_actors.actors.transfer import Assembler, Snapshot, TransferError, transfer_messages
+from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import Error, WeightsAvailable, WeightsStored
+from prl_actors.transport.port import Dest, Inbound
+
+
+class PublisherCore(Core):
+    role = "publisher"
+
+    def __init__(self, name: str, log: EventLog, chunk_bytes: int, transfer_timeout_s: float) -> None:
+        super().__init__(name, log)
+        self.chunk_bytes, self.transfer_timeout_s = chunk_bytes, transfer_timeout_s
+        self.current: Snapshot | None = None
+        self.uploads: dict[bytes, Assembler] = {}  # by uploader identity
+
+    def start(self, now: float) -> None:
+        self.register()
+
+    def on_welcome(self, now: float, inbound: Inbound) -> None:
+        super().on_welcome(now, inbound)
+        if self.current is not None:  # re-registered after a coordinator restart: re-announce
+            self.emit(Dest.peer("coordinator"), WeightsAvailable(version=self.current.version))
+
+    # --- upload ------------------------------------------------------------------------------
+
+    def on_weights_begin(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        if self.current is not None and msg.version <= self.current.version:
+            detail = f"version {msg.version} is not newer than stored {self.current.version}"
+            self._fail(inbound, msg.id, detail)
+            return
+        try:
+            self.uploads[inbound.identity] = Assembler(msg, now)
+        except TransferError as exc:
+            self._fail(inbound, msg.id, str(exc))
+            return
+        self.log("upload_begin", msg_id=msg.id, new_version=msg.version, bytes=msg.total_bytes, chunks=msg.chunks)
+
+    def on_weight_chunk(self, now: float, inbound: Inbound) -> None:
+        upload = self.uploads.get(inbound.identity)
+        if upload is None:
+            self.count("orphan_chunk")
+            return
+        try:
+            upload.chunk(inbound.msg, inbound.payloads)
+        except TransferError as exc:
+            del self.uploads[inbound.identity]
+            self._fail(inbound, upload.begin.id, str(exc))
+
+    def on_weights_end(self, now: float, inbound: Inbound) -> None:
+        upload = self.uploads.pop(inbound.identity, None)
+        if upload is None:
+            self._fail(inbound, inbound.msg.id, "weights_end without weights_begin")
+            return
+        try:
+            snap = upload.end(inbound.msg)
+        except TransferError as exc:
+            self._fail(inbound, upload.begin.id, str(exc))
+            return
+        self.current = snap
+        self.version = snap.version
+        self.log("weights_stored", new_version=snap.version, bytes=snap.nbytes, upload_s=round(now - upload.started, 6))
+        self.reply(inbound, WeightsStored(reply_to=upload.begin.id, version=snap.version))
+        self.emit(Dest.peer("coordinator"), WeightsAvailable(version=snap.version))
+
+    def _fail(self, inbound: Inbound, reply_to: str, detail: str) -> None:
+        self.count("transfer_failed")
+        self.log("transfer_failed", detail=detail, msg_id=reply_to)
+        self.reply(inbound, Error(reply_to=reply_to, code="rejected", detail=detail))
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        for ident, upload in list(self.uploads.items()):
+            if upload.expired(now, self.transfer_timeout_s):
+                del self.uploads[ident]
+                self.count("transfer_failed")
+                self.log("transfer_failed", detail="upload timed out", msg_id=upload.begin.id)
+
+    # --- fetch -------------------------------------------------------------------------------
+
+    def on_fetch_weights(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        if self.current is None:
+            self.reply(inbound, Error(reply_to=msg.id, code="rejected", detail="no weights published yet"))
+            return
+        snap = self.current
+        for part, payloads in transfer_messages(snap, self.chunk_bytes, reply_to=msg.id):
+            self.reply(inbound, part, payloads)  # chunks are not logged one by one (QUIET_TYPES)
+        self.log("weights_served", to=msg.sender, msg_id=msg.id, served_version=snap.version, bytes=snap.nbytes)

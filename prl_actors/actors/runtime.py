@@ -1,0 +1,303 @@
+"""The actor runtime: a pure `Core` per role, hosted by a pykka actor fed by a ZeroMQ `Port`.
+
+    socket -> Port thread (decode at the edge) -> pykka inbox (tell) -> Core.handle -> outbox -> Port
+
+The core never touches a socket: it appends (Dest, message) pairs to `self.outbox`, which the host
+flushes after every call. Cores are therefore unit-testable without sockets and (the Coordinator)
+replayable from logs. A request that expects a reply is registered with `expect`, and the core's
+`tick` turns an overdue one into a logged `request_timeout` and a callback: nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+import zmq
+
+from prl_actors.logs import EventLog
+from prl_actors.protocol.codec import Frame, encode
+from prl_actors.protocol.messages import Error, Heartbeat, Msg, Register
+from prl_actors.transport.port import BadFrame, Dest, Inbound, Port
+
+# Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
+QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
+
+
+@dataclass
+class Tick:
+    now: float
+
+
+@dataclass
+class SendFailed:
+    dest: str
+    why: str
+
+
+@dataclass
+class StopRequest:
+    """From outside the actor (signal, test): stop cleanly; a worker leaves gracefully first."""
+
+    reason: str
+
+
+@dataclass
+class _Pending:
+    deadline: float
+    what: str
+    on_timeout: Callable[[float], None] | None
+
+
+class Core:
+    """Base of every actor's logic. Subclasses define `on_<type>(now, inbound)` handlers."""
+
+    role = "actor"
+
+    def __init__(self, name: str, log: EventLog) -> None:
+        self.name, self.log = name, log
+        self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
+        self.stopped = False
+        self.registered = False
+        self.counters: dict[str, int] = {}
+        self._pending: dict[str, _Pending] = {}
+
+    # epoch/version live on the log so every event carries them
+    @property
+    def epoch(self) -> int:
+        return self.log.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.log.epoch = value
+
+    @property
+    def version(self) -> int:
+        return self.log.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.log.version = value
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    # --- sending -----------------------------------------------------------------------------
+
+    def emit(self, dest: Dest, msg: Msg, payloads: Sequence[Frame] = (), log: bool = True) -> Msg:
+        msg.sender = self.name
+        if log and msg.__struct_config__.tag not in QUIET_TYPES:
+            self.log(
+                "send",
+                type=msg.__struct_config__.tag,
+                msg_id=msg.id,
+                to=repr(dest),
+                reply_to=getattr(msg, "reply_to", ""),
+                msg_epoch=msg.epoch,
+                msg_version=msg.version,
+            )
+        self.outbox.append((dest, msg, payloads))
+        return msg
+
+    def reply(self, inbound: Inbound, msg: Msg, payloads: Sequence[Frame] = ()) -> Msg:
+        dest = Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
+        return self.emit(dest, msg, payloads)
+
+    def expect(self, msg: Msg, timeout_s: float, what: str, on_timeout: Callable[[float], None] | None) -> None:
+        """Register that `msg` wants a reply within `timeout_s`."""
+        self._pending[msg.id] = _Pending(time.monotonic() + timeout_s, what, on_timeout)
+
+    # --- entry points, called by the host -------------------------------------------------------
+
+    def start(self, now: float) -> None:  # noqa: B027 - optional hook
+        """Called once when the sockets are up."""
+
+    def handle(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        tag = msg.__struct_config__.tag
+        reply_to = getattr(msg, "reply_to", "")
+        if reply_to:
+            self._pending.pop(reply_to, None)
+        if tag not in QUIET_TYPES:
+            self.log(
+                "recv",
+                type=tag,
+                msg_id=msg.id,
+                sender=msg.sender,
+                reply_to=reply_to,
+                msg_epoch=msg.epoch,
+                msg_version=msg.version,
+            )
+        handler = getattr(self, f"on_{tag}", None)
+        if handler is None:
+            self.count("unexpected")
+            self.log("unexpected_message", type=tag, msg_id=msg.id, sender=msg.sender)
+            detail = f"{self.role} does not handle {tag!r}"
+            self.reply(inbound, Error(reply_to=msg.id, code="unexpected", detail=detail))
+            return
+        handler(now, inbound)
+
+    def bad_frame(self, now: float, bad: BadFrame) -> None:
+        """A frame that failed decoding: log it, count it, answer with an Error; keep running."""
+        err = bad.error
+        self.count(f"bad_frame.{err.code}")
+        self.log("bad_frame", code=err.code, detail=err.detail, msg_id=err.reply_to, sender=err.sender)
+        dest = Dest.peer(bad.peer) if bad.peer else Dest.reply(bad.identity)
+        self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail))
+
+    def tick(self, now: float) -> None:
+        overdue = [(mid, p) for mid, p in self._pending.items() if p.deadline <= now]
+        for msg_id, p in overdue:
+            del self._pending[msg_id]
+            self.count("request_timeout")
+            self.log("request_timeout", msg_id=msg_id, what=p.what)
+            if p.on_timeout is not None:
+                p.on_timeout(now)
+
+    def send_failed(self, now: float, failed: SendFailed) -> None:
+        self.count("send_failed")
+        self.log("send_failed", to=failed.dest, why=failed.why)
+
+    # --- membership, shared by every role but the coordinator ------------------------------------
+
+    def register(self) -> None:
+        self.emit(Dest.peer("coordinator"), Register(role=self.role, pid=os.getpid(), host=socket.gethostname()))
+
+    def on_welcome(self, now: float, inbound: Inbound) -> None:
+        self.registered = True
+        self.log("registered", run_id=inbound.msg.run_id)
+
+    def on_heartbeat_ack(self, now: float, inbound: Inbound) -> None:
+        if not inbound.msg.known and self.registered:
+            self.log("re_register", reason="the coordinator does not know us (timed out?)")
+            self.registered = False
+            self.register()
+
+    def on_ack(self, now: float, inbound: Inbound) -> None:
+        """Acks need no action; the pending-request entry was cleared in `handle`."""
+
+    def on_error(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        self.count("peer_error")
+        self.log("peer_error", code=msg.code, detail=msg.detail, reply_to=msg.reply_to, sender=msg.sender)
+
+    def on_shutdown(self, now: float, inbound: Inbound) -> None:
+        self.log("shutdown", reason=inbound.msg.reason)
+        self.stopped = True
+
+    def request_stop(self, reason: str) -> None:
+        self.log("stop_requested", reason=reason)
+        self.stopped = True
+
+    def heartbeat(self) -> Msg | None:
+        """Called from the port thread every heartbeat interval; must only read attributes."""
+        return Heartbeat(epoch=self.epoch, version=self.version) if self.registered else None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (engines, files)."""
+
+
+class ActorHost(pykka.ThreadingActor):
+    """Hosts one Core and its Port. Everything the core does runs in this actor's thread."""
+
+    def __init__(
+        self,
+        core: Core,
+        ctx: zmq.Context,
+        bind: str | None,
+        peers: dict[str, str],
+        tick_s: float = 0.05,
+        heartbeat_s: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.core, self.ctx = core, ctx
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._tick_queued = threading.Event()
+        self._heartbeat_s = heartbeat_s
+        self._next_heartbeat = 0.0
+        self.port = Port(
+            ctx,
+            core.name,
+            bind,
+            peers,
+            on_message=self._tell,
+            on_bad_frame=self._tell,
+            on_timer=self._on_timer,
+            timer_s=tick_s,
+            on_send_failed=lambda dest, why: self._tell(SendFailed(dest, why)),
+        )
+
+    def _tell(self, message: Any) -> None:
+        """From the port thread; after the actor stopped there is nobody to tell (shutdown race)."""
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(message)
+
+    def _on_timer(self, now: float) -> None:
+        """Port thread: queue one Tick at a time (a busy actor gets no pile of stale ticks);
+        heartbeats go straight out so a long generate() does not look like a dead worker."""
+        if not self._tick_queued.is_set():
+            self._tick_queued.set()
+            self._tell(Tick(now))
+        if self._heartbeat_s and now >= self._next_heartbeat:
+            self._next_heartbeat = now + self._heartbeat_s
+            hb = self.core.heartbeat()
+            if hb is not None:
+                hb.sender = self.core.name
+                self.port.send_frames(Dest.peer("coordinator"), encode(hb))
+
+    def on_start(self) -> None:
+        self.port.start()
+        self._run(lambda now: self.core.start(now))
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, Inbound):
+            self._run(lambda now: self.core.handle(now, message))
+        elif isinstance(message, Tick):
+            self._tick_queued.clear()
+            self._run(self.core.tick)
+        elif isinstance(message, BadFrame):
+            self._run(lambda now: self.core.bad_frame(now, message))
+        elif isinstance(message, SendFailed):
+            self._run(lambda now: self.core.send_failed(now, message))
+        elif isinstance(message, StopRequest):
+            self._run(lambda now: self.core.request_stop(message.reason))
+
+    def _run(self, fn: Callable[[float], None]) -> None:
+        try:
+            fn(time.monotonic())
+        except Exception as exc:  # a bug or a failing engine must not kill the actor silently
+            self.core.count("handler_error")
+            self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+        self._flush()
+        if self.core.stopped:
+            self.stop()
+
+    def _flush(self) -> None:
+        out, self.core.outbox = self.core.outbox, []
+        for dest, msg, payloads in out:
+            self.port.send(dest, msg, payloads)
+
+    def on_stop(self) -> None:
+        self._flush()
+        time.sleep(0.05)  # let the port thread route the last messages (e.g. Shutdown, Leave)
+        self.port.stop()
+        self.core.close()
+        self.core.log("actor_stopped", counters=self.core.counters)
+        self.core.log.close()
+        self.done.set()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, tb: Any) -> None:
+        self.error = f"{exception_type.__name__}: {exception_value}"
+        self.core.log("actor_crashed", error=self.error)
+        self.port.stop()
+        self.core.log.close()
+        self.done.set()

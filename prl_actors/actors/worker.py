@@ -1,0 +1,234 @@
+"""InferenceWorker: holds one weight version, pulls work for it, generates and scores whole groups.
+
+Loop: Register -> (Welcome/EpochStart/HeartbeatAck say epoch e is open with v_e) -> FetchWeights
+until the engine holds v_e -> WorkRequest(version=v_e) -> WorkAssign -> generate G samples per prompt
+with v_e only, score them -> GroupResult(epoch e, version v_e) to the buffer -> WorkRequest ...
+Every group is tagged with the version the engine held while generating it (on-policy by
+construction); a worker that is behind never gets work, it is told `stale_version` and fetches.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prl_actors.actors.runtime import Core
+from prl_actors.actors.transfer import Assembler, TransferError
+from prl_actors.engines.base import Engine, GeneratedGroup
+from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import (
+    FetchWeights,
+    Group,
+    GroupResult,
+    Heartbeat,
+    Leave,
+    Msg,
+    Sample,
+    WorkRequest,
+)
+from prl_actors.tasks.base import Task
+from prl_actors.transport.port import Dest, Inbound
+from prl_actors.weights import unpack
+
+
+class WorkerCore(Core):
+    role = "worker"
+
+    def __init__(
+        self,
+        name: str,
+        log: EventLog,
+        engine: Engine,
+        task: Task,
+        group_size: int,
+        fetch_timeout_s: float,
+        request_timeout_s: float,
+        as_torch: bool = True,
+    ) -> None:
+        super().__init__(name, log)
+        self.engine, self.task, self.group_size = engine, task, group_size
+        self.fetch_timeout_s, self.request_timeout_s = fetch_timeout_s, request_timeout_s
+        self.as_torch = as_torch
+        self.target = -1  # the version of the open epoch, as last heard from the coordinator
+        self.fetching: Assembler | None = None
+        self.fetch_sent = 0.0
+        self.requesting = False
+        self.retry_at = 0.0
+        self.busy: list[int] = []
+
+    def start(self, now: float) -> None:
+        self.register()
+
+    def heartbeat(self) -> Msg | None:
+        if not self.registered:
+            return None
+        return Heartbeat(epoch=self.epoch, version=self.engine.version, busy_groups=list(self.busy))
+
+    def request_stop(self, reason: str) -> None:
+        """Graceful leave: the coordinator requeues whatever we held."""
+        self.log("stop_requested", reason=reason)
+        self.emit(Dest.peer("coordinator"), Leave(reason=reason))
+        self.stopped = True
+
+    # --- what the coordinator says ---------------------------------------------------------------
+
+    def on_welcome(self, now: float, inbound: Inbound) -> None:
+        super().on_welcome(now, inbound)
+        self._learn_target(inbound.msg.version)
+
+    def on_epoch_start(self, now: float, inbound: Inbound) -> None:
+        self._learn_target(inbound.msg.version)
+
+    def on_heartbeat_ack(self, now: float, inbound: Inbound) -> None:
+        super().on_heartbeat_ack(now, inbound)
+        if not inbound.msg.known:
+            return
+        if inbound.msg.version != self.target:
+            self._learn_target(inbound.msg.version)
+
+    def _learn_target(self, version: int) -> None:
+        self.target = max(self.target, version)
+        self._next()
+
+    def _next(self) -> None:
+        """Decide the next step: fetch weights, ask for work, or wait."""
+        if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
+            return
+        if self.engine.version < self.target:
+            self._fetch()
+            return
+        req = self.emit(Dest.peer("coordinator"), WorkRequest(epoch=self.target, version=self.engine.version))
+        self.requesting = True
+        self.expect(req, self.request_timeout_s, "work request", self._request_timed_out)
+
+    def _request_timed_out(self, now: float) -> None:
+        self.requesting = False
+        self._next()
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        if self.fetching is not None and self.fetching.expired(now, self.fetch_timeout_s):
+            self.log("weight_sync_failed", reason=f"no complete transfer in {self.fetch_timeout_s}s")
+            self.count("weight_sync_failed")
+            self.fetching = None
+        if self.retry_at and now >= self.retry_at:
+            self.retry_at = 0.0
+            self._next()
+        elif self.fetching is None and self.fetch_sent and now - self.fetch_sent > self.fetch_timeout_s:
+            self.fetch_sent = 0.0
+            self._next()
+
+    # --- weights ---------------------------------------------------------------------------------
+
+    def _fetch(self) -> None:
+        self.log("span_begin", span="weight_sync", target=self.target)
+        self.fetch_sent = time.monotonic()
+        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version))
+
+    def on_weights_begin(self, now: float, inbound: Inbound) -> None:
+        try:
+            self.fetching = Assembler(inbound.msg, now)
+        except TransferError as exc:
+            self.log("weight_sync_failed", reason=str(exc))
+
+    def on_weight_chunk(self, now: float, inbound: Inbound) -> None:
+        if self.fetching is None:
+            return
+        try:
+            self.fetching.chunk(inbound.msg, inbound.payloads)
+        except TransferError as exc:
+            self.log("weight_sync_failed", reason=str(exc))
+            self.fetching = None
+
+    def on_weights_end(self, now: float, inbound: Inbound) -> None:
+        fetching, self.fetching = self.fetching, None
+        if fetching is None:
+            return
+        try:
+            snap = fetching.end(inbound.msg)
+        except TransferError as exc:
+            self.log("weight_sync_failed", reason=str(exc))
+            self.retry_at = now + 0.1
+            return
+        self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
+        self.version = snap.version
+        self.fetch_sent = 0.0
+        self.log(
+            "span_end",
+            span="weight_sync",
+            new_version=snap.version,
+            bytes=snap.nbytes,
+            seconds=round(time.monotonic() - fetching.started, 6),
+        )
+        self._next()
+
+    def on_error(self, now: float, inbound: Inbound) -> None:
+        super().on_error(now, inbound)
+        self.requesting = False
+        self.fetch_sent = 0.0
+        self.retry_at = now + 0.2
+
+    # --- work ------------------------------------------------------------------------------------
+
+    def on_no_work(self, now: float, inbound: Inbound) -> None:
+        self.requesting = False
+        reason = inbound.msg.reason
+        if reason == "done":
+            return
+        if reason == "stale_version":
+            self._learn_target(inbound.msg.version)
+            return
+        # queue_empty / no_epoch: the coordinator nudges us (EpochStart); poll slowly as a fallback
+        self.retry_at = now + max(inbound.msg.retry_after_s, 1.0)
+
+    def on_work_assign(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        self.requesting = False
+        if msg.version != self.engine.version:  # cannot happen with a correct coordinator
+            self.log("assign_refused", reason="version mismatch", msg_version=msg.version)
+            self._next()
+            return
+        self.epoch = msg.epoch
+        self.busy = [p.group_id for p in msg.prompts]
+        version = self.engine.version
+        self.log("span_begin", span="generate", groups=self.busy, msg_id=msg.id)
+        t0 = time.monotonic()
+        generated = self.engine.generate(msg.prompts, self.group_size)
+        gen_s = time.monotonic() - t0
+        self.log("span_end", span="generate", groups=self.busy, seconds=round(gen_s, 6))
+        self.log("span_begin", span="score")
+        prompts = {p.group_id: p for p in msg.prompts}
+        for g in generated:
+            group = self._score(g, prompts[g.group_id], gen_s / max(1, len(generated)))
+            out = GroupResult(epoch=msg.epoch, version=version, group=group)
+            self.emit(Dest.peer("buffer"), out)
+            self.log("group_sent", group_id=g.group_id, msg_id=out.id, msg_epoch=msg.epoch, msg_version=version)
+        self.log("span_end", span="score")
+        self.busy = []
+        self._next()
+
+    def _score(self, g: GeneratedGroup, prompt, gen_s: float) -> Group:  # type: ignore[no-untyped-def]
+        samples = [
+            Sample(
+                text=s.text,
+                token_ids=s.token_ids,
+                logprobs=s.logprobs,
+                reward=self.task.score(prompt, s.text),
+                finished=s.finished,
+            )
+            for s in g.samples
+        ]
+        return Group(
+            group_id=g.group_id,
+            prompt=g.prompt,
+            prompt_ids=g.prompt_ids,
+            samples=samples,
+            worker=self.name,
+            gen_s=gen_s,
+        )
+
+    def on_group_ack(self, now: float, inbound: Inbound) -> None:
+        msg = inbound.msg
+        self.count("groups_accepted" if msg.accepted else f"groups_rejected.{msg.reason}")
+
+    def close(self) -> None:
+        self.engine.close()

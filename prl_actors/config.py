@@ -1,0 +1,217 @@
+"""Typed, nested run configuration: one section per actor, validated; the CLI only overrides it.
+
+The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every user mistake into a
+`ConfigError` with one readable line per problem (never a traceback).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
+
+
+class ConfigError(Exception):
+    """A bad config file or override; the message is meant for the user as is."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    name: str = Field("run", description="A label for the run (logs, metrics).")
+    seed: int = Field(0, description="Seeds prompts, sampling and model init.")
+    epochs: int = Field(5, ge=1, description="Number of iteration-epochs (optimizer steps).")
+    mode: Literal["periodic", "sync"] = Field(
+        "periodic", description="periodic: train groups as they arrive; sync: wait for the whole batch."
+    )
+    workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
+    run_dir: str = Field("runs/latest", description="Where logs, metrics, checkpoints go.")
+    resume: bool = Field(False, description="Continue from the last checkpoint in run_dir.")
+
+
+class TransportSection(_Section):
+    kind: Literal["inproc", "ipc", "tcp"] = Field("tcp", description="ZeroMQ transport for every actor.")
+    host: str = Field("127.0.0.1", description="tcp: the host actors bind to and connect to.")
+    base_port: int = Field(
+        27500, ge=1024, le=65500, description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3."
+    )
+    addresses: dict[str, str] = Field(
+        default_factory=dict, description="Explicit per-role addresses (override the derived ones)."
+    )
+    bind_all: bool = Field(False, description="tcp: bind on all interfaces (*), e.g. in containers.")
+    request_timeout_s: float = Field(10.0, gt=0, description="Any request without reply fails after this.")
+
+
+class CoordinatorSection(_Section):
+    groups_per_epoch: int = Field(8, ge=1, description="B: prompts (groups) per epoch.")
+    heartbeat_interval_s: float = Field(0.2, gt=0, description="How often members heartbeat.")
+    heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
+    max_groups_per_request: int = Field(1, ge=1, description="Upper bound of groups handed out per pull.")
+
+    @model_validator(mode="after")
+    def _timeout_after_interval(self) -> CoordinatorSection:
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError("heartbeat_timeout_s must exceed 2 x heartbeat_interval_s")
+        return self
+
+
+class SamplingSection(_Section):
+    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(8, ge=1)
+
+
+class WorkerSection(_Section):
+    engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
+    group_size: int = Field(8, ge=1, description="G: samples per prompt.")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
+    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    weight_fetch_timeout_s: float = Field(30.0, gt=0)
+
+
+class BufferSection(_Section):
+    max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
+
+
+class TrainerSection(_Section):
+    learner: Literal["grpo", "sim"] = Field("grpo")
+    lr: float = Field(1e-4, gt=0)
+    eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
+    beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_groups: int = Field(1, ge=1, description="Groups per forward/backward micro-batch.")
+    shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
+    credits: int = Field(4, ge=1, description="Groups the trainer lets the buffer send ahead.")
+    checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
+    device: str = Field("cpu")
+
+
+class PublisherSection(_Section):
+    chunk_bytes: int = Field(4 << 20, ge=1024, description="Weight transfer chunk size.")
+    transfer_timeout_s: float = Field(60.0, gt=0)
+
+
+class ModelSection(_Section):
+    path: str | None = Field(None, description="Local Hugging Face checkpoint dir; None = built-in tiny LM.")
+    hidden_size: int = Field(64, ge=8)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    warm_start_steps: int = Field(300, ge=0, description="Supervised steps for the built-in model.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32")
+
+
+class TaskSection(_Section):
+    name: str = Field("add", description="Built-in task: add (a+b=), or `jsonl` with prompts_file.")
+    prompts_file: str | None = Field(None, description="JSONL with {prompt, answer} per line.")
+    reward: str | None = Field(None, description="module:function reward plugin (see docs).")
+    max_operand: int = Field(20, ge=1)
+
+
+class SimSection(_Section):
+    """Simulated engine and learner (control-plane tests and benchmarks)."""
+
+    gen_s_per_token: float = Field(0.001, ge=0, description="Generation cost per token.")
+    tokens_per_sample: int = Field(8, ge=1)
+    train_s_per_sample: float = Field(0.001, ge=0, description="Training cost per sample.")
+    arms: int = Field(8, ge=2, description="Size of the simulated policy's action space.")
+    lr: float = Field(0.5, gt=0)
+    param_count: int = Field(1024, ge=0, description="Extra parameters, to make weight transfer real.")
+
+
+class Config(_Section):
+    run: RunSection = Field(default_factory=RunSection)
+    transport: TransportSection = Field(default_factory=TransportSection)
+    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
+    worker: WorkerSection = Field(default_factory=WorkerSection)
+    buffer: BufferSection = Field(default_factory=BufferSection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    publisher: PublisherSection = Field(default_factory=PublisherSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    task: TaskSection = Field(default_factory=TaskSection)
+    sim: SimSection = Field(default_factory=SimSection)
+
+    @model_validator(mode="after")
+    def _engine_matches_learner(self) -> Config:
+        if (self.worker.engine == "sim") != (self.trainer.learner == "sim"):
+            raise ValueError("worker.engine 'sim' and trainer.learner 'sim' go together")
+        return self
+
+    def address(self, role: str) -> str:
+        """The address `role` binds (and others connect to)."""
+        if role in self.transport.addresses:
+            return self.transport.addresses[role]
+        index = ROLES.index(role)
+        kind = self.transport.kind
+        if kind == "tcp":
+            return f"tcp://{self.transport.host}:{self.transport.base_port + index}"
+        if kind == "ipc":
+            return f"ipc://{Path(self.run.run_dir).resolve() / 'sockets' / role}"
+        return f"inproc://prl-{self.run.name}-{role}"
+
+    def bind_address(self, role: str) -> str:
+        """The address `role` binds: its connect address, with the host replaced by * if bind_all."""
+        addr = self.address(role)
+        if self.transport.bind_all and addr.startswith("tcp://"):
+            return "tcp://*:" + addr.rsplit(":", 1)[1]
+        return addr
+
+    def dump(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+    node[leaf] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4); the value is read as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        lines.append(f"{where}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply dotted overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
+        data = loaded or {}
+    for key, value in (overrides or {}).items():
+        _set_path(data, key, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None

@@ -1,0 +1,1 @@
+"""Generation engines: torch (built-in, default), sim (control-plane tests), vllm (optional)."""

@@ -1,0 +1,361 @@
+"""Every wire message of prl-actors, in one module.
+
+A message is one MessagePack map (frame 0 of a ZeroMQ multipart message), optionally followed by raw
+binary frames (tensor bytes). Every message carries the common header fields as typed fields:
+
+    proto    protocol version (int), must equal PROTOCOL_VERSION
+    type     the type tag (str), e.g. "register"
+    id       message id (str), unique per sender
+    sender   the sending actor's name (str), e.g. "worker-3"
+    epoch    the iteration-epoch this message belongs to (int, -1 when none)
+    version  the policy weight version it belongs to (int, -1 when none)
+
+Replies carry `reply_to` = the id of the request they answer. docs/PROTOCOL.md is the reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+NONE = -1  # epoch / version "not applicable"
+
+_counter = itertools.count()
+_PREFIX = f"{os.getpid():x}"
+
+
+def new_id() -> str:
+    """A message id unique within this process (pid + counter); senders are unique names."""
+    return f"{_PREFIX}-{next(_counter)}"
+
+
+class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
+    proto: int = PROTOCOL_VERSION
+    id: str = msgspec.field(default_factory=new_id)
+    sender: str = ""
+    epoch: int = NONE
+    version: int = NONE
+
+
+# --- membership (any actor -> Coordinator) -------------------------------------------------------
+
+
+class Register(Msg, tag="register", kw_only=True):
+    """Join the run. `role` is one of coordinator/worker/buffer/trainer/publisher. Reply: Welcome."""
+
+    role: str
+    pid: int = 0
+    host: str = ""
+
+
+class Welcome(Msg, tag="welcome", kw_only=True):
+    """Reply to Register: the run's current state and the addresses to talk to."""
+
+    reply_to: str
+    run_id: str
+    mode: str
+    group_size: int
+    groups_per_epoch: int
+    heartbeat_interval_s: float
+    publisher_addr: str
+    buffer_addr: str
+
+
+class Heartbeat(Msg, tag="heartbeat", kw_only=True):
+    """Liveness; `version` is the weight version the sender holds. Reply: HeartbeatAck."""
+
+    busy_groups: list[int] = []
+
+
+class HeartbeatAck(Msg, tag="heartbeat_ack", kw_only=True):
+    """Reply to Heartbeat; `epoch`/`version` are the open epoch and its version. `known` is False
+    when the coordinator does not know the sender (e.g. it timed out): the sender must Register again."""
+
+    reply_to: str
+    known: bool = True
+
+
+class Leave(Msg, tag="leave", kw_only=True):
+    """Graceful leave; the sender's outstanding groups go back to the queue. Reply: Ack."""
+
+    reason: str = ""
+
+
+class Ack(Msg, tag="ack", kw_only=True):
+    """Generic positive reply."""
+
+    reply_to: str
+
+
+class Error(Msg, tag="error", kw_only=True):
+    """Reply to a message that could not be decoded or handled. `code` is one of ERROR_CODES."""
+
+    reply_to: str = ""
+    code: str
+    detail: str
+
+
+ERROR_CODES = (
+    "malformed",  # not MessagePack / missing fields / wrong types
+    "bad_protocol",  # wrong protocol version
+    "unknown_type",  # type tag not in this protocol
+    "unexpected",  # valid message, but not one this actor handles
+    "rejected",  # valid and handled, but refused (see detail)
+)
+
+
+# --- epochs and work (Coordinator <-> workers, Coordinator <-> Buffer) ----------------------------
+
+
+class EpochStart(Msg, tag="epoch_start", kw_only=True):
+    """Coordinator -> every member: epoch `epoch` is open and bound to weights `version`."""
+
+    groups: int
+
+
+class WorkRequest(Msg, tag="work_request", kw_only=True):
+    """Worker -> Coordinator: give me up to `max_groups` groups. `version` is the version the worker
+    holds; work of epoch e is given only to a worker that holds v_e. Reply: WorkAssign or NoWork."""
+
+    max_groups: int = 1
+
+
+class Prompt(msgspec.Struct, kw_only=True):
+    group_id: int
+    prompt: str
+    answer: str = ""
+
+
+class WorkAssign(Msg, tag="work_assign", kw_only=True):
+    """Reply to WorkRequest: generate these groups with weights `version` for `epoch`."""
+
+    reply_to: str
+    prompts: list[Prompt]
+
+
+class NoWork(Msg, tag="no_work", kw_only=True):
+    """Reply to WorkRequest: nothing for you now. `reason` is one of: no_epoch, stale_version,
+    queue_empty, done. Retry after `retry_after_s`, or on EpochStart."""
+
+    reply_to: str
+    reason: str
+    retry_after_s: float = 0.05
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One generated response. Token ids exclude the prompt; logprobs are per response token."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    reward: float
+    finished: bool = True
+
+
+class Group(msgspec.Struct, kw_only=True):
+    """G samples for one prompt, all generated with one weight version."""
+
+    group_id: int
+    prompt: str
+    prompt_ids: list[int]
+    samples: list[Sample]
+    worker: str
+    gen_s: float = 0.0
+
+
+class GroupResult(Msg, tag="group_result", kw_only=True):
+    """Worker -> Buffer: a finished, scored group of `epoch` generated with `version`. Reply: GroupAck."""
+
+    group: Group
+
+
+class GroupAck(Msg, tag="group_ack", kw_only=True):
+    """Buffer -> worker: `accepted` or not, with `reason` (duplicate, stale_version, wrong_epoch,
+    unknown_group, epoch_closed)."""
+
+    reply_to: str
+    group_id: int
+    accepted: bool
+    reason: str = ""
+
+
+class EpochOpen(Msg, tag="epoch_open", kw_only=True):
+    """Coordinator -> Buffer: accept groups 0..groups-1 of `epoch` generated with `version`. Reply: Ack."""
+
+    groups: int
+
+
+class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
+    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned)."""
+
+    group_id: int
+    worker: str
+
+
+class Shutdown(Msg, tag="shutdown", kw_only=True):
+    """Coordinator -> every member: the run is over (or being stopped); exit cleanly."""
+
+    reason: str = ""
+
+
+# --- Buffer -> Trainer stream (credit-based flow control) -----------------------------------------
+
+
+class Credit(Msg, tag="credit", kw_only=True):
+    """Trainer -> Buffer: the trainer can take `n` more groups (cumulative credit is added)."""
+
+    n: int
+
+
+class TrainGroup(Msg, tag="train_group", kw_only=True):
+    """Buffer -> Trainer: one accepted group of `epoch`/`version`. `seq` is its arrival index."""
+
+    seq: int
+    group: Group
+
+
+class EpochComplete(Msg, tag="epoch_complete", kw_only=True):
+    """Buffer -> Trainer: all `groups` groups of `epoch` were sent."""
+
+    groups: int
+
+
+class StepDone(Msg, tag="step_done", kw_only=True):
+    """Trainer -> Coordinator: the optimizer step of `epoch` produced weights `version`, and
+    the publisher holds them. Carries the epoch's metrics."""
+
+    metrics: dict[str, float] = {}
+
+
+# --- weights (Trainer -> Publisher -> workers) ----------------------------------------------------
+
+
+class TensorMeta(msgspec.Struct, kw_only=True, array_like=True):
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+
+
+class WeightsBegin(Msg, tag="weights_begin", kw_only=True):
+    """Start of a weight transfer for `version`: the tensors in order, then `chunks` WeightChunk
+    messages whose raw bytes (frame 1) concatenate to the tensors' bytes in that order."""
+
+    tensors: list[TensorMeta]
+    total_bytes: int
+    chunks: int
+    reply_to: str = ""
+
+
+class WeightChunk(Msg, tag="weight_chunk", kw_only=True):
+    """One chunk of a transfer (frame 1 carries `nbytes` raw bytes at `offset`)."""
+
+    transfer: str
+    index: int
+    offset: int
+    nbytes: int
+
+
+class WeightsEnd(Msg, tag="weights_end", kw_only=True):
+    """End of transfer `transfer`. Reply (Trainer's upload): WeightsStored."""
+
+    transfer: str
+
+
+class WeightsStored(Msg, tag="weights_stored", kw_only=True):
+    """Publisher -> Trainer: `version` is stored and served."""
+
+    reply_to: str
+
+
+class FetchWeights(Msg, tag="fetch_weights", kw_only=True):
+    """Worker -> Publisher: send me the current weights (if newer than `version` I hold, or any when
+    `version` is -1). Reply: WeightsBegin + chunks + WeightsEnd, or Error (code rejected, none yet)."""
+
+
+class WeightsAvailable(Msg, tag="weights_available", kw_only=True):
+    """Publisher -> Coordinator: weights `version` are stored and can be fetched."""
+
+
+# --- introspection (CLI -> Coordinator) ----------------------------------------------------------
+
+
+class StatusRequest(Msg, tag="status_request", kw_only=True):
+    """Anyone -> Coordinator. Reply: Status."""
+
+
+class MemberInfo(msgspec.Struct, kw_only=True):
+    name: str
+    role: str
+    version: int
+    outstanding: int
+    last_seen_s: float
+
+
+class Status(Msg, tag="status", kw_only=True):
+    reply_to: str
+    state: str
+    mode: str
+    groups_per_epoch: int
+    groups_done: int
+    groups_outstanding: int
+    epochs_total: int
+    members: list[MemberInfo]
+    desired_workers: int = -1
+    publisher_addr: str = ""
+    buffer_addr: str = ""
+
+
+class Scale(Msg, tag="scale", kw_only=True):
+    """CLI -> Coordinator: the wanted number of workers. `up` (the launcher) polls Status and starts
+    or stops worker processes to match. Reply: Ack."""
+
+    workers: int
+
+
+class RequestStop(Msg, tag="request_stop", kw_only=True):
+    """CLI -> Coordinator: stop the run (broadcast Shutdown). Reply: Ack."""
+
+    reason: str = ""
+
+
+Message = (
+    Register
+    | Welcome
+    | Heartbeat
+    | HeartbeatAck
+    | Leave
+    | Ack
+    | Error
+    | EpochStart
+    | WorkRequest
+    | WorkAssign
+    | NoWork
+    | GroupResult
+    | GroupAck
+    | EpochOpen
+    | GroupAccepted
+    | Shutdown
+    | Credit
+    | TrainGroup
+    | EpochComplete
+    | StepDone
+    | WeightsBegin
+    | WeightChunk
+    | WeightsEnd
+    | WeightsStored
+    | FetchWeights
+    | WeightsAvailable
+    | StatusRequest
+    | Status
+    | Scale
+    | RequestStop
+)
+
+MESSAGE_TYPES: dict[str, type[Msg]] = {
+    t.__struct_config__.tag: t  # type: ignore[misc]
+    for t in Message.__args__  # type: ignore[attr-defined]
+}

@@ -1,0 +1,11 @@
+"""Tasks: where prompts come from and how responses are scored.
+
+A task yields the prompts of an epoch as a pure function of (seed, epoch), so a resumed or replayed
+run sees the same prompts, and scores a response with a reward function.
+"""
+
+from __future__ import annotations
+
+from prl_actors.tasks.base import RewardFn, Task, load_task
+
+__all__ = ["RewardFn", "Task", "load_task"]

@@ -1,0 +1,142 @@
+"""The whole topology in one place: which actor binds what, who talks to whom, and how each is built.
+
+    coordinator  binds ROUTER  <- everyone (register, heartbeat, work, status)
+    publisher    binds ROUTER  <- trainer (upload), workers (fetch);   DEALER -> coordinator
+    buffer       binds ROUTER  <- workers (groups), trainer (credits); DEALER -> coordinator
+    trainer      -             DEALER -> coordinator, buffer, publisher
+    worker-*     -             DEALER -> coordinator, publisher, buffer
+
+The same code runs all actors in one process over inproc:// (fast tests) or one per OS process over
+ipc:// or tcp:// (`prl-actors up`, compose, remote hosts).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import zmq
+
+from prl_actors.actors.buffer import BufferCore
+from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
+from prl_actors.actors.publisher import PublisherCore
+from prl_actors.actors.runtime import ActorHost, Core
+from prl_actors.actors.trainer import TrainerCore
+from prl_actors.actors.worker import WorkerCore
+from prl_actors.config import Config
+from prl_actors.logs import EventLog
+
+PEERS = {
+    "coordinator": (),
+    "publisher": ("coordinator",),
+    "buffer": ("coordinator",),
+    "trainer": ("coordinator", "buffer", "publisher"),
+    "worker": ("coordinator", "publisher", "buffer"),
+}
+BINDS = {"coordinator", "publisher", "buffer"}
+
+
+def role_of(name: str) -> str:
+    return name.split("-", 1)[0]
+
+
+def model_dir(cfg: Config) -> Path | None:
+    """The model directory every torch actor loads (built once by `up`, reused by the others)."""
+    if cfg.worker.engine == "sim":
+        return None
+    from prl_actors.model import prepare_model
+
+    return prepare_model(cfg, Path(cfg.run.run_dir))
+
+
+def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Core:
+    role = role_of(name)
+    run_dir = Path(cfg.run.run_dir)
+    if role == "coordinator":
+        from prl_actors.tasks import load_task
+
+        settings = CoordinatorSettings(
+            run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
+            mode=cfg.run.mode,
+            epochs=cfg.run.epochs,
+            groups_per_epoch=cfg.coordinator.groups_per_epoch,
+            group_size=cfg.worker.group_size,
+            heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+            heartbeat_timeout_s=cfg.coordinator.heartbeat_timeout_s,
+            max_groups_per_request=cfg.coordinator.max_groups_per_request,
+            publisher_addr=cfg.address("publisher"),
+            buffer_addr=cfg.address("buffer"),
+            request_timeout_s=cfg.transport.request_timeout_s,
+            desired_workers=cfg.run.workers,
+        )
+        return CoordinatorCore(name, log, settings, load_task(cfg))
+    if role == "publisher":
+        return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s)
+    if role == "buffer":
+        return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
+    if role == "trainer":
+        return TrainerCore(
+            name,
+            log,
+            _make_learner(cfg),
+            run_dir,
+            credits=cfg.trainer.credits,
+            chunk_bytes=cfg.publisher.chunk_bytes,
+            request_timeout_s=cfg.transport.request_timeout_s,
+            checkpoint_every=cfg.trainer.checkpoint_every,
+            resume=cfg.run.resume,
+            quiet=quiet,
+        )
+    if role == "worker":
+        from prl_actors.tasks import load_task
+
+        return WorkerCore(
+            name,
+            log,
+            _make_engine(cfg),
+            load_task(cfg),
+            cfg.worker.group_size,
+            fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
+            request_timeout_s=cfg.transport.request_timeout_s,
+            as_torch=cfg.worker.engine != "sim",
+        )
+    raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
+
+
+def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
+    if cfg.trainer.learner == "sim":
+        from prl_actors.training.sim import SimLearner
+
+        return SimLearner(cfg)
+    from prl_actors.training.grpo import GRPOLearner
+
+    return GRPOLearner(cfg, model_dir(cfg))
+
+
+def _make_engine(cfg: Config):  # type: ignore[no-untyped-def]
+    if cfg.worker.engine == "sim":
+        from prl_actors.engines.sim import SimEngine
+
+        return SimEngine(cfg)
+    from prl_actors.engines.registry import make_engine
+
+    return make_engine(cfg, model_dir(cfg))
+
+
+def start_actor(
+    name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None, quiet: bool = False
+) -> ActorHost:
+    """Build and start one actor; returns its host (the `done` event is set when it has stopped)."""
+    role = role_of(name)
+    log = EventLog(name, role, (log_dir / f"{name}.jsonl") if log_dir else None)
+    log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=cfg.address(role) if role in BINDS else "")
+    core = build_core(name, cfg, log, quiet=quiet)
+    bind = cfg.bind_address(role) if role in BINDS else None
+    if bind and bind.startswith("ipc://"):
+        Path(bind.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
+    peers = {p: cfg.address(p) for p in PEERS[role]}
+    heartbeat = None if role == "coordinator" else cfg.coordinator.heartbeat_interval_s
+    ref = ActorHost.start(core, ctx, bind, peers, heartbeat_s=heartbeat)
+    return ref._actor_weakref()  # type: ignore[attr-defined,no-any-return]

@@ -1,0 +1,1 @@
+"""Learners: GRPO (real model) and a simulated learner for control-plane tests."""

@@ -1,0 +1,37 @@
+"""The learner interface the Trainer actor drives.
+
+Per epoch: `begin_epoch`, then `accumulate` once per group in arrival order (forward + backward,
+gradients summed, never stepped), then exactly one `step`. The loss normalisation must not depend on
+arrival order: accumulate un-normalised sums and divide by the epoch's totals in `step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from prl_actors.protocol.messages import Group
+
+
+class Learner(Protocol):
+    version: int
+    """Version of the current policy weights; `step` increments it by exactly one."""
+
+    def begin_epoch(self, epoch: int, n_groups: int) -> None: ...
+
+    def accumulate(self, group: Group) -> dict[str, float]:
+        """Forward/backward one group, add to the accumulated gradients; returns per-group stats."""
+        ...
+
+    def step(self) -> dict[str, float]:
+        """The epoch's one optimizer step; returns the epoch's metrics (reward_mean, loss, ...)."""
+        ...
+
+    def weights(self) -> Mapping[str, Any]:
+        """Named tensors of the policy (numpy or torch, CPU) to publish as `version`."""
+        ...
+
+    def save_checkpoint(self, path: Path) -> None: ...
+
+    def load_checkpoint(self, path: Path) -> None: ...

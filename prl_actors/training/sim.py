@@ -1,0 +1,65 @@
+"""Simulated learner: group-normalised policy gradient on the SimEngine's logit table.
+
+Gradients are summed per group in `accumulate` and divided by the epoch's sample count in `step`,
+so the update does not depend on arrival order. Cost: `train_s_per_sample` x samples, slept.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from prl_actors.config import Config
+from prl_actors.engines.sim import context_of, softmax
+from prl_actors.protocol.messages import Group
+
+
+class SimLearner:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg.sim
+        self.version = 0
+        self.theta = np.zeros((self.cfg.arms, self.cfg.arms), dtype=np.float32)
+        rng = np.random.default_rng(cfg.run.seed)
+        self.extra = rng.standard_normal(self.cfg.param_count).astype(np.float32)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.grad = np.zeros_like(self.theta, dtype=np.float64)
+        self.samples = 0
+        self.rewards: list[float] = []
+
+    def begin_epoch(self, epoch: int, n_groups: int) -> None:
+        self._reset()
+
+    def accumulate(self, group: Group) -> dict[str, float]:
+        k = context_of(group.prompt)
+        rewards = np.array([s.reward for s in group.samples], dtype=np.float64)
+        adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+        probs = softmax(self.theta[k].astype(np.float64))
+        for a_i, s in zip(adv, group.samples, strict=True):
+            onehot = np.zeros_like(probs)
+            onehot[int(s.text)] = 1.0
+            self.grad[k] += a_i * (onehot - probs)
+        self.samples += len(group.samples)
+        self.rewards.extend(rewards.tolist())
+        time.sleep(self.cfg.train_s_per_sample * len(group.samples))
+        return {"reward_mean": float(rewards.mean())}
+
+    def step(self) -> dict[str, float]:
+        self.theta = (self.theta + self.cfg.lr * self.grad / max(1, self.samples)).astype(np.float32)
+        self.extra = self.extra * np.float32(0.999)
+        self.version += 1
+        reward = float(np.mean(self.rewards)) if self.rewards else 0.0
+        return {"reward_mean": reward, "accuracy": reward, "samples": float(self.samples)}
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {"theta": self.theta, "extra": self.extra}
+
+    def save_checkpoint(self, path: Path) -> None:
+        np.savez(path / "sim.npz", theta=self.theta, extra=self.extra, version=self.version)
+
+    def load_checkpoint(self, path: Path) -> None:
+        data = np.load(path / "sim.npz")
+        self.theta, self.extra, self.version = data["theta"], data["extra"], int(data["version"])
