@@ -109,7 +109,9 @@ def up(
 def actor(
     role: Annotated[str, typer.Argument(help="coordinator, publisher, buffer, trainer or worker.")],
     config: ConfigOpt = None,
-    name: Annotated[str | None, typer.Option(help="Unique actor name (default: the role; worker-<pid>).")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Unique actor name (default: the role; worker-<host>-<pid>).")
+    ] = None,
     coordinator: CoordOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -124,7 +126,9 @@ def actor(
     if coordinator:
         extra["transport.addresses.coordinator"] = coordinator
     cfg = _config(config, set_, extra)
-    name = name or (f"worker-{os.getpid()}" if role == "worker" else role)
+    import socket
+
+    name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
     if name.split("-", 1)[0] != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):

@@ -71,7 +71,7 @@ class WorkerSection(_Section):
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
-    sampling: SamplingSection = Field(default_factory=SamplingSection)
+    sampling: SamplingSection = SamplingSection()
     weight_fetch_timeout_s: float = Field(30.0, gt=0)
 
 
@@ -126,16 +126,16 @@ class SimSection(_Section):
 
 
 class Config(_Section):
-    run: RunSection = Field(default_factory=RunSection)
-    transport: TransportSection = Field(default_factory=TransportSection)
-    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
-    worker: WorkerSection = Field(default_factory=WorkerSection)
-    buffer: BufferSection = Field(default_factory=BufferSection)
-    trainer: TrainerSection = Field(default_factory=TrainerSection)
-    publisher: PublisherSection = Field(default_factory=PublisherSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    task: TaskSection = Field(default_factory=TaskSection)
-    sim: SimSection = Field(default_factory=SimSection)
+    run: RunSection = RunSection()
+    transport: TransportSection = TransportSection()
+    coordinator: CoordinatorSection = CoordinatorSection()
+    worker: WorkerSection = WorkerSection()
+    buffer: BufferSection = BufferSection()
+    trainer: TrainerSection = TrainerSection()
+    publisher: PublisherSection = PublisherSection()
+    model: ModelSection = ModelSection()
+    task: TaskSection = TaskSection()
+    sim: SimSection = SimSection()
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:

@@ -8,6 +8,7 @@ Ctrl-C (RequestStop, then SIGTERM, then SIGKILL). A core actor that dies ends th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -117,10 +118,8 @@ class Launcher:
             self.procs.pop(name)
 
     def _stop_all(self, reason: str) -> None:
-        try:
+        with contextlib.suppress(RequestFailed):
             request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0)
-        except RequestFailed:
-            pass
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
             time.sleep(0.05)

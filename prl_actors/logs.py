@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from collections.abc import MutableMapping
+from typing import Any, TextIO
 
 import msgspec
 import structlog
@@ -18,17 +19,17 @@ import structlog
 _json = msgspec.json.Encoder()
 
 
-def _render(_logger: Any, _name: str, event_dict: dict[str, Any]) -> str:
+def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> str:
     return _json.encode(event_dict).decode()
 
 
 class EventLog:
     """Appends events for one actor. Not thread-safe: each actor logs from its own actor thread."""
 
-    def __init__(self, actor: str, role: str, path: Path | None = None, echo: IO[str] | None = None):
+    def __init__(self, actor: str, role: str, path: Path | None = None, echo: TextIO | None = None):
         self.actor, self.role = actor, role
         self.epoch, self.version = -1, -1
-        self._file: IO[str] | None = None
+        self._file: TextIO | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()

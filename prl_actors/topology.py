@@ -139,4 +139,6 @@ def start_actor(
     peers = {p: cfg.address(p) for p in PEERS[role]}
     heartbeat = None if role == "coordinator" else cfg.coordinator.heartbeat_interval_s
     ref = ActorHost.start(core, ctx, bind, peers, heartbeat_s=heartbeat)
-    return ref._actor_weakref()  # type: ignore[attr-defined,no-any-return]
+    host = ref._actor_weakref()  # the running actor object (alive while its thread runs)
+    assert host is not None
+    return host

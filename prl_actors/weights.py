@@ -27,9 +27,9 @@ def tensor_bytes(t: Any) -> tuple[str, list[int], memoryview]:
         t = t.detach().to("cpu").contiguous()
         dtype = str(t.dtype).removeprefix("torch.")
         raw = t.view(torch.uint8).numpy() if t.numel() else np.zeros(0, np.uint8)
-        return dtype, list(t.shape), memoryview(raw.reshape(-1))
+        return dtype, list(t.shape), raw.reshape(-1).data
     a = np.ascontiguousarray(t)
-    return a.dtype.name, list(a.shape), memoryview(a.reshape(-1).view(np.uint8))
+    return a.dtype.name, list(a.shape), a.reshape(-1).view(np.uint8).data
 
 
 def pack(tensors: Mapping[str, Any]) -> tuple[list[TensorMeta], list[memoryview]]:

@@ -96,10 +96,10 @@ class CoordinatorCore(Core):
         super().handle(now, inbound)
 
     def tick(self, now: float) -> None:
-        super().tick(now)
         silent = [m for m in self.members.values() if now - m.last_seen > self.s.heartbeat_timeout_s]
-        if silent:
-            self.log("coord_input", now=now, tick=True)
+        if silent or any(p.deadline <= now for p in self._pending.values()):  # a tick that decides something
+            self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
+        super().tick(now)
         for m in silent:
             self._remove(m, "heartbeat_timeout", now)
 
@@ -173,6 +173,7 @@ class CoordinatorCore(Core):
         reason = self._no_work_reason(msg.version)
         if reason:
             self.reply(inbound, NoWork(reply_to=msg.id, reason=reason, epoch=self.epoch, version=self.epoch))
+            self.log("no_work", worker=member.name, reason=reason, request_id=msg.id)
             if reason == "queue_empty":
                 self.waiting.add(member.name)
             return

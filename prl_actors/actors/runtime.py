@@ -67,6 +67,7 @@ class Core:
         self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
         self.stopped = False
         self.registered = False
+        self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
         self.counters: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
 
@@ -113,7 +114,7 @@ class Core:
 
     def expect(self, msg: Msg, timeout_s: float, what: str, on_timeout: Callable[[float], None] | None) -> None:
         """Register that `msg` wants a reply within `timeout_s`."""
-        self._pending[msg.id] = _Pending(time.monotonic() + timeout_s, what, on_timeout)
+        self._pending[msg.id] = _Pending(self.now + timeout_s, what, on_timeout)
 
     # --- entry points, called by the host -------------------------------------------------------
 
@@ -272,8 +273,9 @@ class ActorHost(pykka.ThreadingActor):
             self._run(lambda now: self.core.request_stop(message.reason))
 
     def _run(self, fn: Callable[[float], None]) -> None:
+        self.core.now = now = time.monotonic()
         try:
-            fn(time.monotonic())
+            fn(now)
         except Exception as exc:  # a bug or a failing engine must not kill the actor silently
             self.core.count("handler_error")
             self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())

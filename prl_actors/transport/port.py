@@ -20,11 +20,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
 from prl_actors.protocol.codec import Frame, ProtocolError, decode, encode
-from prl_actors.protocol.messages import Message, Msg
+from prl_actors.protocol.messages import Msg
 
 _outbox_ids = itertools.count()
 
@@ -34,7 +35,7 @@ class Inbound:
     """A decoded message. `peer` is the DEALER peer name it came from, or None when it came in
     on the ROUTER, in which case `identity` is the sender's routing id (for replies)."""
 
-    msg: Message
+    msg: Any  # one of protocol.messages.Message; Core.handle dispatches on its tag to on_<tag>
     payloads: list[Frame]
     peer: str | None = None
     identity: bytes = b""

@@ -1,0 +1,70 @@
+"""Shared fixtures: small sim configs, run dirs, log readers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from prl_actors.config import Config, load_config
+
+_ports = itertools.count(31000 + (os.getpid() % 200) * 20, 10)
+
+
+def sim_config(run_dir: Path, transport: str = "inproc", **overrides: object) -> Config:
+    """A fast simulated config; `overrides` are dotted keys with '__' for '.'."""
+    base: dict[str, object] = {
+        "run.name": f"t{next(_ports)}",
+        "run.run_dir": str(run_dir),
+        "run.epochs": 3,
+        "run.workers": 2,
+        "transport.kind": transport,
+        "transport.base_port": next(_ports),
+        "coordinator.groups_per_epoch": 6,
+        "coordinator.heartbeat_interval_s": 0.05,
+        "coordinator.heartbeat_timeout_s": 0.5,
+        "worker.engine": "sim",
+        "worker.group_size": 4,
+        "trainer.learner": "sim",
+        "sim.gen_s_per_token": 0.0005,
+        "sim.tokens_per_sample": 4,
+        "sim.train_s_per_sample": 0.0005,
+        "sim.param_count": 4096,
+    }
+    base.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return load_config(None, base)
+
+
+def read_logs(run_dir: Path) -> list[dict]:
+    """Every event of every actor, ordered by monotonic time."""
+    events = []
+    for path in sorted((run_dir / "logs").glob("*.jsonl")):
+        events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(events, key=lambda e: e["t_mono"])
+
+
+def assert_invariants(run_dir: Path, epochs: int, groups: int) -> None:
+    """On-policy, exactly-once, one optimizer step per epoch, versions +1 — from the logs alone."""
+    events = read_logs(run_dir)
+    trained = [e for e in events if e["event"] == "train_group"]
+    for e in trained:
+        assert e["msg_version"] == e["msg_epoch"] == e["epoch"], f"off-policy sample trained: {e}"
+    keys = [(e["msg_epoch"], e["group_id"]) for e in trained]
+    assert len(keys) == len(set(keys)), "a group was trained twice"
+    assert sorted(keys) == [(ep, g) for ep in range(epochs) for g in range(groups)], "a group is missing"
+    steps = [e for e in events if e["event"] == "optimizer_step"]
+    assert [(s["version_before"], s["version_after"]) for s in steps] == [(v, v + 1) for v in range(epochs)]
+    sent = {(e["msg_epoch"], e["group_id"]): e for e in events if e["event"] == "group_sent"}
+    for e in trained:  # the worker generated it with the version it was trained under
+        assert sent[(e["msg_epoch"], e["group_id"])]["msg_version"] == e["msg_version"] or any(
+            s["event"] == "group_sent" and s["group_id"] == e["group_id"] and s["msg_version"] == e["msg_version"]
+            for s in events
+        )
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"

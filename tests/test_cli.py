@@ -1,0 +1,95 @@
+"""The CLI: user mistakes get one clear line (exit 2), never a traceback; compose commands are valid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from prl_actors.compose import compose_command
+from prl_actors.config import ConfigError, load_config
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["up", "--config", "/nope.yaml"], "does not exist"),
+        (["up", "--mode", "turbo"], "run.mode"),
+        (["up", "--set", "trainer.lr=-1"], "trainer.lr"),
+        (["up", "--set", "nonsense"], "section.key=value"),
+        (["up", "--set", "worker.colour=red"], "worker.colour"),
+        (["up", "--set", "worker.engine=sim"], "go together"),
+        (["up", "--set", "coordinator.heartbeat_timeout_s=0.1"], "heartbeat_timeout_s"),
+        (["actor", "wizard"], "unknown role"),
+        (["actor", "worker", "--name", "trainer-1"], "must start with its role"),
+        (["status", "--coordinator", "tcp://127.0.0.1:1"], "no reply"),
+    ],
+)
+def test_user_mistakes_get_one_clear_line(args: list[str], needle: str) -> None:
+    code, out = run_cli(*args)
+    assert code in (1, 2)
+    assert needle in out
+    assert len([line for line in out.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_bad_yaml_and_non_mapping(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("run: [unclosed")
+    (tmp_path / "b.yaml").write_text("- just a list")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "b.yaml")
+
+
+def test_up_refuses_to_overwrite_a_run(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    code, out = run_cli("up", "--config", "configs/sim.yaml", "--run-dir", str(tmp_path))
+    assert code == 2 and "already holds a run" in out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path: Path) -> None:
+    load_config(path)
+
+
+def test_help_is_fast_and_lists_commands() -> None:
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0
+    for command in ("up", "actor", "scale", "status", "stop"):
+        assert command in out.stdout
+    probe = "import sys, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert heavy.stdout.split() == ["False", "False"]
+
+
+def test_compose_file_services_run_valid_cli_calls() -> None:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = spec["services"]
+    assert set(services) == {"coordinator", "publisher", "buffer", "trainer", "inference"}
+    group: Any = typer.main.get_command(app)
+    for name, svc in services.items():
+        argv = svc["command"]
+        assert argv[:2] == ["prl-actors", "actor"], name
+        sub = group.commands[argv[1]]
+        ctx = sub.make_context(argv[1], list(argv[2:]))  # raises on an invalid call
+        assert ctx.params["role"] in ("coordinator", "publisher", "buffer", "trainer", "worker")
+        config = ROOT / ctx.params["config"].relative_to("/app")
+        load_config(config)
+    cmd = compose_command(load_config(ROOT / "configs/compose.yaml"))
+    assert "--scale" in cmd and "inference=2" in cmd

@@ -1,0 +1,118 @@
+"""All five actors with real ZeroMQ sockets and pykka actors, in one process (fast tier)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from prl_actors.process import LocalCluster
+from prl_actors.protocol import decode, encode
+from prl_actors.protocol import messages as m
+from tests.conftest import assert_invariants, read_logs, sim_config
+
+
+def run(cfg, workers: int = 2, timeout: float = 30.0) -> LocalCluster:  # type: ignore[no-untyped-def]
+    cluster = LocalCluster(cfg, workers=workers, log_dir=Path(cfg.run.run_dir) / "logs")
+    try:
+        assert cluster.wait(timeout), "run did not finish"
+    finally:
+        cluster.close()
+    return cluster
+
+
+@pytest.mark.parametrize("mode", ["periodic", "sync"])
+def test_both_modes_complete_and_keep_the_invariants(run_dir: Path, mode: str) -> None:
+    cfg = sim_config(run_dir, run__mode=mode, run__epochs=3)
+    run(cfg)
+    assert_invariants(run_dir, epochs=3, groups=6)
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 3
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["v1", "v2", "v3"]
+
+
+def test_sim_policy_learns(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, run__epochs=8, coordinator__groups_per_epoch=16, worker__group_size=8, sim__lr=8.0)
+    run(cfg)
+    rewards = [msgspec.json.decode(r)["reward_mean"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+
+
+def test_worker_joining_mid_run_gets_weights_then_work(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, run__epochs=4, sim__gen_s_per_token=0.004)
+    cluster = LocalCluster(cfg, workers=1, log_dir=run_dir / "logs")
+    try:
+        time.sleep(0.6)  # mid-run
+        late = cluster.add_worker()
+        assert cluster.wait(30)
+    finally:
+        cluster.close()
+    events = [e for e in read_logs(run_dir) if e["actor"] == late]
+    kinds = [e["event"] for e in events]
+    synced = kinds.index("span_end")  # weight_sync finishes first ...
+    assert events[synced]["span"] == "weight_sync"
+    assert "group_sent" in kinds[synced:]  # ... then it generates
+    assert_invariants(run_dir, epochs=4, groups=6)
+
+
+def test_worker_lost_mid_epoch_has_its_groups_reassigned(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, run__epochs=3, sim__gen_s_per_token=0.02, coordinator__max_groups_per_request=2)
+    cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
+    try:
+        deadline = time.monotonic() + 10
+        while not any(e["event"] == "assign" and e["worker"] == "worker-0" for e in read_logs(run_dir)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        cluster.remove_worker("worker-0", graceful=False)  # no Leave: only the silence tells
+        assert cluster.wait(30)
+    finally:
+        cluster.close()
+    events = read_logs(run_dir)
+    requeues = [e for e in events if e["event"] == "requeue"]
+    assert requeues and requeues[0]["worker"] == "worker-0" and requeues[0]["reason"] == "heartbeat_timeout"
+    assert_invariants(run_dir, epochs=3, groups=6)
+
+
+def test_garbage_frames_get_errors_and_every_actor_survives(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, transport="ipc", run__epochs=3, sim__gen_s_per_token=0.002)
+    cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
+    ctx = zmq.Context()
+    garbage = [
+        [b"\x00\xffnot msgpack"],
+        [msgspec.msgpack.encode({"proto": 99, "type": "register", "id": "g1"})],
+        [msgspec.msgpack.encode({"proto": 1, "type": "nonsense", "id": "g2"})],
+        [msgspec.msgpack.encode({"proto": 1, "type": "register", "id": "g3"})],
+        encode(m.WorkAssign(reply_to="x", prompts=[])),  # valid, but no actor serves it
+    ]
+    try:
+        for role in ("coordinator", "publisher", "buffer"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(cfg.address(role))
+            codes = []
+            for frames in garbage:
+                sock.send_multipart(frames)
+                assert sock.poll(5000), f"{role} did not answer garbage"
+                reply, _ = decode(sock.recv_multipart())
+                assert isinstance(reply, m.Error)
+                codes.append(reply.code)
+            assert codes == ["malformed", "bad_protocol", "unknown_type", "malformed", "unexpected"], role
+            sock.close()
+        assert cluster.wait(30), "a garbage frame stopped the run"
+    finally:
+        cluster.close()
+        ctx.term()
+    assert_invariants(run_dir, epochs=3, groups=6)
+    bad = [e for e in read_logs(run_dir) if e["event"] == "bad_frame"]
+    assert {e["actor"] for e in bad} == {"coordinator", "publisher", "buffer"}
+
+
+def test_resume_continues_from_the_last_checkpoint(run_dir: Path) -> None:
+    run(sim_config(run_dir, run__epochs=2))
+    run(sim_config(run_dir, run__epochs=4, run__resume=True))
+    rows = [msgspec.json.decode(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3]
+    assert [r["version"] for r in rows] == [1, 2, 3, 4]

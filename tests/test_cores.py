@@ -1,0 +1,201 @@
+"""The pure actor cores, driven without sockets: the epoch protocol's rules one by one."""
+
+from __future__ import annotations
+
+from prl_actors.actors.buffer import BufferCore
+from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
+from prl_actors.logs import EventLog
+from prl_actors.protocol import messages as m
+from prl_actors.tasks.base import Task, exact_match
+from prl_actors.transport.port import Inbound
+
+B, G = 4, 2
+
+
+def inbound(msg: m.Msg, sender: str, peer: str | None = None) -> Inbound:
+    msg.sender = sender
+    return Inbound(msg, [], peer=peer, identity=b"" if peer else sender.encode())
+
+
+def coordinator(epochs: int = 3) -> CoordinatorCore:
+    settings = CoordinatorSettings(
+        run_id="r",
+        mode="periodic",
+        epochs=epochs,
+        groups_per_epoch=B,
+        group_size=G,
+        heartbeat_interval_s=0.1,
+        heartbeat_timeout_s=1.0,
+        max_groups_per_request=1,
+        publisher_addr="p",
+        buffer_addr="b",
+    )
+    task = Task(items=[(f"q{i}", str(i)) for i in range(10)], reward=exact_match)
+    return CoordinatorCore("coordinator", EventLog("coordinator", "coordinator"), settings, task)
+
+
+def drive(core, now: float, msg: m.Msg, sender: str) -> list[tuple[str, m.Msg]]:  # type: ignore[no-untyped-def]
+    core.now = now
+    core.handle(now, inbound(msg, sender))
+    out, core.outbox = core.outbox, []
+    return [(repr(d), msg) for d, msg, _ in out]
+
+
+def open_epoch(core: CoordinatorCore, version: int = 0) -> None:
+    for name, role in (("buffer", "buffer"), ("worker-a", "worker"), ("worker-b", "worker")):
+        drive(core, 0.0, m.Register(role=role), name)
+    drive(core, 0.0, m.WeightsAvailable(version=version), "publisher")
+    out = drive(core, 0.0, m.Ack(reply_to="x"), "buffer")
+    assert core.state == "running"
+    assert sorted(d for d, msg in out if isinstance(msg, m.EpochStart)) == ["id:worker-a", "id:worker-b"]
+
+
+def request_work(core: CoordinatorCore, worker: str, version: int, now: float = 0.1) -> m.Msg:
+    (_, reply), *_ = drive(core, now, m.WorkRequest(version=version), worker)
+    return reply
+
+
+def test_epoch_opens_only_after_buffer_acks() -> None:
+    core = coordinator()
+    drive(core, 0.0, m.Register(role="buffer"), "buffer")
+    out = drive(core, 0.0, m.WeightsAvailable(version=0), "publisher")
+    assert any(isinstance(msg, m.EpochOpen) and msg.groups == B for _, msg in out)
+    assert core.state == "opening"
+    drive(core, 0.0, m.Register(role="worker"), "worker-a")
+    assert isinstance(request_work(core, "worker-a", 0), m.NoWork)
+
+
+def test_work_only_for_the_epoch_version() -> None:
+    core = coordinator()
+    open_epoch(core)
+    stale = request_work(core, "worker-a", version=-1)
+    assert isinstance(stale, m.NoWork) and stale.reason == "stale_version"
+    work = request_work(core, "worker-a", version=0)
+    assert isinstance(work, m.WorkAssign) and work.version == 0 and work.epoch == 0
+    assert [p.group_id for p in work.prompts] == [0]
+
+
+def test_pull_hands_out_each_group_once_then_queue_empty() -> None:
+    core = coordinator()
+    open_epoch(core)
+    got = [request_work(core, w, 0) for w in ("worker-a", "worker-b", "worker-a", "worker-b")]
+    assert sorted(p.group_id for r in got for p in r.prompts) == list(range(B))  # type: ignore[attr-defined]
+    empty = request_work(core, "worker-a", 0)
+    assert isinstance(empty, m.NoWork) and empty.reason == "queue_empty"
+
+
+def test_leaving_worker_groups_are_requeued_and_waiters_nudged() -> None:
+    core = coordinator()
+    open_epoch(core)
+    for _ in range(2):
+        request_work(core, "worker-a", 0)
+    for _ in range(2):
+        request_work(core, "worker-b", 0)
+    request_work(core, "worker-b", 0)  # queue_empty: worker-b now waits for a nudge
+    out = drive(core, 0.2, m.Leave(reason="scale down"), "worker-a")
+    assert any(d == "id:worker-b" and isinstance(msg, m.EpochStart) for d, msg in out)
+    again = request_work(core, "worker-b", 0)
+    assert [p.group_id for p in again.prompts] == [0]  # type: ignore[attr-defined]
+
+
+def test_silent_worker_times_out_and_done_groups_are_never_reassigned() -> None:
+    core = coordinator()
+    open_epoch(core)
+    request_work(core, "worker-a", 0, now=0.0)  # group 0
+    request_work(core, "worker-a", 0, now=0.0)  # group 1
+    drive(core, 0.5, m.GroupAccepted(epoch=0, version=0, group_id=0, worker="worker-a"), "buffer")
+    drive(core, 1.4, m.Heartbeat(version=0), "worker-b")
+    drive(core, 1.4, m.Heartbeat(version=0), "buffer")
+    core.now = 1.5
+    core.tick(1.5)  # worker-a silent for 1.5 s > 1.0 s
+    assert "worker-a" not in core.members
+    assert list(core.queue) == [1, 2, 3]
+
+
+def test_epoch_advances_on_new_weights_after_all_groups_accepted() -> None:
+    core = coordinator(epochs=2)
+    open_epoch(core)
+    for g in range(B):
+        request_work(core, "worker-a", 0)
+        drive(core, 0.2, m.GroupAccepted(epoch=0, version=0, group_id=g, worker="worker-a"), "buffer")
+    assert core.state == "training"
+    out = drive(core, 0.3, m.WeightsAvailable(version=1), "publisher")
+    assert [msg.epoch for _, msg in out if isinstance(msg, m.EpochOpen)] == [1]
+    drive(core, 0.3, m.Ack(reply_to="x"), "buffer")
+    assert core.state == "running" and core.epoch == 1
+    assert isinstance(request_work(core, "worker-a", 0), m.NoWork)  # still holds v0
+    for g in range(B):
+        request_work(core, "worker-a", 1)
+        drive(core, 0.4, m.GroupAccepted(epoch=1, version=1, group_id=g, worker="worker-a"), "buffer")
+    out = drive(core, 0.5, m.StepDone(epoch=1, version=2), "trainer")
+    assert core.state == "done" and core.stopped
+    assert {d for d, msg in out if isinstance(msg, m.Shutdown)} >= {"id:worker-a", "id:buffer"}
+
+
+def test_unknown_heartbeat_is_told_to_register() -> None:
+    core = coordinator()
+    ((_, ack),) = drive(core, 0.0, m.Heartbeat(version=0), "ghost")
+    assert isinstance(ack, m.HeartbeatAck) and not ack.known
+
+
+def buffer(mode: str = "periodic") -> BufferCore:
+    core = BufferCore("buffer", EventLog("buffer", "buffer"), mode, G, max_groups=100)
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.Credit(n=10), "trainer"))
+    core.outbox.clear()
+    return core
+
+
+def result(epoch: int, version: int, gid: int, n: int = G) -> m.GroupResult:
+    samples = [m.Sample(text="1", token_ids=[1], logprobs=[0.0], reward=1.0)] * n
+    group = m.Group(group_id=gid, prompt="p", prompt_ids=[1], samples=samples, worker="w")
+    return m.GroupResult(epoch=epoch, version=version, group=group)
+
+
+def send_group(core: BufferCore, msg: m.GroupResult) -> tuple[m.GroupAck, list[m.Msg]]:
+    core.handle(0.0, inbound(msg, "w"))
+    out, core.outbox = core.outbox, []
+    acks = [x for _, x, _ in out if isinstance(x, m.GroupAck)]
+    return acks[0], [x for _, x, _ in out if not isinstance(x, m.GroupAck)]
+
+
+def test_buffer_rejects_stale_duplicate_wrong_epoch_unknown_and_bad_size() -> None:
+    core = buffer()
+    cases = [
+        (result(0, 1, 0), "stale_version"),
+        (result(1, 1, 0), "wrong_epoch"),
+        (result(0, 0, 7), "unknown_group"),
+        (result(0, 0, 0, n=G + 1), "bad_group_size"),
+    ]
+    for msg, reason in cases:
+        ack, _ = send_group(core, msg)
+        assert (ack.accepted, ack.reason) == (False, reason)
+    ack, _ = send_group(core, result(0, 0, 0))
+    assert ack.accepted
+    ack, _ = send_group(core, result(0, 0, 0))
+    assert (ack.accepted, ack.reason) == (False, "duplicate")
+    assert core.counters["rejected.duplicate"] == 1 and core.counters["accepted"] == 1
+
+
+def test_buffer_periodic_streams_on_arrival_sync_releases_the_batch() -> None:
+    for mode, first_out in (("periodic", ["group_accepted", "train_group"]), ("sync", ["group_accepted"])):
+        core = buffer(mode)
+        _, out = send_group(core, result(0, 0, 1))
+        assert [x.__struct_config__.tag for x in out] == first_out
+        _, out = send_group(core, result(0, 0, 0))
+        tags = [x.__struct_config__.tag for x in out]
+        expected = ["train_group", "epoch_complete"] if mode == "periodic" else ["train_group"] * 2 + ["epoch_complete"]
+        assert tags[1:] == expected
+        assert [x.group.group_id for x in out if isinstance(x, m.TrainGroup)][-1] == 0
+
+
+def test_buffer_respects_credits() -> None:
+    core = BufferCore("buffer", EventLog("buffer", "buffer"), "periodic", G, max_groups=100)
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.Credit(n=1), "trainer"))
+    send_group(core, result(0, 0, 0))
+    _, out = send_group(core, result(0, 0, 1))
+    assert not any(isinstance(x, m.TrainGroup) for x in out)  # no credit left
+    core.handle(0.0, inbound(m.Credit(n=1), "trainer"))
+    tags = [x.__struct_config__.tag for _, x, _ in core.outbox]
+    assert tags == ["train_group", "epoch_complete"]

@@ -1,0 +1,101 @@
+"""`prl-actors up` with one OS process per actor, real tcp sockets (integration tier)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prl_actors.config import Config
+from tests.conftest import assert_invariants, read_logs, sim_config
+
+pytestmark = pytest.mark.integration
+CLI = [sys.executable, "-m", "cli.main"]
+
+
+def write_config(cfg: Config, path: Path) -> Path:
+    path.write_text(cfg.dump())
+    return path
+
+
+def start_up(cfg: Config, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    config = write_config(cfg, tmp_path / "cfg.yaml")
+    cmd = [*CLI, "up", "--config", str(config), *extra]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def wait_for(run_dir: Path, pred, timeout: float = 20.0) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "logs").exists():
+            for e in read_logs(run_dir):
+                if pred(e):
+                    return e
+        time.sleep(0.05)
+    raise AssertionError("event never appeared")
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_up_survives_sigkill_of_a_worker(tmp_path: Path, run_dir: Path) -> None:
+    cfg = sim_config(
+        run_dir, transport="tcp", run__epochs=5, run__workers=3,
+        coordinator__groups_per_epoch=12, sim__gen_s_per_token=0.01,
+    )  # fmt: skip
+    proc = start_up(cfg, tmp_path)
+    victim = wait_for(run_dir, lambda e: e["event"] == "assign" and e["epoch"] == 1)["worker"]
+    pid = wait_for(run_dir, lambda e: e["event"] == "actor_start" and e["actor"] == victim)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    err = finish(proc)
+    assert f"{victim} exited (signal 9)" in err
+    assert "done: 5 epochs" in err
+    requeues = [e for e in read_logs(run_dir) if e["event"] == "requeue"]
+    assert any(r["worker"] == victim and r["reason"] == "heartbeat_timeout" for r in requeues)
+    assert_invariants(run_dir, epochs=5, groups=12)
+
+
+def test_remote_worker_joins_and_scale_and_status(tmp_path: Path, run_dir: Path) -> None:
+    cfg = sim_config(
+        run_dir, transport="tcp", run__epochs=8, run__workers=1, sim__gen_s_per_token=0.01,
+    )  # fmt: skip
+    proc = start_up(cfg, tmp_path)
+    coord = cfg.address("coordinator")
+    wait_for(run_dir, lambda e: e["event"] == "epoch_open")
+    status = subprocess.run([*CLI, "status", "--coordinator", coord], capture_output=True, text=True, timeout=20)
+    assert status.returncode == 0 and "state" in status.stdout and "worker-0" in status.stdout
+    extra = subprocess.Popen(
+        [*CLI, "actor", "worker", "--config", str(tmp_path / "cfg.yaml"), "--name", "worker-remote",
+         "--coordinator", coord],
+    )  # fmt: skip
+    scaled = subprocess.run([*CLI, "scale", "--workers", "2", "--coordinator", coord], capture_output=True, text=True)
+    assert scaled.returncode == 0, scaled.stderr
+    err = finish(proc)
+    assert extra.wait(20) == 0
+    assert "scaling workers 1 -> 2" in err
+    events = read_logs(run_dir)
+    remote = [e for e in events if e["actor"] == "worker-remote" and e["event"] == "group_sent"]
+    assert remote, "the remote worker never generated"
+    assert_invariants(run_dir, epochs=8, groups=6)
+
+
+def test_up_writes_run_directory(tmp_path: Path, run_dir: Path) -> None:
+    cfg = sim_config(run_dir, transport="ipc", run__epochs=2)
+    finish(start_up(cfg, tmp_path))
+    assert (run_dir / "config.yaml").exists() and (run_dir / "metrics.jsonl").exists()
+    names = sorted(p.stem for p in (run_dir / "logs").glob("*.jsonl"))
+    assert names == ["buffer", "coordinator", "publisher", "trainer", "worker-0", "worker-1"]
+    for e in read_logs(run_dir):
+        assert {"event", "actor", "role", "epoch", "version", "t_mono", "t_wall"} <= e.keys()
