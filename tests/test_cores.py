@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
+from prl_actors.actors.worker import WorkerCore
+from prl_actors.engines.sim import SimEngine
 from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
 from prl_actors.tasks.base import Task, exact_match
@@ -199,3 +203,56 @@ def test_buffer_respects_credits() -> None:
     core.handle(0.0, inbound(m.Credit(n=1), "trainer"))
     tags = [x.__struct_config__.tag for _, x, _ in core.outbox]
     assert tags == ["train_group", "epoch_complete"]
+
+
+class FailingEngine:
+    """An engine whose device went away: generate raises."""
+
+    version = 0
+
+    def load_weights(self, version: int, tensors: object) -> None: ...
+
+    def generate(self, prompts: list[m.Prompt], group_size: int) -> list:  # type: ignore[type-arg]
+        raise RuntimeError("device lost")
+
+    def close(self) -> None: ...
+
+
+def worker(engine) -> WorkerCore:  # type: ignore[no-untyped-def]
+    task = Task(items=[("ctx 1", "4")], reward=exact_match)
+    core = WorkerCore("worker-x", EventLog("worker-x", "worker"), engine, task, G, 5.0, request_timeout_s=1.0)
+    core.registered = True
+    return core
+
+
+def assign(core: WorkerCore, now: float = 0.0) -> list[m.Msg]:
+    core.now = now
+    msg = m.WorkAssign(reply_to="r", epoch=0, version=0, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
+    core.handle(now, inbound(msg, "coordinator", peer="coordinator"))
+    out, core.outbox = core.outbox, []
+    return [x for _, x, _ in out]
+
+
+def test_worker_resends_a_group_whose_ack_is_lost() -> None:
+    engine = SimEngine(sim_config_for_cores())
+    engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    core = worker(engine)
+    first = [x for x in assign(core) if isinstance(x, m.GroupResult)]
+    assert len(first) == 1
+    core.now = 2.0
+    core.tick(2.0)  # no GroupAck within request_timeout_s = 1 s
+    again = [x for _, x, _ in core.outbox if isinstance(x, m.GroupResult)]
+    assert len(again) == 1 and again[0].group == first[0].group and again[0].id != first[0].id
+
+
+def test_worker_engine_failure_hands_groups_back() -> None:
+    core = worker(FailingEngine())
+    out = assign(core)
+    assert [x.__struct_config__.tag for x in out] == ["register"]  # re-registering requeues its groups
+    assert core.counters["generate_failed"] == 1
+
+
+def sim_config_for_cores():  # type: ignore[no-untyped-def]
+    from prl_actors.config import load_config
+
+    return load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.gen_s_per_token": 0.0})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import msgspec
+
 from prl_actors.actors.runtime import Core
 from prl_actors.actors.transfer import Assembler, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup
@@ -23,11 +25,15 @@ from prl_actors.protocol.messages import (
     Leave,
     Msg,
     Sample,
+    WorkAssign,
     WorkRequest,
+    new_id,
 )
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
+
+MAX_SEND_ATTEMPTS = 3
 
 
 class WorkerCore(Core):
@@ -189,22 +195,46 @@ class WorkerCore(Core):
             return
         self.epoch = msg.epoch
         self.busy = [p.group_id for p in msg.prompts]
-        version = self.engine.version
+        try:
+            generated, gen_s = self._generate(msg)
+        except Exception as exc:  # engine failure: hand the groups back by registering anew
+            self.count("generate_failed")
+            self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=self.busy)
+            self.busy, self.registered = [], False
+            self.register()
+            return
+        self.log("span_begin", span="score")
+        prompts = {p.group_id: p for p in msg.prompts}
+        for g in generated:
+            group = self._score(g, prompts[g.group_id], gen_s / max(1, len(generated)))
+            self._send_group(GroupResult(epoch=msg.epoch, version=msg.version, group=group), attempt=1)
+        self.log("span_end", span="score")
+        self.busy = []
+        self._next()
+
+    def _generate(self, msg: WorkAssign) -> tuple[list[GeneratedGroup], float]:
         self.log("span_begin", span="generate", groups=self.busy, msg_id=msg.id)
         t0 = time.monotonic()
         generated = self.engine.generate(msg.prompts, self.group_size)
         gen_s = time.monotonic() - t0
         self.log("span_end", span="generate", groups=self.busy, seconds=round(gen_s, 6))
-        self.log("span_begin", span="score")
-        prompts = {p.group_id: p for p in msg.prompts}
-        for g in generated:
-            group = self._score(g, prompts[g.group_id], gen_s / max(1, len(generated)))
-            out = GroupResult(epoch=msg.epoch, version=version, group=group)
-            self.emit(Dest.peer("buffer"), out)
-            self.log("group_sent", group_id=g.group_id, msg_id=out.id, msg_epoch=msg.epoch, msg_version=version)
-        self.log("span_end", span="score")
-        self.busy = []
-        self._next()
+        return generated, gen_s
+
+    def _send_group(self, out: GroupResult, attempt: int) -> None:
+        """Send a group; without a GroupAck in time, send it again (the buffer dedups: retry, never skip)."""
+        self.emit(Dest.peer("buffer"), out)
+        gid = out.group.group_id
+        self.log(
+            "group_sent", group_id=gid, msg_id=out.id, msg_epoch=out.epoch, msg_version=out.version, attempt=attempt
+        )
+        if attempt < MAX_SEND_ATTEMPTS:
+            retry = msgspec.structs.replace(out, id=new_id())
+            self.expect(
+                out,
+                self.request_timeout_s,
+                f"buffer ack of group {gid}",
+                lambda now: self._send_group(retry, attempt + 1),
+            )
 
     def _score(self, g: GeneratedGroup, prompt, gen_s: float) -> Group:  # type: ignore[no-untyped-def]
         samples = [
