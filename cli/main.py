@@ -221,6 +221,11 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
     typer.echo("stop requested")
 
 
+from cli.replay_cmd import replay  # noqa: E402 - registered here, its heavy imports are lazy
+
+app.command()(replay)
+
+
 def main() -> None:
     app()
 

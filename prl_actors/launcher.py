@@ -73,7 +73,7 @@ class Launcher:
                 return
             for name in CORE[1:]:
                 rc = self.procs[name].poll()
-                if rc is not None:
+                if rc:  # 0 is a clean exit on the coordinator's Shutdown, which may beat its own exit
                     self._stop_all(f"{name} died")
                     raise RunFailed(f"{name} exited with code {rc}; see {self.cfg.run.run_dir}/logs/{name}.jsonl")
             self._replace_dead_workers()

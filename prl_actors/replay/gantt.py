@@ -1,0 +1,90 @@
+"""The run as a Gantt chart (PNG): one row per actor, its spans as bars, idle as grey, epochs marked.
+
+Rows top to bottom: coordinator, publisher, buffer, trainer, workers. Trainer and worker rows show
+their busy spans (colour per span name) over a light grey idle band; the coordinator, publisher and
+buffer rows show their key events as ticks (assignments, weights stored / served, groups accepted).
+Dashed vertical lines are epoch boundaries (the coordinator's `epoch_open`). Uses matplotlib's Agg
+canvas directly (no pyplot, no display): safe in a headless process and in threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prl_actors.replay.epochs import SETUP, stats, windows
+from prl_actors.replay.events import Run
+from prl_actors.replay.spans import BUSY_SPANS, Span, lifetime, pair_spans
+
+COLORS = {
+    "generate": "#1f77b4",
+    "score": "#17becf",
+    "weight_sync": "#9467bd",
+    "train": "#ff7f0e",
+    "optimizer_step": "#d62728",
+    "weight_upload": "#e377c2",
+}
+TICKS = {
+    "coordinator": ("assign", "#7f7f7f"),
+    "publisher": ("weights_stored", "#e377c2"),
+    "buffer": ("group_accepted", "#2ca02c"),
+}
+BAR = 0.7
+
+
+def draw(run: Run, path: Path, spans: list[Span] | None = None) -> None:
+    """Write the chart to `path` (PNG)."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    spans = pair_spans(run) if spans is None else spans
+    actors = run.actors
+    fig = Figure(figsize=(14, 1.6 + 0.45 * len(actors)), dpi=110)
+    ax = fig.add_subplot()
+    for row, actor in enumerate(actors):
+        y = len(actors) - 1 - row
+        _draw_row(ax, run, spans, actor, y)
+    _draw_epochs(ax, run, len(actors))
+    ax.set_yticks(range(len(actors)), labels=list(reversed(actors)))
+    ax.set_ylim(-0.6, len(actors) - 0.1)
+    ax.set_xlim(0, max(run.duration, 1e-3))
+    ax.set_xlabel(f"seconds since the run's first event ({run.clock})")
+    ax.set_title(_title(run, spans), fontsize=10)
+    handles = [Patch(color=c, label=n) for n, c in COLORS.items()] + [Patch(color="#dddddd", label="idle")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles), fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+
+
+def _draw_row(ax, run: Run, spans: list[Span], actor: str, y: int) -> None:  # type: ignore[no-untyped-def]
+    role = run.role(actor)
+    if role in BUSY_SPANS:
+        born, died = lifetime(run, actor)
+        ax.broken_barh([(born, died - born)], (y - BAR / 4, BAR / 2), color="#dddddd")
+        for name, color in COLORS.items():
+            bars = [(s.begin, s.seconds) for s in spans if s.actor == actor and s.name == name]
+            if bars:
+                ax.broken_barh(bars, (y - BAR / 2, BAR), color=color, linewidth=0)
+    elif role in TICKS:
+        event, color = TICKS[role]
+        times = [e["t"] for e in run.of(event, actor=actor)]
+        ax.vlines(times, y - BAR / 3, y + BAR / 3, color=color, linewidth=1)
+        ax.text(0, y + BAR / 2, f" {event}", fontsize=7, va="center", color=color)
+
+
+def _draw_epochs(ax, run: Run, rows: int) -> None:  # type: ignore[no-untyped-def]
+    for w in windows(run):
+        if w.epoch == SETUP:
+            continue
+        ax.axvline(w.start, color="black", linestyle="--", linewidth=0.8)
+        ax.text(w.start, rows - 0.35, f" e{w.epoch}", fontsize=8, va="bottom")
+
+
+def _title(run: Run, spans: list[Span]) -> str:
+    rows = [r for r in stats(run, spans) if r.window.epoch != SETUP]
+    overlap = sum(r.overlap_s for r in rows)
+    train = sum(r.train_s for r in rows)
+    return (
+        f"{run.run_dir.name}  mode {run.mode()}  {len(rows)} epochs  "
+        f"train/generate overlap {overlap:.3f}s of {train:.3f}s training"
+    )

@@ -1,0 +1,151 @@
+"""The training invariants, checked from the logs alone (DESIGN.md "Invariants").
+
+- on-policy: every trainer `train_group` has msg_version == the version its epoch is bound to (the
+  coordinator's `epoch_open`, else v_e = e), belongs to the epoch the trainer is in, and the group the
+  buffer accepted for it was generated (worker `group_sent`) with that same version;
+- exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
+  epoch that has an `optimizer_step` trained all of its groups 0..B-1; in a completed run every
+  opened epoch was stepped;
+- one-step: at most one `optimizer_step` per epoch, each from the epoch's version to version + 1,
+  and each step starts from the version the previous one produced.
+Each check returns Violations naming the offending events (actor, time, message id).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prl_actors.replay.events import Event, Run, Violation, at
+
+
+def epoch_versions(run: Run) -> dict[int, int]:
+    """epoch -> the weight version it is bound to, from the coordinator's `epoch_open` events."""
+    out: dict[int, int] = {}
+    for e in run.of("epoch_open", actor="coordinator"):
+        out.setdefault(int(e["epoch"]), int(e["version"]))
+    return out
+
+
+def _trained(run: Run) -> list[Event]:
+    return [e for e in run.of("train_group") if e.get("role") == "trainer"]
+
+
+def check_on_policy(run: Run) -> list[Violation]:
+    versions = epoch_versions(run)
+    accepted = {(e.get("msg_epoch"), e.get("group_id")): e for e in run.of("group_accepted") if e["role"] == "buffer"}
+    sent = {str(e.get("msg_id")): e for e in run.of("group_sent")}
+    out = []
+    for t in _trained(run):
+        epoch, gid = t.get("msg_epoch"), t.get("group_id")
+        want = versions.get(int(epoch), int(epoch)) if isinstance(epoch, int) else None
+        what = f"group {gid} of epoch {epoch} ({at(t)})"
+        if t.get("msg_version") != want:
+            out.append(
+                Violation(
+                    "on-policy",
+                    f"{what} trained with version {t.get('msg_version')}, epoch {epoch} is bound to v{want}",
+                )
+            )
+        if t.get("epoch") != epoch:
+            out.append(Violation("on-policy", f"{what} trained while the trainer was in epoch {t.get('epoch')}"))
+        out += _generated_with(want, what, accepted.get((epoch, gid)), sent, run, t)
+    return out
+
+
+def _generated_with(
+    want: int | None, what: str, acc: Event | None, sent: dict[str, Event], run: Run, t: Event
+) -> list[Violation]:
+    """The accepted GroupResult of the trained group must have been generated with version `want`."""
+    gen = sent.get(acc.get("msg_id", "")) if acc is not None else None
+    if gen is None:  # no buffer record (or its sender's log): any group_sent of that worker, epoch and id
+        same = [
+            e
+            for e in run.of("group_sent", actor=t.get("worker"))
+            if (e.get("msg_epoch"), e.get("group_id")) == (t.get("msg_epoch"), t.get("group_id"))
+        ]
+        if not same:
+            return [Violation("on-policy", f"{what}: no worker logged generating it (group_sent)")]
+        gen = next((e for e in same if e.get("msg_version") == want), same[-1])
+    if gen.get("msg_version") != want:
+        return [
+            Violation(
+                "on-policy", f"{what} was generated with version {gen.get('msg_version')} ({at(gen)}), not v{want}"
+            )
+        ]
+    return []
+
+
+def check_exactly_once(run: Run) -> list[Violation]:
+    out = _duplicates(_trained(run), "trained")
+    out += _duplicates([e for e in run.of("group_accepted") if e["role"] == "buffer"], "accepted by the buffer")
+    trained: dict[int, set[int]] = defaultdict(set)
+    for t in _trained(run):
+        trained[t.get("msg_epoch", -1)].add(t.get("group_id", -1))
+    sizes = _epoch_sizes(run)
+    stepped = set()
+    for s in run.of("optimizer_step"):
+        epoch = s.get("epoch", -1)
+        stepped.add(epoch)
+        missing = sorted(set(range(sizes.get(epoch, int(s.get("groups") or 0)))) - trained[epoch])
+        if missing:
+            msg = f"epoch {epoch} stepped ({at(s)}) but groups {missing} were never trained"
+            out.append(Violation("exactly-once", msg))
+    for epoch, groups in sorted(trained.items()):
+        stray = sorted(g for g in groups if not 0 <= g < sizes.get(epoch, len(groups)))
+        if stray:
+            out.append(Violation("exactly-once", f"epoch {epoch} trained groups {stray} outside 0..B-1"))
+    if any(e.get("reason") == "completed" for e in run.of("run_done", actor="coordinator")):
+        for epoch in sorted(set(epoch_versions(run)) - stepped):
+            out.append(Violation("exactly-once", f"epoch {epoch} was opened but never stepped in a completed run"))
+    return out
+
+
+def _duplicates(events: list[Event], how: str) -> list[Violation]:
+    seen: dict[tuple[int, int], list[Event]] = defaultdict(list)
+    for e in events:
+        seen[(e.get("msg_epoch", -1), e.get("group_id", -1))].append(e)
+    return [
+        Violation("exactly-once", f"group {g} of epoch {ep} {how} {len(es)} times: {'; '.join(at(e) for e in es)}")
+        for (ep, g), es in sorted(seen.items())
+        if len(es) > 1
+    ]
+
+
+def _epoch_sizes(run: Run) -> dict[int, int]:
+    """epoch -> B, from the coordinator's epoch_open (else the trainer's train_epoch_begin)."""
+    out: dict[int, int] = {}
+    for e in run.of("train_epoch_begin") + run.of("epoch_open", actor="coordinator"):
+        if isinstance(e.get("groups"), int):
+            out[int(e["epoch"])] = int(e["groups"])
+    return out
+
+
+def check_one_step(run: Run) -> list[Violation]:
+    steps = [s for s in run.of("optimizer_step") if s.get("role") == "trainer"]
+    per_epoch: dict[int, list[Event]] = defaultdict(list)
+    for s in steps:
+        per_epoch[s.get("epoch", -1)].append(s)
+    out = [Violation("one-step", m) for s in steps for m in _step_problems(s, epoch_versions(run))]
+    for prev, nxt in zip(steps, steps[1:], strict=False):
+        if nxt.get("version_before") != prev.get("version_after"):
+            made = f"the previous step ({at(prev)}) made v{prev.get('version_after')}"
+            out.append(
+                Violation("one-step", f"optimizer step {at(nxt)} started from v{nxt.get('version_before')}, {made}")
+            )
+    for epoch, es in sorted(per_epoch.items()):
+        if len(es) > 1:
+            steps_at = "; ".join(at(e) for e in es)
+            out.append(Violation("one-step", f"epoch {epoch} has {len(es)} optimizer steps: {steps_at}"))
+    return out
+
+
+def _step_problems(s: Event, versions: dict[int, int]) -> list[str]:
+    """A step must go from its epoch's version to that version + 1."""
+    before, after, epoch = s.get("version_before"), s.get("version_after"), s.get("epoch", -1)
+    out = []
+    if not isinstance(before, int) or after != before + 1:
+        out.append(f"optimizer step {at(s)} went from v{before} to v{after}, not +1")
+    want = versions.get(epoch, epoch)
+    if before != want:
+        out.append(f"optimizer step {at(s)} of epoch {epoch} started from v{before}, the epoch is bound to v{want}")
+    return out
