@@ -186,6 +186,8 @@ def status(
         f"state {st.state}  mode {st.mode}  epoch {st.epoch}/{st.epochs_total}  version {st.version}  "
         f"groups {st.groups_done}/{st.groups_per_epoch} done, {st.groups_outstanding} out"
     )
+    if st.waiting_for:
+        typer.echo(f"stalled: {st.waiting_for}")
     for m in st.members:
         typer.echo(f"  {m.name:<16} {m.role:<12} v{m.version:<4} holds {m.outstanding}  seen {m.last_seen_s:.1f}s ago")
 

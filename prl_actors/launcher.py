@@ -35,6 +35,7 @@ class Launcher:
         self.next_worker = 0
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
+        self.last_stall = ""
 
     def spawn(self, name: str) -> None:
         role = name.split("-", 1)[0]
@@ -102,6 +103,9 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:
             self._scale_to(st.desired_workers)
+        if st.waiting_for and st.waiting_for != self.last_stall:
+            console(f"stalled: {st.waiting_for}")
+        self.last_stall = st.waiting_for
         if self.progress and st.state in ("running", "training"):
             bar = progress_bar(st.groups_done, st.groups_per_epoch)
             sys.stderr.write(

@@ -48,8 +48,9 @@ def drive(core, now: float, msg: m.Msg, sender: str) -> list[tuple[str, m.Msg]]:
 def open_epoch(core: CoordinatorCore, version: int = 0) -> None:
     for name, role in (("buffer", "buffer"), ("worker-a", "worker"), ("worker-b", "worker")):
         drive(core, 0.0, m.Register(role=role), name)
-    drive(core, 0.0, m.WeightsAvailable(version=version), "publisher")
-    out = drive(core, 0.0, m.Ack(reply_to="x"), "buffer")
+    out = drive(core, 0.0, m.WeightsAvailable(version=version), "publisher")
+    (opened,) = [msg for _, msg in out if isinstance(msg, m.EpochOpen)]
+    out = drive(core, 0.0, m.Ack(reply_to=opened.id), "buffer")
     assert core.state == "running"
     assert sorted(d for d, msg in out if isinstance(msg, m.EpochStart)) == ["id:worker-a", "id:worker-b"]
 
@@ -124,8 +125,11 @@ def test_epoch_advances_on_new_weights_after_all_groups_accepted() -> None:
         drive(core, 0.2, m.GroupAccepted(epoch=0, version=0, group_id=g, worker="worker-a"), "buffer")
     assert core.state == "training"
     out = drive(core, 0.3, m.WeightsAvailable(version=1), "publisher")
-    assert [msg.epoch for _, msg in out if isinstance(msg, m.EpochOpen)] == [1]
-    drive(core, 0.3, m.Ack(reply_to="x"), "buffer")
+    opened = [msg for _, msg in out if isinstance(msg, m.EpochOpen)]
+    assert [msg.epoch for msg in opened] == [1]
+    drive(core, 0.3, m.Ack(reply_to="stale"), "buffer")
+    assert core.state == "opening"  # only the ack of this epoch_open opens the epoch
+    drive(core, 0.3, m.Ack(reply_to=opened[0].id), "buffer")
     assert core.state == "running" and core.epoch == 1
     assert isinstance(request_work(core, "worker-a", 0), m.NoWork)  # still holds v0
     for g in range(B):
@@ -256,3 +260,17 @@ def sim_config_for_cores():  # type: ignore[no-untyped-def]
     from prl_actors.config import load_config
 
     return load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.gen_s_per_token": 0.0})
+
+
+def test_a_stalled_epoch_says_why() -> None:
+    core = coordinator()
+    open_epoch(core)
+    drive(core, 0.0, m.Leave(), "worker-a")
+    drive(core, 0.0, m.Leave(), "worker-b")
+    for now in (1.0, 5.0, 12.0):
+        drive(core, now, m.Heartbeat(version=0), "buffer")
+        core.now = now
+        core.tick(now)
+    assert core.stall_reason == "no worker is registered"
+    (_, status), *_ = drive(core, 12.0, m.StatusRequest(), "cli")
+    assert status.waiting_for == "no worker is registered"  # type: ignore[attr-defined]

@@ -38,6 +38,8 @@ from prl_actors.protocol.messages import (
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 
+STALL_LOG_S = 10.0  # how often a stalled coordinator says why it waits
+
 
 @dataclass
 class CoordinatorSettings:
@@ -80,6 +82,10 @@ class CoordinatorCore(Core):
         self.done: set[int] = set()
         self.waiting: set[str] = set()  # workers told "queue_empty", nudged when work returns
         self.epochs_completed = 0
+        self._progress: tuple[str, int, int] = ("", -1, -1)
+        self._progress_at = 0.0
+        self.stall_reason = ""
+        self._open_id = ""  # the EpochOpen whose Ack opens the epoch
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -102,6 +108,33 @@ class CoordinatorCore(Core):
         super().tick(now)
         for m in silent:
             self._remove(m, "heartbeat_timeout", now)
+        self._watch_stall(now)
+
+    def _watch_stall(self, now: float) -> None:
+        """No silent hang: while an epoch makes no progress, say every STALL_LOG_S why we wait."""
+        progress = (self.state, self.epoch, len(self.done))
+        if progress != self._progress:
+            self._progress, self._progress_at, self.stall_reason = progress, now, ""
+            return
+        if self.state in ("done", "training") or now - self._progress_at < STALL_LOG_S:
+            return
+        self._progress_at = now
+        workers = [m for m in self.members.values() if m.role == "worker"]
+        reason = self._stall_reason(workers)
+        self.log("stalled", reason=reason, state=self.state, queued=len(self.queue), held=len(self.holder))
+        self.stall_reason = reason
+
+    def _stall_reason(self, workers: list[Member]) -> str:
+        if self.state == "waiting_weights":
+            return "waiting for the trainer's weights (publisher: weights_available)"
+        if self.state == "opening":
+            return "waiting for the buffer to ack epoch_open"
+        if not workers:
+            return "no worker is registered"
+        behind = [m.name for m in workers if m.version != self.epoch]
+        if len(behind) == len(workers):
+            return f"every worker still holds an older version ({', '.join(sorted(behind)[:4])})"
+        return f"{len(self.holder)} groups held by workers, {len(self.queue)} queued"
 
     # --- membership --------------------------------------------------------------------------
 
@@ -251,6 +284,7 @@ class CoordinatorCore(Core):
             m.outstanding.clear()
         self.state = "opening"
         msg = self.emit(Dest.reply(buffer.identity), EpochOpen(epoch=v, version=v, groups=self.s.groups_per_epoch))
+        self._open_id = msg.id
         self.expect(msg, self.s.request_timeout_s, "buffer ack of epoch_open", self._open_timed_out)
 
     def _open_timed_out(self, now: float) -> None:
@@ -259,8 +293,7 @@ class CoordinatorCore(Core):
         self._maybe_open()
 
     def on_ack(self, now: float, inbound: Inbound) -> None:
-        member = self.members.get(inbound.msg.sender)
-        if self.state == "opening" and member is not None and member.role == "buffer":
+        if self.state == "opening" and inbound.msg.reply_to == self._open_id:
             self.state = "running"
             self.log("epoch_open", groups=self.s.groups_per_epoch)
             start = EpochStart(epoch=self.epoch, version=self.epoch, groups=self.s.groups_per_epoch)
@@ -302,6 +335,7 @@ class CoordinatorCore(Core):
             desired_workers=self.s.desired_workers,
             publisher_addr=self.s.publisher_addr,
             buffer_addr=self.s.buffer_addr,
+            waiting_for=self.stall_reason,
         )
         self.reply(inbound, status)
 

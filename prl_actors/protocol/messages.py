@@ -307,6 +307,7 @@ class Status(Msg, tag="status", kw_only=True):
     desired_workers: int = -1
     publisher_addr: str = ""
     buffer_addr: str = ""
+    waiting_for: str = ""  # why the run is stalled, when it is (empty otherwise)
 
 
 class Scale(Msg, tag="scale", kw_only=True):
