@@ -81,7 +81,7 @@ class BufferSection(_Section):
 
 class TrainerSection(_Section):
     learner: Literal["grpo", "sim"] = Field("grpo")
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
     eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
     beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
@@ -103,8 +103,19 @@ class ModelSection(_Section):
     hidden_size: int = Field(64, ge=8)
     layers: int = Field(2, ge=1)
     heads: int = Field(4, ge=1)
-    warm_start_steps: int = Field(300, ge=0, description="Supervised steps for the built-in model.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32")
+    warm_start_steps: int = Field(
+        600, ge=0, description="Supervised AdamW steps (batch 64) on `add` for the built-in model."
+    )
+    warm_start_smoothing: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="Label smoothing of the warm start: an under-confident model whose greedy answer is "
+        "mostly right but whose temperature-1 samples are right ~30% of the time, so GRPO has room.",
+    )
+    dtype: Literal["float32", "bfloat16", "float64"] = Field(
+        "float32", description="Weights and compute dtype (float64: exactness tests on CPU)."
+    )
 
 
 class TaskSection(_Section):

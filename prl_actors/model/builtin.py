@@ -1,0 +1,154 @@
+"""The built-in tiny causal LM and model directories: prepare, load.
+
+`prepare_model` returns a local Hugging Face directory (config.json, model.safetensors, tokenizer
+files). A user model (`model.path`) is only validated, never downloaded. The built-in model is a
+`Qwen2ForCausalLM` sized by the `model` section, randomly initialised from `run.seed`, warm-started
+on `add` (see warmstart.py) and cached in RUN_DIR/model under a hash of everything that shapes it,
+so every actor of a run (and a resumed run) loads the very same initial weights.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from prl_actors.config import Config, ConfigError
+from prl_actors.model.device import resolve_dtype
+from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from prl_actors.model.warmstart import warm_start
+
+BUILDER_VERSION = 1  # bump when the recipe below changes: cached models are then rebuilt
+STAMP = "prl_builtin.json"
+ATTN_IMPLEMENTATION = "sdpa"
+"""Both "sdpa" and "eager" take the custom 4D float masks of training/packing.py (tests check it)."""
+
+
+def builtin_key(cfg: Config) -> str:
+    """Hash of everything that determines the built-in model's weights."""
+    spec = {
+        "builder": BUILDER_VERSION,
+        "model": cfg.model.model_dump(exclude={"path", "dtype"}),
+        "max_operand": cfg.task.max_operand,
+        "seed": cfg.run.seed,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
+    m = cfg.model
+    if m.hidden_size % m.heads:
+        raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be a multiple of model.heads ({m.heads})")
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=4 * m.hidden_size,
+        num_hidden_layers=m.layers,
+        num_attention_heads=m.heads,
+        num_key_value_heads=m.heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+    )
+
+
+def create_builtin(cfg: Config, out_dir: Path) -> Path:
+    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed)."""
+    tok = build_tokenizer()
+    torch.manual_seed(cfg.run.seed)
+    model = Qwen2ForCausalLM(builtin_config(cfg, len(tok)))
+    m = cfg.model
+    warm_start(model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing)
+    model.generation_config.pad_token_id = PAD_ID
+    with quiet_progress():
+        model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    (out_dir / STAMP).write_text(json.dumps({"key": builtin_key(cfg)}))
+    return out_dir
+
+
+def validate_model_dir(path: str) -> Path:
+    """A user model must be a local directory with config.json (we never download)."""
+    p = Path(path).expanduser()
+    if not (p.is_dir() and (p / "config.json").is_file()):
+        raise ConfigError(
+            f"model.path {path!r} is not a local model directory with config.json "
+            "(prl-actors never downloads models; save one with save_pretrained first)"
+        )
+    return p.resolve()
+
+
+def _is_current(model_dir: Path, key: str) -> bool:
+    try:
+        return json.loads((model_dir / STAMP).read_text()).get("key") == key
+    except (OSError, ValueError):
+        return False
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No HF progress bars on stderr while loading/saving (actor logs stay readable)."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock, so actors of one run sharing a run_dir build the model once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare_model(cfg: Config, run_dir: Path) -> Path:
+    """The model directory to load: `model.path` validated, or the built-in model in RUN_DIR/model
+    (created, or reused when its stamp matches `builtin_key(cfg)`). Never downloads."""
+    if cfg.model.path:
+        return validate_model_dir(cfg.model.path)
+    target = Path(run_dir) / "model"
+    key = builtin_key(cfg)
+    with _file_lock(Path(run_dir) / "model.lock"):
+        if _is_current(target, key):
+            return target
+        tmp = Path(run_dir) / f".model-tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        create_builtin(cfg, tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target
+
+
+def load_model(
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = ATTN_IMPLEMENTATION,
+) -> PreTrainedModel:
+    """A causal LM from a local directory, on `device`, in eval mode (no dropout), with the
+    attention implementation whose custom-mask handling the packing tests verify."""
+    with quiet_progress():
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=resolve_dtype(dtype), attn_implementation=attn_implementation
+        )
+    torch.nn.Module.to(model, device)  # in place (nn.Module.to returns self)
+    return model.eval()

@@ -1,0 +1,23 @@
+"""The built-in `add` task: "a+b=" -> the decimal sum, with 0 <= a, b <= task.max_operand.
+
+Reward: 1.0 when the response (special tokens stripped, surrounding whitespace ignored) is exactly
+the sum, else 0.0; no partial credit, so `accuracy` and `reward_mean` coincide.
+"""
+
+from __future__ import annotations
+
+from prl_actors.config import Config
+from prl_actors.tasks.base import Task
+
+
+def add_items(max_operand: int) -> list[tuple[str, str]]:
+    """Every (prompt, answer) pair of the task, in a fixed order."""
+    return [(f"{a}+{b}=", str(a + b)) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+
+
+def add_reward(prompt: str, response: str, answer: str) -> float:
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def add_task(cfg: Config) -> Task:
+    return Task(items=add_items(cfg.task.max_operand), reward=add_reward, seed=cfg.run.seed)

@@ -1,0 +1,152 @@
+"""GRPO learner: group-normalised advantages, PPO-clip + k3 KL, one optimizer step per epoch.
+
+Invariants:
+* `accumulate` only adds gradients (never steps); `step` steps exactly once and bumps `version` by 1.
+* The loss is a *sum* over response tokens during accumulation; `step` divides the summed gradients
+  by the epoch's total response-token count, so the update is the same whatever order (and whatever
+  micro-batching) the groups arrived in, up to float summation order.
+* Groups are trained in arrival order, in micro-batches of `trainer.micro_batch_groups` (the last
+  partial micro-batch is flushed by `step`).
+* Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py); the engine's
+  log-probs are not needed. The policy runs in eval mode (no dropout), so the trainer's forward and
+  the engine's agree on every token's log-prob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import torch
+from transformers import PreTrainedModel
+
+from prl_actors.config import Config, ConfigError
+from prl_actors.model.builtin import load_model
+from prl_actors.model.device import resolve_device
+from prl_actors.protocol.messages import Group
+from prl_actors.training import checkpoint
+from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
+from prl_actors.training.packing import collate
+from prl_actors.training.trimodel import TriModel
+
+
+@dataclass
+class EpochStats:
+    """Running sums over the groups of one epoch (plain floats: nothing holds a graph)."""
+
+    groups: int = 0
+    samples: int = 0
+    tokens: int = 0
+    reward_sum: float = 0.0
+    correct: int = 0
+    loss_sum: float = 0.0
+    kl_sum: float = 0.0
+    clipped: int = 0
+
+    def add_rewards(self, rewards: list[float]) -> None:
+        self.groups += 1
+        self.samples += len(rewards)
+        self.reward_sum += sum(rewards)
+        self.correct += sum(r >= 1.0 for r in rewards)
+
+    def metrics(self) -> dict[str, float]:
+        tokens, samples = max(self.tokens, 1), max(self.samples, 1)
+        return {
+            "reward_mean": self.reward_sum / samples,
+            "accuracy": self.correct / samples,
+            "loss": self.loss_sum / tokens,
+            "kl": self.kl_sum / tokens,
+            "clip_frac": self.clipped / tokens,
+            "tokens": float(self.tokens),
+            "samples": float(self.samples),
+            "groups": float(self.groups),
+            "response_len": self.tokens / samples,
+        }
+
+
+class GRPOLearner:
+    """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
+
+    def __init__(self, cfg: Config, model_dir: Path | str | None) -> None:
+        if model_dir is None:
+            raise ConfigError("the grpo learner needs a model directory (prepare_model)")
+        self.cfg = cfg.trainer
+        self.model_dir = Path(model_dir)
+        self.device = resolve_device(cfg.trainer.device)
+        policy = load_model(model_dir, self.device, cfg.model.dtype)
+        self.tri = TriModel(policy, with_reference=cfg.trainer.beta > 0)
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, weight_decay=0.0)
+        self.version = 0
+        self.epoch = -1
+        self.stats = EpochStats()
+        self._pending: list[Group] = []
+
+    @property
+    def policy(self) -> PreTrainedModel:
+        return cast(PreTrainedModel, self.tri.policy)
+
+    def begin_epoch(self, epoch: int, n_groups: int) -> None:
+        """Start from zero gradients and empty stats (drops a half-accumulated epoch, if any)."""
+        self.epoch = epoch
+        self.stats = EpochStats()
+        self._pending = []
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def accumulate(self, group: Group) -> dict[str, float]:
+        """Queue `group`; run forward/backward once `micro_batch_groups` groups are queued."""
+        rewards = [s.reward for s in group.samples]
+        self.stats.add_rewards(rewards)
+        self._pending.append(group)
+        if len(self._pending) >= self.cfg.micro_batch_groups:
+            self._flush()
+        tokens = sum(len(s.token_ids) for s in group.samples)
+        return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
+
+    def _flush(self) -> None:
+        """Forward/backward the queued groups as one micro-batch; the summed loss adds to .grad."""
+        groups, self._pending = self._pending, []
+        if not groups:
+            return
+        pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
+        batch = collate(pairs, self.cfg.shared_prompt).to(self.device)
+        if batch.targets.numel() == 0:
+            return
+        adv = torch.cat([group_advantages(torch.tensor([s.reward for s in g.samples])) for g in groups])  # [S]
+        adv_tok = adv.to(self.device)[batch.sample_index]  # [N]
+        out = self.tri(batch)
+        pg, clipped = ppo_clip_loss(out.policy, out.old, adv_tok, self.cfg.eps_low, self.cfg.eps_high)  # [N]
+        kl = k3_kl(out.policy, out.ref) if out.ref is not None else torch.zeros_like(pg)  # [N]
+        loss = (pg + self.cfg.beta * kl).sum()
+        loss.backward()
+        self.stats.tokens += int(batch.targets.numel())
+        self.stats.loss_sum += float(loss.detach())
+        self.stats.kl_sum += float(kl.detach().sum())
+        self.stats.clipped += int(clipped.sum())
+
+    def step(self) -> dict[str, float]:
+        """Flush, scale gradients by 1 / (epoch's response tokens), clip, step once, version += 1."""
+        self._flush()
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        scale = 1.0 / max(self.stats.tokens, 1)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        metrics = self.stats.metrics()
+        metrics.update(grad_norm=float(grad_norm), version=float(self.version))
+        self.stats = EpochStats()  # the next epoch starts clean even without begin_epoch
+        return metrics
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A CPU snapshot (copies) of the policy's named tensors: safe to serialise while training."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.policy.state_dict().items()}
+
+    def save_checkpoint(self, path: Path) -> None:
+        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir)
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.version = checkpoint.load(Path(path), self.policy, self.optimizer)

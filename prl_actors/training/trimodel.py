@@ -1,0 +1,45 @@
+"""The unified tri-model: policy, old policy and reference log-probs from one call.
+
+Strict on-policy (periodic asynchrony trains each epoch on samples of that epoch's weights), so the
+old policy *is* the policy: its log-probs are the policy's, detached — no second forward, and the
+ratio is exactly 1 in value while its gradient is d logp. The reference is a frozen copy of the
+initial weights; its forward runs under no_grad and is skipped entirely when beta == 0.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from prl_actors.training.packing import ModelBatch, response_logprobs
+
+
+@dataclass
+class TriLogprobs:
+    """Per response token, [N] each: policy (with grad), old policy (detached), reference or None."""
+
+    policy: torch.Tensor
+    old: torch.Tensor
+    ref: torch.Tensor | None
+
+
+class TriModel(torch.nn.Module):
+    """Holds the trainable policy and (when `with_reference`) a frozen copy of its initial weights."""
+
+    def __init__(self, policy: torch.nn.Module, with_reference: bool) -> None:
+        super().__init__()
+        self.policy = policy
+        self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if with_reference else None
+
+    def forward(self, batch: ModelBatch, behaviour: torch.Tensor | None = None) -> TriLogprobs:
+        """`behaviour` ([N], optional) overrides the old-policy log-probs, e.g. the engine's, for a
+        future off-policy mode; by default old = policy, detached (strict on-policy)."""
+        logp = response_logprobs(self.policy, batch)  # [N]
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = response_logprobs(self.reference, batch)  # [N]
+        old = logp.detach() if behaviour is None else behaviour.to(logp)
+        return TriLogprobs(policy=logp, old=old, ref=ref)

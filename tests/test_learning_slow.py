@@ -1,0 +1,56 @@
+"""GRPO really learns: generation (TorchEngine) + learning (GRPOLearner), no actors, on `add`.
+
+The demo hyper-parameters: the built-in model with its default warm start, 20 epochs of 32 groups
+x G=8 samples at temperature 1, lr 1e-3. The mean reward of the last 3 epochs must clearly exceed
+that of the first 3.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from prl_actors.config import load_config
+from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.model.builtin import prepare_model
+from prl_actors.tasks import load_task
+from prl_actors.training.grpo import GRPOLearner
+from tests.learning_utils import to_group
+
+DEMO = {
+    "coordinator.groups_per_epoch": 32,
+    "worker.group_size": 8,
+    "worker.sampling.temperature": 1.0,
+    "worker.sampling.max_new_tokens": 4,
+    "trainer.lr": 1e-3,
+}
+EPOCHS = 20
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_reward_on_add(tmp_path: Path) -> None:
+    cfg = load_config(None, DEMO)
+    started = time.monotonic()
+    model_dir = prepare_model(cfg, tmp_path)
+    print(f"\nmodel prepared in {time.monotonic() - started:.1f}s")
+    engine, learner, task = TorchEngine(cfg, model_dir), GRPOLearner(cfg, model_dir), load_task(cfg)
+    curve = []
+    for epoch in range(EPOCHS):
+        t0 = time.monotonic()
+        engine.load_weights(learner.version, learner.weights())
+        batch = task.prompts_for_epoch(epoch, cfg.coordinator.groups_per_epoch)
+        generated = engine.generate(batch, cfg.worker.group_size)
+        learner.begin_epoch(epoch, len(batch))
+        for prompt, gen in zip(batch, generated, strict=True):
+            learner.accumulate(to_group(gen, lambda text, p=prompt: task.score(p, text)))
+        metrics = learner.step()
+        curve.append(metrics["reward_mean"])
+        print(
+            f"epoch {epoch:2d} reward {metrics['reward_mean']:.3f} len {metrics['response_len']:.2f} "
+            f"grad_norm {metrics['grad_norm']:.2f} {time.monotonic() - t0:.2f}s"
+        )
+    first, last = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
+    print(f"first 3 epochs {first:.3f} -> last 3 epochs {last:.3f}; total {time.monotonic() - started:.1f}s")
+    assert last >= first + 0.15
