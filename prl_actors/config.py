@@ -68,6 +68,7 @@ class SamplingSection(_Section):
 
 
 class WorkerSection(_Section):
+    threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
@@ -80,6 +81,7 @@ class BufferSection(_Section):
 
 
 class TrainerSection(_Section):
+    threads: int = Field(1, ge=1, description="torch CPU threads in the trainer process.")
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
     eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec

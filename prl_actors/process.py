@@ -10,7 +10,7 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StopRequest
 from prl_actors.config import Config
-from prl_actors.topology import start_actor
+from prl_actors.topology import role_of, start_actor
 
 
 class ActorFailed(Exception):
@@ -19,6 +19,7 @@ class ActorFailed(Exception):
 
 def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     """Run one actor until it stops. SIGTERM/SIGINT: a worker leaves gracefully, others just stop."""
+    _limit_threads(name, cfg)
     ctx = zmq.Context()
     host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
     stop = threading.Event()
@@ -39,6 +40,16 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     if host.error:
         raise ActorFailed(f"{name}: {host.error}")
     return 0
+
+
+def _limit_threads(name: str, cfg: Config) -> None:
+    """One process per actor: give torch the configured threads, not every core (oversubscription)."""
+    role = role_of(name)
+    if cfg.worker.engine == "sim" or role not in ("worker", "trainer"):
+        return
+    import torch
+
+    torch.set_num_threads(cfg.worker.threads if role == "worker" else cfg.trainer.threads)
 
 
 def _request_stop(host: ActorHost, reason: str) -> None:

@@ -44,6 +44,7 @@ class BufferCore(Core):
         self.credits = 0
         self.trainer: bytes = b""
         self.seq = 0
+        self.opened_at = 0.0
 
     def start(self, now: float) -> None:
         self.register()
@@ -56,7 +57,7 @@ class BufferCore(Core):
             if self.groups and len(self.accepted) < self.groups:
                 self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
-            self.accepted, self.held, self.seq = set(), [], 0
+            self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
             self._pump()
         self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
@@ -88,7 +89,8 @@ class BufferCore(Core):
         if len(self.accepted) == self.groups:
             self.stream.extend(self.held)
             self.held = []
-            self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups))
+            gen_s = round(now - self.opened_at, 6)
+            self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
             self.log("batch_complete", groups=self.groups)
         self._pump()
 

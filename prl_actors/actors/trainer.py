@@ -54,7 +54,6 @@ class TrainerCore(Core):
         self.resume, self.quiet = resume, quiet
         self.consumed = 0
         self.t_open = 0.0
-        self.t_last_group = 0.0
         self.train_s = 0.0
         self.t_upload = 0.0
         self.finished: tuple[int, float, dict[str, float]] | None = None
@@ -98,7 +97,6 @@ class TrainerCore(Core):
         dt = time.monotonic() - t0
         self.train_s += dt
         self.consumed += 1
-        self.t_last_group = now
         self.log(
             "train_group",
             group_id=msg.group.group_id,
@@ -127,7 +125,7 @@ class TrainerCore(Core):
         self.log("optimizer_step", version_before=before, version_after=self.learner.version, groups=self.consumed)
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
         self._checkpoint()
-        metrics.update(gen_s=round(self.t_last_group - self.t_open, 6), train_s=round(self.train_s, 6))
+        metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
         # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
         self.finished = (self.epoch, self.t_open, metrics)
         self._upload()
@@ -152,7 +150,7 @@ class TrainerCore(Core):
             return
         epoch, t_open, metrics = finished
         wall = now - t_open
-        row = {"epoch": epoch, "version": inbound.msg.version, **metrics}
+        row = {**metrics, "epoch": epoch, "version": inbound.msg.version}
         row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / wall, 3))
         self._write_metrics(row)
         self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))

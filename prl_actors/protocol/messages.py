@@ -218,9 +218,11 @@ class TrainGroup(Msg, tag="train_group", kw_only=True):
 
 
 class EpochComplete(Msg, tag="epoch_complete", kw_only=True):
-    """Buffer -> Trainer: all `groups` groups of `epoch` were sent."""
+    """Buffer -> Trainer: all `groups` groups of `epoch` were sent. `gen_s`: from the buffer's
+    EpochOpen to the last accepted group (the epoch's generation phase, as the buffer saw it)."""
 
     groups: int
+    gen_s: float = 0.0
 
 
 class StepDone(Msg, tag="step_done", kw_only=True):
