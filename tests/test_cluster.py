@@ -116,3 +116,38 @@ def test_resume_continues_from_the_last_checkpoint(run_dir: Path) -> None:
     rows = [msgspec.json.decode(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1, 2, 3]
     assert [r["version"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_stale_and_duplicate_groups_are_rejected_over_the_wire(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, transport="ipc", run__epochs=2)
+    cluster = LocalCluster(cfg, workers=0, log_dir=run_dir / "logs")  # epoch 0 opens, nobody works
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, b"worker-raw")
+    sock.connect(cfg.address("buffer"))
+    samples = [m.Sample(text="1", token_ids=[1], logprobs=[-0.5], reward=1.0)] * cfg.worker.group_size
+
+    def send(epoch: int, version: int) -> m.GroupAck:
+        group = m.Group(group_id=0, prompt="ctx 0", prompt_ids=[0], samples=samples, worker="worker-raw")
+        sock.send_multipart(encode(m.GroupResult(sender="worker-raw", epoch=epoch, version=version, group=group)))
+        assert sock.poll(5000)
+        reply, _ = decode(sock.recv_multipart())
+        assert isinstance(reply, m.GroupAck)
+        return reply
+
+    try:
+        deadline = time.monotonic() + 10
+        while not any(e["event"] == "epoch_open" for e in read_logs(run_dir)):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert send(0, 1).reason == "stale_version"
+        assert send(0, 0).accepted
+        assert send(0, 0).reason == "duplicate"
+        cluster.add_worker()
+        assert cluster.wait(30)
+    finally:
+        sock.close()
+        cluster.close()
+        ctx.term()
+    assert_invariants(run_dir, epochs=2, groups=6, external=frozenset({(0, 0)}))  # trained once, from worker-raw
