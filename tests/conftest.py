@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,18 @@ def read_logs(run_dir: Path) -> list[dict]:
     for path in sorted((run_dir / "logs").glob("*.jsonl")):
         events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return sorted(events, key=lambda e: e["t_mono"])
+
+
+def wait_for(run_dir: Path, pred: Callable[[dict], bool], timeout: float = 20.0) -> dict:
+    """The first logged event matching `pred`, polling the run's logs (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "logs").exists():
+            found = next((e for e in read_logs(run_dir) if pred(e)), None)
+            if found is not None:
+                return found
+        time.sleep(0.02)
+    raise AssertionError(f"no matching event within {timeout}s")
 
 
 def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozenset = frozenset()) -> None:

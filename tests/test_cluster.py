@@ -12,7 +12,7 @@ import zmq
 from prl_actors.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
-from tests.conftest import assert_invariants, read_logs, sim_config
+from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 
 def run(cfg, workers: int = 2, timeout: float = 30.0) -> LocalCluster:  # type: ignore[no-untyped-def]
@@ -62,10 +62,7 @@ def test_worker_lost_mid_epoch_has_its_groups_reassigned(run_dir: Path) -> None:
     cfg = sim_config(run_dir, run__epochs=3, sim__gen_s_per_token=0.02, coordinator__max_groups_per_request=2)
     cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
     try:
-        deadline = time.monotonic() + 10
-        while not any(e["event"] == "assign" and e["worker"] == "worker-0" for e in read_logs(run_dir)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(run_dir, lambda e: e["event"] == "assign" and e["worker"] == "worker-0")
         cluster.remove_worker("worker-0", graceful=False)  # no Leave: only the silence tells
         assert cluster.wait(30)
     finally:
@@ -137,10 +134,7 @@ def test_stale_and_duplicate_groups_are_rejected_over_the_wire(run_dir: Path) ->
         return reply
 
     try:
-        deadline = time.monotonic() + 10
-        while not any(e["event"] == "epoch_open" for e in read_logs(run_dir)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open")
         assert send(0, 1).reason == "stale_version"
         assert send(0, 0).accepted
         assert send(0, 0).reason == "duplicate"

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from prl_actors.config import Config
-from tests.conftest import assert_invariants, read_logs, sim_config
+from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "cli.main"]
@@ -27,17 +26,6 @@ def start_up(cfg: Config, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     config = write_config(cfg, tmp_path / "cfg.yaml")
     cmd = [*CLI, "up", "--config", str(config), *extra]
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
-def wait_for(run_dir: Path, pred, timeout: float = 20.0) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "logs").exists():
-            for e in read_logs(run_dir):
-                if pred(e):
-                    return e
-        time.sleep(0.05)
-    raise AssertionError("event never appeared")
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:

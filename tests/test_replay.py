@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from prl_actors.process import LocalCluster
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.coordinator_replay import replay_coordinator
 from prl_actors.replay.events import load_run
-from tests.conftest import read_logs, sim_config
+from tests.conftest import read_logs, sim_config, wait_for
 
 EPOCHS, GROUPS = 3, 8
 runner = CliRunner()
@@ -185,10 +184,7 @@ def test_a_lost_worker_run_passes_and_shows_the_leave_and_requeue(tmp_path: Path
     (run_dir / "config.yaml").write_text(cfg.dump())
     cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
     try:
-        deadline = time.monotonic() + 10
-        while not any(e["event"] == "assign" and e["worker"] == "worker-0" for e in read_logs(run_dir)):
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_for(run_dir, lambda e: e["event"] == "assign" and e["worker"] == "worker-0")
         cluster.remove_worker("worker-0", graceful=False)
         assert cluster.wait(30)
     finally:
