@@ -9,6 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.bench_cmd import bench  # these two modules import only typer; their heavy imports are lazy
+from cli.replay_cmd import replay
+
 app = typer.Typer(
     name="prl-actors",
     help="Periodic-asynchronous GRPO with five ZeroMQ actors. Start with `prl-actors up`.",
@@ -223,9 +226,8 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
     typer.echo("stop requested")
 
 
-from cli.replay_cmd import replay  # noqa: E402 - registered here, its heavy imports are lazy
-
 app.command()(replay)
+app.command()(bench)
 
 
 def main() -> None:

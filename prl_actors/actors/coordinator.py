@@ -237,7 +237,9 @@ class CoordinatorCore(Core):
             return
         self.done.add(msg.group_id)
         holder = self.holder.pop(msg.group_id, None)
-        if msg.group_id in self.queue:  # accepted from a worker we had given up on: keep it done
+        # accepted from a worker we had given up on: keep it done. A held group is never queued, so
+        # the O(B) deque scan is needed only when nobody held it (it was requeued, or a duplicate).
+        if holder is None and msg.group_id in self.queue:
             self.queue.remove(msg.group_id)
         for name in {holder, msg.worker} - {None}:
             member = self.members.get(name)  # type: ignore[arg-type]

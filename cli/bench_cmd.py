@@ -1,0 +1,50 @@
+"""`prl-actors bench`: the benchmark suite (speed-ups against their physical limits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def bench(
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for results.json, results.md and the PNG plots.")
+    ] = Path("bench_out"),
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes: the whole suite in a few minutes.")] = False,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only", help="Run only these: pipeline, shared_prompt, weight_sync, control_plane (repeatable or a,b)."
+        ),
+    ] = None,
+    machine: Annotated[
+        str,
+        typer.Option("--machine", envvar="PRL_BENCH_MACHINE", help="A label for this machine in the results."),
+    ] = "",
+    keep_work: Annotated[
+        bool, typer.Option("--keep-work", help="Keep the benchmark runs' logs under OUT/work (default: deleted).")
+    ] = False,
+) -> None:
+    """Run the benchmarks; every ratio is measured side by side in one run on this machine."""
+    from prl_actors.bench.suite import UnknownBenchmark, resolve, run_suite
+
+    try:
+        resolve(only)
+    except UnknownBenchmark as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    results = run_suite(out, quick=quick, only=only, label=machine, keep_work=keep_work, say=say)
+    missed = [e["name"] for e in results["entries"] if e["passed"] is False]
+    failed = [b["name"] for b in results["benchmarks"] if b.get("error")]
+    typer.echo(
+        f"{len(results['entries'])} results, {len(missed)} goals missed, {len(failed)} benchmarks failed; "
+        f"see {out / 'results.md'}",
+        err=True,
+    )
+    raise typer.Exit(1 if failed else 0)

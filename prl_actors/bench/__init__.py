@@ -1,0 +1,1 @@
+"""`prl-actors bench`: the speed-ups measured against their physical limits (see bench/README.md)."""
