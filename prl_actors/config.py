@@ -68,6 +68,7 @@ class SamplingSection(_Section):
 
 
 class WorkerSection(_Section):
+    prefetch: int = Field(1, ge=0, le=8, description="Groups to ask for ahead while one generates (0 = none).")
     threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")

@@ -101,6 +101,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
             request_timeout_s=cfg.transport.request_timeout_s,
             as_torch=cfg.worker.engine != "sim",
+            prefetch=cfg.worker.prefetch,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

@@ -42,7 +42,7 @@ def pack(tensors: Mapping[str, Any]) -> tuple[list[TensorMeta], list[memoryview]
 
 
 def unpack(metas: list[TensorMeta], buffer: bytes | bytearray | memoryview, as_torch: bool = False) -> dict:
-    """Named tensors viewing `buffer` (no copy). numpy arrays unless `as_torch` (or bfloat16)."""
+    """Named tensors viewing `buffer` (no copy if it is writable). numpy unless `as_torch` (or bfloat16)."""
     out: dict[str, Any] = {}
     offset = 0
     mv = memoryview(buffer)
@@ -53,7 +53,8 @@ def unpack(metas: list[TensorMeta], buffer: bytes | bytearray | memoryview, as_t
             import torch
 
             dtype = getattr(torch, m.dtype)
-            t = torch.frombuffer(bytearray(chunk), dtype=torch.uint8) if m.nbytes else torch.zeros(0)
+            raw = bytearray(chunk) if chunk.readonly else chunk  # view a writable buffer, copy only read-only
+            t = torch.frombuffer(raw, dtype=torch.uint8) if m.nbytes else torch.zeros(0)
             out[m.name] = t.view(dtype).reshape(m.shape) if m.nbytes else torch.zeros(m.shape, dtype=dtype)
         else:
             out[m.name] = np.frombuffer(chunk, dtype=np.dtype(m.dtype)).reshape(m.shape)

@@ -225,7 +225,7 @@ class FailingEngine:
 def worker(engine) -> WorkerCore:  # type: ignore[no-untyped-def]
     task = Task(items=[("ctx 1", "4")], reward=exact_match)
     core = WorkerCore("worker-x", EventLog("worker-x", "worker"), engine, task, G, 5.0, request_timeout_s=1.0)
-    core.registered = True
+    core.registered, core.target = True, 0
     return core
 
 
@@ -233,6 +233,9 @@ def assign(core: WorkerCore, now: float = 0.0) -> list[m.Msg]:
     core.now = now
     msg = m.WorkAssign(reply_to="r", epoch=0, version=0, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
     core.handle(now, inbound(msg, "coordinator", peer="coordinator"))
+    while core.deferred:  # what the host does: generation runs as a later inbox item
+        fn = core.deferred.pop(0)
+        fn(now)
     out, core.outbox = core.outbox, []
     return [x for _, x, _ in out]
 
@@ -252,7 +255,8 @@ def test_worker_resends_a_group_whose_ack_is_lost() -> None:
 def test_worker_engine_failure_hands_groups_back() -> None:
     core = worker(FailingEngine())
     out = assign(core)
-    assert [x.__struct_config__.tag for x in out] == ["register"]  # re-registering requeues its groups
+    # the next request went out before generating; re-registering then requeues the held groups
+    assert [x.__struct_config__.tag for x in out] == ["work_request", "register"]
     assert core.counters["generate_failed"] == 1
 
 
@@ -274,3 +278,14 @@ def test_a_stalled_epoch_says_why() -> None:
     assert core.stall_reason == "no worker is registered"
     (_, status), *_ = drive(core, 12.0, m.StatusRequest(), "cli")
     assert status.waiting_for == "no worker is registered"  # type: ignore[attr-defined]
+
+
+def test_worker_asks_for_the_next_group_before_generating() -> None:
+    engine = SimEngine(sim_config_for_cores())
+    engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    core = worker(engine)
+    core.now = 0.0
+    msg = m.WorkAssign(reply_to="r", epoch=0, version=0, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
+    core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
+    assert [x.__struct_config__.tag for _, x, _ in core.outbox] == ["work_request"]  # flushed first
+    assert len(core.deferred) == 1 and core.generating  # generation is the next inbox item

@@ -44,6 +44,11 @@ class SendFailed:
 
 
 @dataclass
+class Deferred:
+    fn: Callable[[float], None]
+
+
+@dataclass
 class StopRequest:
     """From outside the actor (signal, test): stop cleanly; a worker leaves gracefully first."""
 
@@ -67,6 +72,7 @@ class Core:
         self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
         self.stopped = False
         self.registered = False
+        self.deferred: list[Callable[[float], None]] = []
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
         self.counters: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
@@ -111,6 +117,11 @@ class Core:
     def reply(self, inbound: Inbound, msg: Msg, payloads: Sequence[Frame] = ()) -> Msg:
         dest = Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
         return self.emit(dest, msg, payloads)
+
+    def defer(self, fn: Callable[[float], None]) -> None:
+        """Run `fn(now)` as a later inbox item: what was emitted so far is sent first, and messages
+        that arrive meanwhile are handled in between (for long work such as generation)."""
+        self.deferred.append(fn)
 
     def expect(self, msg: Msg, timeout_s: float, what: str, on_timeout: Callable[[float], None] | None) -> None:
         """Register that `msg` wants a reply within `timeout_s`."""
@@ -269,6 +280,8 @@ class ActorHost(pykka.ThreadingActor):
             self._run(lambda now: self.core.bad_frame(now, message))
         elif isinstance(message, SendFailed):
             self._run(lambda now: self.core.send_failed(now, message))
+        elif isinstance(message, Deferred):
+            self._run(message.fn)
         elif isinstance(message, StopRequest):
             self._run(lambda now: self.core.request_stop(message.reason))
 
@@ -287,6 +300,9 @@ class ActorHost(pykka.ThreadingActor):
         out, self.core.outbox = self.core.outbox, []
         for dest, msg, payloads in out:
             self.port.send(dest, msg, payloads)
+        later, self.core.deferred = self.core.deferred, []
+        for fn in later:
+            self._tell(Deferred(fn))
 
     def on_stop(self) -> None:
         self._flush()

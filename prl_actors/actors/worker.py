@@ -10,6 +10,7 @@ construction); a worker that is behind never gets work, it is told `stale_versio
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import msgspec
 
@@ -49,6 +50,7 @@ class WorkerCore(Core):
         fetch_timeout_s: float,
         request_timeout_s: float,
         as_torch: bool = True,
+        prefetch: int = 1,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -60,6 +62,9 @@ class WorkerCore(Core):
         self.requesting = False
         self.retry_at = 0.0
         self.busy: list[int] = []
+        self.prefetch = prefetch
+        self.assigned: deque[WorkAssign] = deque()  # assignments waiting for the engine
+        self.generating = False
 
     def start(self, now: float) -> None:
         self.register()
@@ -96,11 +101,15 @@ class WorkerCore(Core):
         self._next()
 
     def _next(self) -> None:
-        """Decide the next step: fetch weights, ask for work, or wait."""
+        """Decide the next step: fetch weights, ask for work, or wait. With `prefetch` = 1 the next
+        request goes out while a group is generating, so the round trip hides behind generation."""
         if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
             return
         if self.engine.version < self.target:
-            self._fetch()
+            if not self.generating:  # the engine is swapped between groups, never during one
+                self._fetch()
+            return
+        if len(self.assigned) + self.generating > self.prefetch:
             return
         req = self.emit(Dest.peer("coordinator"), WorkRequest(epoch=self.target, version=self.engine.version))
         self.requesting = True
@@ -187,12 +196,32 @@ class WorkerCore(Core):
         self.retry_at = now + max(inbound.msg.retry_after_s, 1.0)
 
     def on_work_assign(self, now: float, inbound: Inbound) -> None:
-        msg = inbound.msg
         self.requesting = False
-        if msg.version != self.engine.version:  # cannot happen with a correct coordinator
-            self.log("assign_refused", reason="version mismatch", msg_version=msg.version)
+        self.assigned.append(inbound.msg)
+        if not self.generating:
+            self._start_next()
+        else:
             self._next()
-            return
+
+    def _start_next(self) -> None:
+        """Take the next assignment; ask for more now (flushed before the long call), generate later."""
+        msg = self.assigned.popleft()
+        self.generating = True
+        self._next()
+        self.defer(lambda now: self._work(msg))
+
+    def _work(self, msg: WorkAssign) -> None:
+        if msg.version == self.engine.version:
+            self._generate_and_send(msg)
+        else:  # weights changed while it waited: its epoch is over, the group was done elsewhere
+            self.log("assign_refused", reason="version mismatch", msg_version=msg.version)
+        self.generating = False
+        if self.assigned:
+            self._start_next()
+        else:
+            self._next()
+
+    def _generate_and_send(self, msg: WorkAssign) -> None:
         self.epoch = msg.epoch
         self.busy = [p.group_id for p in msg.prompts]
         try:
@@ -201,6 +230,7 @@ class WorkerCore(Core):
             self.count("generate_failed")
             self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=self.busy)
             self.busy, self.registered = [], False
+            self.assigned.clear()
             self.register()
             return
         self.log("span_begin", span="score")
@@ -210,7 +240,6 @@ class WorkerCore(Core):
             self._send_group(GroupResult(epoch=msg.epoch, version=msg.version, group=group), attempt=1)
         self.log("span_end", span="score")
         self.busy = []
-        self._next()
 
     def _generate(self, msg: WorkAssign) -> tuple[list[GeneratedGroup], float]:
         self.log("span_begin", span="generate", groups=self.busy, msg_id=msg.id)
