@@ -229,3 +229,24 @@ def test_bad_filters_and_a_missing_config_are_bad_input(periodic: Path, tmp_path
     assert code == 2 and "no config.yaml" in out
     code, out = replay_cli(str(tmp_path / "run"), "--check")
     assert code == 0 and "check coordinator   skip" in out
+
+
+def test_a_run_stopped_mid_epoch_and_resumed_passes_check(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cfg = sim_config(run_dir, run__epochs=4, sim__gen_s_per_token=0.004)
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(cfg.dump())
+    cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
+    try:
+        wait_for(run_dir, lambda e: e["event"] == "train_group" and e["msg_epoch"] == 2)
+    finally:
+        cluster.close()  # stopped mid-epoch 2: its gradients are lost, checkpoint v2 remains
+    resumed = sim_config(run_dir, run__epochs=4, run__resume=True)
+    cluster = LocalCluster(resumed, workers=2, log_dir=run_dir / "logs")
+    try:
+        assert cluster.wait(30)
+    finally:
+        cluster.close()
+    code, out = replay_cli(str(run_dir), "--check")
+    assert code == 0, out
+    assert "4 stepped epochs, every group trained once" in out

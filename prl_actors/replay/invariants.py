@@ -5,7 +5,7 @@
   buffer accepted for it was generated (worker `group_sent`) with that same version;
 - exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
   epoch that has an `optimizer_step` trained all of its groups 0..B-1; in a completed run every
-  opened epoch was stepped;
+  opened epoch was stepped (an epoch cut short by a stop and redone after `--resume` counts once);
 - one-step: at most one `optimizer_step` per epoch, each from the epoch's version to version + 1,
   and each step starts from the version the previous one produced.
 Each check returns Violations naming the offending events (actor, time, message id).
@@ -13,6 +13,7 @@ Each check returns Violations naming the offending events (actor, time, message 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 from prl_actors.replay.events import Event, Run, Violation, at
@@ -28,6 +29,18 @@ def epoch_versions(run: Run) -> dict[int, int]:
 
 def _trained(run: Run) -> list[Event]:
     return [e for e in run.of("train_group") if e.get("role") == "trainer"]
+
+
+def _kept(run: Run, events: list[Event]) -> list[Event]:
+    """Drop the events of epochs a run was stopped in before their step (a `--resume` redoes them:
+    the accumulated gradients died with the process). A run segment starts at each coordinator start."""
+    starts = [e["t"] for e in run.of("actor_start", actor="coordinator")]
+    if len(starts) <= 1:
+        return events
+    segment = lambda e: bisect_right(starts, e["t"]) - 1  # noqa: E731
+    stepped = {(segment(s), s.get("epoch")) for s in run.of("optimizer_step") if s.get("role") == "trainer"}
+    last = len(starts) - 1
+    return [e for e in events if segment(e) == last or (segment(e), e.get("msg_epoch")) in stepped]
 
 
 def check_on_policy(run: Run) -> list[Violation]:
@@ -76,10 +89,12 @@ def _generated_with(
 
 
 def check_exactly_once(run: Run) -> list[Violation]:
-    out = _duplicates(_trained(run), "trained")
-    out += _duplicates([e for e in run.of("group_accepted") if e["role"] == "buffer"], "accepted by the buffer")
+    trained_events = _kept(run, _trained(run))
+    out = _duplicates(trained_events, "trained")
+    accepted = _kept(run, [e for e in run.of("group_accepted") if e["role"] == "buffer"])
+    out += _duplicates(accepted, "accepted by the buffer")
     trained: dict[int, set[int]] = defaultdict(set)
-    for t in _trained(run):
+    for t in trained_events:
         trained[t.get("msg_epoch", -1)].add(t.get("group_id", -1))
     sizes = _epoch_sizes(run)
     stepped = set()
