@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from pathlib import Path
 
+import pykka
 import zmq
 
 from prl_actors.actors.runtime import ActorHost, StopRequest
@@ -54,7 +56,8 @@ def _limit_threads(name: str, cfg: Config) -> None:
 
 def _request_stop(host: ActorHost, reason: str) -> None:
     """Ask the actor to stop from outside its thread (a worker says Leave first)."""
-    host.actor_ref.tell(StopRequest(reason))
+    with contextlib.suppress(pykka.ActorDeadError):  # already gone: nothing to stop
+        host.actor_ref.tell(StopRequest(reason))
 
 
 class LocalCluster:

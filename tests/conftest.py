@@ -13,18 +13,24 @@ import pytest
 
 from prl_actors.config import Config, load_config
 
-_ports = itertools.count(31000 + (os.getpid() % 200) * 20, 10)
+# Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
+_ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
+
+
+def port_base() -> int:
+    """A fresh tcp base port for one run (its four actors bind base .. base + 3)."""
+    return next(_ports)
 
 
 def sim_config(run_dir: Path, transport: str = "inproc", **overrides: object) -> Config:
     """A fast simulated config; `overrides` are dotted keys with '__' for '.'."""
     base: dict[str, object] = {
-        "run.name": f"t{next(_ports)}",
+        "run.name": f"t{port_base()}",
         "run.run_dir": str(run_dir),
         "run.epochs": 3,
         "run.workers": 2,
         "transport.kind": transport,
-        "transport.base_port": next(_ports),
+        "transport.base_port": port_base(),
         "coordinator.groups_per_epoch": 6,
         "coordinator.heartbeat_interval_s": 0.05,
         "coordinator.heartbeat_timeout_s": 0.5,

@@ -93,3 +93,20 @@ def test_compose_file_services_run_valid_cli_calls() -> None:
         load_config(config)
     cmd = compose_command(load_config(ROOT / "configs/compose.yaml"))
     assert "--scale" in cmd and "inference=2" in cmd
+
+
+def test_a_busy_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    import socket
+
+    from tests.conftest import port_base
+
+    base = port_base()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base))  # the coordinator's port
+        busy.listen()
+        argv = ["actor", "coordinator", "--set", "worker.engine=sim", "--set", "trainer.learner=sim"]
+        argv += ["--set", f"transport.base_port={base}", "--set", f"run.run_dir={tmp_path}"]
+        out = subprocess.run([sys.executable, "-m", "cli.main", *argv], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert "error: coordinator" in out.stderr and "Address already in use" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -16,7 +16,7 @@ from prl_actors.replay.epochs import SETUP, stats
 from prl_actors.replay.events import load_run
 from prl_actors.replay.follow import Filter, follow
 from prl_actors.replay.spans import pair_spans
-from tests.conftest import read_logs, sim_config
+from tests.conftest import port_base, read_logs, sim_config
 from tests.test_replay import EPOCHS, doctor, record_run, replay_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_follow_a_live_run(tmp_path: Path) -> None:
 def test_a_multi_process_up_run_passes_check(tmp_path: Path) -> None:
     run_dir = tmp_path / "up"
     cmd = [sys.executable, "-m", "cli.main", "up", "--config", "configs/sim.yaml", "--workers", "2", "--epochs", "2"]
-    port = 32000 + (hash(str(tmp_path)) % 2000) * 5
+    port = port_base()
     cmd += ["--run-dir", str(run_dir), "--set", f"transport.base_port={port}"]
     up = subprocess.run(cmd, cwd=ROOT, timeout=60, capture_output=True, text=True)
     # not `check=True`: `up` may report a core actor's clean exit racing the coordinator's as a failure

@@ -267,7 +267,15 @@ class ActorHost(pykka.ThreadingActor):
                 self.port.send_frames(Dest.peer("coordinator"), encode(hb))
 
     def on_start(self) -> None:
-        self.port.start()
+        try:
+            self.port.start()
+        except (OSError, TimeoutError) as exc:  # e.g. address in use; pykka would die without on_failure
+            self.error = str(exc)
+            self.core.log("actor_crashed", error=self.error)
+            self.core.log.close()
+            self.done.set()
+            self.stop()
+            return
         self._run(lambda now: self.core.start(now))
 
     def on_receive(self, message: Any) -> None:
