@@ -1,4 +1,4 @@
-"""Running actors: one per OS process (`prl-actors actor`), or all in one process (tests, `--inproc`)."""
+"""Running actors: one per OS process (`prl-actors actor`), or all in one process (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class LocalCluster:
     def remove_worker(self, name: str, graceful: bool = True) -> None:
         host = self.hosts.pop(name)
         if graceful:
-            host.actor_ref.tell(StopRequest("removed"))
+            _request_stop(host, "removed")
         else:  # like SIGKILL: no Leave, the coordinator must notice the silence
             host.port.stop()
             host.actor_ref.stop(block=False)

@@ -270,10 +270,7 @@ class ActorHost(pykka.ThreadingActor):
         try:
             self.port.start()
         except (OSError, TimeoutError) as exc:  # e.g. address in use; pykka would die without on_failure
-            self.error = str(exc)
-            self.core.log("actor_crashed", error=self.error)
-            self.core.log.close()
-            self.done.set()
+            self._crash(str(exc))
             self.stop()
             return
         self._run(lambda now: self.core.start(now))
@@ -322,8 +319,12 @@ class ActorHost(pykka.ThreadingActor):
         self.done.set()
 
     def on_failure(self, exception_type: Any, exception_value: Any, tb: Any) -> None:
-        self.error = f"{exception_type.__name__}: {exception_value}"
-        self.core.log("actor_crashed", error=self.error)
+        self._crash(f"{exception_type.__name__}: {exception_value}")
+
+    def _crash(self, error: str) -> None:
+        """The actor cannot go on: record why (the process exits non-zero with it) and release all."""
+        self.error = error
+        self.core.log("actor_crashed", error=error)
         self.port.stop()
         self.core.log.close()
         self.done.set()
