@@ -136,7 +136,7 @@ class WorkerCore(Core):
 
     def _fetch(self) -> None:
         self.log("span_begin", span="weight_sync", target=self.target)
-        self.fetch_sent = time.monotonic()
+        self.fetch_sent = self.now
         self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version))
 
     def on_weights_begin(self, now: float, inbound: Inbound) -> None:
