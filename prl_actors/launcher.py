@@ -2,8 +2,9 @@
 
 The launcher starts coordinator, publisher, buffer, trainer and N workers (`prl-actors actor ROLE`),
 polls the coordinator's Status to show progress and to follow `prl-actors scale` (it starts or stops
-worker processes to match the wanted count; a worker that dies is replaced), and stops everything on
-Ctrl-C (RequestStop, then SIGTERM, then SIGKILL). A core actor that dies ends the run with an error.
+worker processes to match the wanted count; a worker that crashes or is killed is replaced, one that
+exits cleanly is not), and stops everything on Ctrl-C (RequestStop, then SIGTERM, then SIGKILL).
+A core actor that dies ends the run with an error.
 """
 
 from __future__ import annotations
@@ -84,13 +85,17 @@ class Launcher:
             time.sleep(0.05)
 
     def _replace_dead_workers(self) -> None:
+        """Replace a worker that crashed or was killed. Exit code 0 means it was shut down or left on
+        purpose (at the end of a run workers exit before the coordinator does): that one stays gone."""
         for name in self.workers():
             rc = self.procs[name].poll()
-            if rc is not None:
-                del self.procs[name]
-                how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-                console(f"{name} exited ({how})")
-        while len(self.workers()) < self.desired:
+            if rc is None:
+                continue
+            del self.procs[name]
+            if rc == 0:
+                continue
+            how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+            console(f"{name} exited ({how})")
             self.add_worker()
             console(f"started {self.workers()[-1]} (wanted {self.desired} workers)")
 
@@ -101,7 +106,7 @@ class Launcher:
             return
         if not isinstance(st, Status):
             return
-        if st.desired_workers >= 0 and st.desired_workers != self.desired:
+        if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
         if st.waiting_for and st.waiting_for != self.last_stall:
             console(f"stalled: {st.waiting_for}")
@@ -120,6 +125,8 @@ class Launcher:
         for name in self.workers()[n:]:
             self.procs[name].send_signal(signal.SIGTERM)  # graceful: Leave, work is requeued
             self.procs.pop(name)
+        while len(self.workers()) < n:
+            self.add_worker()
 
     def _stop_all(self, reason: str) -> None:
         with contextlib.suppress(RequestFailed):
