@@ -1,7 +1,7 @@
 """Encoding and validated decoding at the socket edge.
 
-`decode` turns raw ZeroMQ frames into a typed message or raises `ProtocolError` with one of the
-`ERROR_CODES`; nothing untyped travels past it. The header is checked first, so a peer speaking another
+`decode` turns raw ZeroMQ frames into a typed message or raises `ProtocolError` with an
+`ErrorCode`; nothing untyped travels past it. The header is checked first, so a peer speaking another
 protocol version gets `bad_protocol` (not a confusing field error).
 """
 
@@ -12,15 +12,15 @@ from typing import Any
 
 import msgspec
 
-from prl_actors.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, Message, Msg
+from prl_actors.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, ErrorCode, Message, Msg
 
 Frame = bytes | memoryview
 
 
 class ProtocolError(Exception):
-    """A frame that cannot become a typed message. `code` is in ERROR_CODES."""
+    """A frame that cannot become a typed message."""
 
-    def __init__(self, code: str, detail: str, reply_to: str = "", sender: str = "") -> None:
+    def __init__(self, code: ErrorCode, detail: str, reply_to: str = "", sender: str = "") -> None:
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
@@ -48,25 +48,25 @@ def encode(msg: Msg, payloads: Sequence[Frame] = ()) -> list[Frame]:
 def decode(frames: Sequence[Frame]) -> tuple[Message, list[Frame]]:
     """(message, payload frames) or ProtocolError."""
     if not frames:
-        raise ProtocolError("malformed", "empty multipart message")
+        raise ProtocolError(ErrorCode.MALFORMED, "empty multipart message")
     head = frames[0]
     try:
         header = _header_decoder.decode(head)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError("malformed", f"frame 0 is not a MessagePack map: {exc}") from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"frame 0 is not a MessagePack map: {exc}") from None
     msg_id = header.id if isinstance(header.id, str) else ""
     sender = header.sender if isinstance(header.sender, str) else ""
     if header.proto != PROTOCOL_VERSION:
         raise ProtocolError(
-            "bad_protocol",
+            ErrorCode.BAD_PROTOCOL,
             f"protocol version {header.proto!r} is not supported (this peer speaks {PROTOCOL_VERSION})",
             msg_id,
             sender,
         )
     if header.type not in MESSAGE_TYPES:
-        raise ProtocolError("unknown_type", f"unknown message type {header.type!r}", msg_id, sender)
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {header.type!r}", msg_id, sender)
     try:
         msg = _decoder.decode(head)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ProtocolError("malformed", f"invalid {header.type!r} message: {exc}", msg_id, sender) from None
+        raise ProtocolError(ErrorCode.MALFORMED, f"invalid {header.type!r} message: {exc}", msg_id, sender) from None
     return msg, list(frames[1:])

@@ -17,11 +17,68 @@ from __future__ import annotations
 
 import itertools
 import os
+from enum import StrEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 NONE = -1  # epoch / version "not applicable"
+
+
+# --- the closed vocabularies of the protocol (decoded as enums: an unknown value is `malformed`) --
+
+
+class Role(StrEnum):
+    """What a peer is. Every actor registers with its role; the CLI speaks as `operator`."""
+
+    COORDINATOR = "coordinator"
+    PUBLISHER = "publisher"
+    BUFFER = "buffer"
+    TRAINER = "trainer"
+    WORKER = "worker"
+    OPERATOR = "operator"
+
+
+class ErrorCode(StrEnum):
+    """`error.code`: why a message was not handled."""
+
+    MALFORMED = "malformed"  # not MessagePack / missing fields / wrong types
+    BAD_PROTOCOL = "bad_protocol"  # wrong protocol version
+    UNKNOWN_TYPE = "unknown_type"  # type tag not in this protocol
+    UNEXPECTED = "unexpected"  # valid message, but not one this actor handles
+    REJECTED = "rejected"  # valid and handled, but refused (see detail)
+
+
+class RejectReason(StrEnum):
+    """`group_ack.reason`: why the buffer refused a group (checked in this order)."""
+
+    WRONG_EPOCH = "wrong_epoch"  # no epoch open, or the group's epoch is ahead of the open one
+    EPOCH_CLOSED = "epoch_closed"  # the group's epoch is over
+    STALE_VERSION = "stale_version"  # generated with other weights than the epoch's (off-policy)
+    UNKNOWN_GROUP = "unknown_group"  # group id outside 0..B-1
+    BAD_GROUP_SIZE = "bad_group_size"  # not exactly G samples
+    DUPLICATE = "duplicate"  # (epoch, group id) was already accepted
+    BUFFER_FULL = "buffer_full"  # buffer.max_groups groups already wait for the trainer
+
+
+class NoWorkReason(StrEnum):
+    """`no_work.reason`: why a work request got nothing."""
+
+    NO_EPOCH = "no_epoch"  # no epoch is open (wait for epoch_start)
+    STALE_VERSION = "stale_version"  # fetch the epoch's weights (header version) first
+    QUEUE_EMPTY = "queue_empty"  # every group is handed out; you will be nudged if one returns
+    DONE = "done"  # the run is over
+
+
+class Phase(StrEnum):
+    """The coordinator's epoch state machine (`status.state`); transitions in actors/phase.py."""
+
+    WAITING_WEIGHTS = "waiting_weights"  # no weights for the next epoch yet (or no buffer)
+    OPENING = "opening"  # epoch_open sent, waiting for the buffer's ack
+    RUNNING = "running"  # handing out the epoch's groups
+    TRAINING = "training"  # every group accepted; waiting for the step's weights
+    DONE = "done"  # the run is over
+
 
 _counter = itertools.count()
 _PREFIX = f"{os.getpid():x}"
@@ -44,9 +101,9 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 
 
 class Register(Msg, tag="register", kw_only=True):
-    """Join the run. `role` is one of coordinator/worker/buffer/trainer/publisher. Reply: Welcome."""
+    """Join the run as a member of `role` (not operator). Reply: Welcome."""
 
-    role: str
+    role: Role
     pid: int = 0
     host: str = ""
 
@@ -91,20 +148,11 @@ class Ack(Msg, tag="ack", kw_only=True):
 
 
 class Error(Msg, tag="error", kw_only=True):
-    """Reply to a message that could not be decoded or handled. `code` is one of ERROR_CODES."""
+    """Reply to a message that could not be decoded or handled."""
 
     reply_to: str = ""
-    code: str
+    code: ErrorCode
     detail: str
-
-
-ERROR_CODES = (
-    "malformed",  # not MessagePack / missing fields / wrong types
-    "bad_protocol",  # wrong protocol version
-    "unknown_type",  # type tag not in this protocol
-    "unexpected",  # valid message, but not one this actor handles
-    "rejected",  # valid and handled, but refused (see detail)
-)
 
 
 # --- epochs and work (Coordinator <-> workers, Coordinator <-> Buffer) ----------------------------
@@ -137,11 +185,10 @@ class WorkAssign(Msg, tag="work_assign", kw_only=True):
 
 
 class NoWork(Msg, tag="no_work", kw_only=True):
-    """Reply to WorkRequest: nothing for you now. `reason` is one of: no_epoch, stale_version,
-    queue_empty, done. Retry after `retry_after_s`, or on EpochStart."""
+    """Reply to WorkRequest: nothing for you now. Retry after `retry_after_s`, or on EpochStart."""
 
     reply_to: str
-    reason: str
+    reason: NoWorkReason
     retry_after_s: float = 0.05
 
 
@@ -173,13 +220,12 @@ class GroupResult(Msg, tag="group_result", kw_only=True):
 
 
 class GroupAck(Msg, tag="group_ack", kw_only=True):
-    """Buffer -> worker: `accepted` or not, with `reason` (duplicate, stale_version, wrong_epoch,
-    unknown_group, epoch_closed)."""
+    """Buffer -> worker: `accepted`, or refused with `reason`."""
 
     reply_to: str
     group_id: int
     accepted: bool
-    reason: str = ""
+    reason: RejectReason | None = None
 
 
 class EpochOpen(Msg, tag="epoch_open", kw_only=True):
@@ -291,7 +337,7 @@ class StatusRequest(Msg, tag="status_request", kw_only=True):
 
 class MemberInfo(msgspec.Struct, kw_only=True):
     name: str
-    role: str
+    role: Role
     version: int
     outstanding: int
     last_seen_s: float
@@ -299,7 +345,7 @@ class MemberInfo(msgspec.Struct, kw_only=True):
 
 class Status(Msg, tag="status", kw_only=True):
     reply_to: str
-    state: str
+    state: Phase
     mode: str
     groups_per_epoch: int
     groups_done: int
@@ -358,7 +404,10 @@ Message = (
     | RequestStop
 )
 
-MESSAGE_TYPES: dict[str, type[Msg]] = {
-    t.__struct_config__.tag: t  # type: ignore[misc]
-    for t in Message.__args__  # type: ignore[attr-defined]
-}
+MESSAGE_TYPES: dict[str, type[Msg]] = {t.__struct_config__.tag: t for t in Message.__args__}
+TAGS: dict[type[Msg], str] = {t: name for name, t in MESSAGE_TYPES.items()}
+
+
+def tag_of(msg: Msg | type[Msg]) -> str:
+    """The wire type tag of a message or message class, e.g. "work_request"."""
+    return TAGS[msg if isinstance(msg, type) else type(msg)]

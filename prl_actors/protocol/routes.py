@@ -1,0 +1,138 @@
+"""Who may send which message to whom: the protocol's routing table, one row per hop.
+
+Uses of this one table:
+- every actor core: each message its role can receive must have a handler (checked when the core is
+  built), and a message its role cannot receive is answered `unexpected`, handler or not;
+- docs/PROTOCOL.md: its hop table is generated from here (`python -m prl_actors.protocol.doc`) and a
+  test checks the page against it;
+- the sender's role is part of the table, so a receiver can refuse a message from a role that may not
+  send it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prl_actors.protocol.messages import (
+    MESSAGE_TYPES,
+    Ack,
+    Credit,
+    EpochComplete,
+    EpochOpen,
+    EpochStart,
+    Error,
+    FetchWeights,
+    GroupAccepted,
+    GroupAck,
+    GroupResult,
+    Heartbeat,
+    HeartbeatAck,
+    Leave,
+    Msg,
+    NoWork,
+    Register,
+    RequestStop,
+    Role,
+    Scale,
+    Shutdown,
+    Status,
+    StatusRequest,
+    StepDone,
+    TrainGroup,
+    WeightChunk,
+    WeightsAvailable,
+    WeightsBegin,
+    WeightsEnd,
+    WeightsStored,
+    Welcome,
+    WorkAssign,
+    WorkRequest,
+)
+
+C, P, B, T, W, OP = Role.COORDINATOR, Role.PUBLISHER, Role.BUFFER, Role.TRAINER, Role.WORKER, Role.OPERATOR
+MEMBERS = frozenset({P, B, T, W})  # roles that register with the coordinator
+ACTORS = frozenset({C, *MEMBERS})  # roles that run an actor core
+ANYONE = frozenset(Role)
+CLIENTS = ANYONE - {C}  # who may ask for status (the CLI speaks for an operator or a member)
+
+
+@dataclass(frozen=True)
+class Hop:
+    """`msg` may travel from any of `senders` to any of `receivers`."""
+
+    msg: type[Msg]
+    senders: frozenset[Role]
+    receivers: frozenset[Role]
+    note: str
+
+
+def _roles(r: Role | frozenset[Role]) -> frozenset[Role]:
+    return r if isinstance(r, frozenset) else frozenset({r})
+
+
+def _hop(msg: type[Msg], senders: Role | frozenset[Role], receivers: Role | frozenset[Role], note: str) -> Hop:
+    return Hop(msg, _roles(senders), _roles(receivers), note)
+
+
+HOPS: tuple[Hop, ...] = (
+    # membership
+    _hop(Register, MEMBERS, C, "join the run; reply welcome"),
+    _hop(Welcome, C, MEMBERS, "reply to register: the run's settings and the open epoch"),
+    _hop(Heartbeat, MEMBERS, C, "liveness and the version held; reply heartbeat_ack"),
+    _hop(HeartbeatAck, C, MEMBERS, "the open epoch; known=false: register again"),
+    _hop(Leave, MEMBERS, C, "graceful exit, held groups are requeued; reply ack"),
+    _hop(Shutdown, C, MEMBERS, "the run is over: exit cleanly"),
+    # epochs and work
+    _hop(EpochOpen, C, B, "accept groups 0..B-1 of the epoch; reply ack (the barrier before any work)"),
+    _hop(EpochStart, C, frozenset({W, T}), "the epoch is open (also a nudge when work returns)"),
+    _hop(WorkRequest, W, C, "give me up to max_groups groups; reply work_assign or no_work"),
+    _hop(WorkAssign, C, W, "generate these groups with the epoch's weights"),
+    _hop(NoWork, C, W, "nothing now, with a reason"),
+    _hop(GroupResult, W, B, "a finished, scored group; reply group_ack"),
+    _hop(GroupAck, B, W, "accepted, or refused with a reason"),
+    _hop(GroupAccepted, B, C, "the group is done and never handed out again"),
+    # the buffer's stream to the trainer
+    _hop(Credit, T, B, "the trainer can take n more groups"),
+    _hop(EpochOpen, B, T, "the epoch's stream begins"),
+    _hop(TrainGroup, B, T, "one accepted group (costs a credit)"),
+    _hop(EpochComplete, B, T, "every group was sent: take the step"),
+    _hop(StepDone, T, C, "the step's weights are stored; reply ack"),
+    # weights
+    _hop(WeightsBegin, T, P, "upload: a transfer begins"),
+    _hop(WeightChunk, T, P, "upload: raw bytes in frame 1"),
+    _hop(WeightsEnd, T, P, "upload: the transfer ends; reply weights_stored"),
+    _hop(WeightsStored, P, T, "the upload is stored and served"),
+    _hop(WeightsAvailable, P, C, "a version can be fetched; reply ack"),
+    _hop(FetchWeights, W, P, "send me the current weights; reply a transfer"),
+    _hop(WeightsBegin, P, W, "fetch reply: a transfer begins"),
+    _hop(WeightChunk, P, W, "fetch reply: raw bytes in frame 1"),
+    _hop(WeightsEnd, P, W, "fetch reply: the transfer ends"),
+    # control
+    _hop(StatusRequest, CLIENTS, C, "reply status"),
+    _hop(Status, C, OP, "the run's state, members and progress (to the CLI client that asked)"),
+    _hop(Scale, OP, C, "the wanted number of workers; reply ack"),
+    _hop(RequestStop, OP, C, "stop the run; reply ack, then shutdown to every member"),
+    # replies any request may get
+    _hop(Ack, frozenset({C, B}), ANYONE, "generic positive reply"),
+    _hop(Error, ANYONE, ANYONE, "a message that could not be decoded or handled"),
+)
+
+
+def receivable(role: Role) -> frozenset[type[Msg]]:
+    """Every message type `role` may receive (and so must handle)."""
+    return frozenset(h.msg for h in HOPS if role in h.receivers)
+
+
+def senders_of(msg: type[Msg], receiver: Role) -> frozenset[Role]:
+    """The roles that may send `msg` to `receiver`."""
+    return frozenset(r for h in HOPS if h.msg is msg and receiver in h.receivers for r in h.senders)
+
+
+def _check_complete() -> None:
+    """Every message type of the protocol travels on at least one hop (import-time self-check)."""
+    missing = set(MESSAGE_TYPES.values()) - {h.msg for h in HOPS}
+    if missing:
+        raise RuntimeError(f"messages without a hop in routes.HOPS: {sorted(t.__name__ for t in missing)}")
+
+
+_check_complete()
