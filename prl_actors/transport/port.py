@@ -7,9 +7,18 @@ Hazards, and what this module does about them:
 - ZeroMQ sockets are not thread-safe. Only the port thread touches them; other threads hand frames
   over through `send`, which goes through an inproc PUSH/PULL outbox (one PUSH per calling thread).
 - A ROUTER silently drops a message to an unknown routing id; `ROUTER_MANDATORY` makes that an error
-  we log and count instead. `ROUTER_HANDOVER` lets a restarted peer with the same name take over.
-- DEALER queues up to the high-water mark and then blocks; the port never blocks in send
-  (NOBLOCK): a message that cannot go is logged as `send_failed`, never a silent hang.
+  (EHOSTUNREACH) we log and count instead. `ROUTER_HANDOVER` lets a restarted peer with the same name
+  take over.
+- Queues are bounded (`Limits`): every socket has finite send and receive high-water marks. The port
+  never blocks in send (NOBLOCK). Policy for a full queue (EAGAIN): the message is *parked* in the
+  port, in order, per destination, and retried as the peer drains (a weight transfer larger than the
+  high-water mark streams out this way; parked frames are views of the sender's buffers, not copies).
+  A destination whose parked queue exceeds `max_parked` messages, or whose oldest parked message waits
+  longer than `park_timeout_s`, is given up: its parked messages are dropped and reported once through
+  `on_send_failed` (logged as `send_failed`). Nothing waits forever; the protocol's timeouts and retries
+  (work requests, group acks, weight fetches) recover what was dropped. A peer that is gone
+  (EHOSTUNREACH) is reported at once. On the receive side a full queue stops reading from that
+  connection, which pushes back on the sender's own high-water mark.
 - Sockets close with linger 0 in a `finally`, so a dead peer never keeps a process alive.
 """
 
@@ -18,9 +27,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import zmq
 
@@ -28,14 +38,15 @@ from prl_actors.protocol.codec import Frame, ProtocolError, decode, encode
 from prl_actors.protocol.messages import Msg
 
 _outbox_ids = itertools.count()
+M_co = TypeVar("M_co", bound=Msg, covariant=True)
 
 
 @dataclass
-class Inbound:
+class Inbound(Generic[M_co]):
     """A decoded message. `peer` is the DEALER peer name it came from, or None when it came in
     on the ROUTER, in which case `identity` is the sender's routing id (for replies)."""
 
-    msg: Any  # one of protocol.messages.Message; Core.handle dispatches on its tag to on_<tag>
+    msg: M_co
     payloads: list[Frame]
     peer: str | None = None
     identity: bytes = b""
@@ -47,6 +58,16 @@ class BadFrame:
     error: ProtocolError
     peer: str | None
     identity: bytes
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Queue bounds of one port (see the module docstring for the policy when they are reached)."""
+
+    hwm: int = 1000  # messages queued per socket and direction (ZeroMQ SNDHWM / RCVHWM)
+    max_parked: int = 100_000  # messages parked per destination before it is given up
+    park_timeout_s: float = 30.0  # the oldest parked message waits at most this long
+    outbox_hwm: int = 100_000  # actor thread -> port thread handover queue
 
 
 class Dest:
@@ -69,6 +90,15 @@ class Dest:
         return f"peer:{self.name}" if self.name else f"id:{self.identity.decode(errors='replace')}"
 
 
+@dataclass
+class _Parked:
+    """Messages for one destination that met a full queue, oldest first."""
+
+    sock: zmq.Socket  # type: ignore[type-arg]
+    head: list[Frame]  # routing frames to prepend (the ROUTER's identity), or []
+    queue: deque[tuple[float, Sequence[Any]]] = field(default_factory=deque)  # (parked at, frames)
+
+
 class Port:
     """All sockets of one actor, driven by one thread.
 
@@ -78,23 +108,26 @@ class Port:
 
     def __init__(
         self,
-        ctx: zmq.Context,
+        ctx: zmq.Context,  # type: ignore[type-arg]
         name: str,
         bind: str | None,
         peers: dict[str, str],
-        on_message: Callable[[Inbound], None],
+        on_message: Callable[[Inbound[Msg]], None],
         on_bad_frame: Callable[[BadFrame], None],
         on_timer: Callable[[float], None] | None = None,
         timer_s: float = 0.05,
         on_send_failed: Callable[[str, str], None] | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         self.ctx, self.name, self.bind, self.peers = ctx, name, bind, dict(peers)
         self.on_message, self.on_bad_frame = on_message, on_bad_frame
         self.on_timer, self.timer_s = on_timer, timer_s
         self.on_send_failed = on_send_failed or (lambda dest, why: None)
+        self.limits = limits
         self._outbox_addr = f"inproc://outbox-{name}-{next(_outbox_ids)}"
         self._local = threading.local()
-        self._pushers: list[zmq.Socket] = []
+        self._pushers: list[zmq.Socket] = []  # type: ignore[type-arg]
+        self._parked: dict[bytes, _Parked] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -118,7 +151,7 @@ class Port:
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.SNDHWM, self.limits.outbox_hwm)
             sock.connect(self._outbox_addr)
             self._local.push = sock
             self._pushers.append(sock)
@@ -135,24 +168,27 @@ class Port:
 
     # --- the port thread -------------------------------------------------------------------
 
-    def _make_sockets(self) -> tuple[zmq.Socket, zmq.Socket | None, dict[str, zmq.Socket]]:
+    def _bounded(self, kind: int) -> zmq.Socket:  # type: ignore[type-arg]
+        sock: zmq.Socket = self.ctx.socket(kind)  # type: ignore[type-arg]
+        sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
+        sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+    def _make_sockets(self) -> tuple[zmq.Socket, zmq.Socket | None, dict[str, zmq.Socket]]:  # type: ignore[type-arg]
         outbox = self.ctx.socket(zmq.PULL)
-        outbox.setsockopt(zmq.RCVHWM, 0)
+        outbox.setsockopt(zmq.RCVHWM, self.limits.outbox_hwm)
         outbox.bind(self._outbox_addr)
         router = None
         if self.bind:
-            router = self.ctx.socket(zmq.ROUTER)
+            router = self._bounded(zmq.ROUTER)
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            router.setsockopt(zmq.SNDHWM, 0)
-            router.setsockopt(zmq.RCVHWM, 0)
             router.bind(self.bind)
         dealers = {}
         for peer, addr in self.peers.items():
-            d = self.ctx.socket(zmq.DEALER)
+            d = self._bounded(zmq.DEALER)
             d.setsockopt(zmq.ROUTING_ID, self.name.encode())
-            d.setsockopt(zmq.SNDHWM, 0)
-            d.setsockopt(zmq.RCVHWM, 0)
             d.setsockopt(zmq.RECONNECT_IVL, 50)
             d.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             d.connect(addr)
@@ -160,7 +196,7 @@ class Port:
         return outbox, router, dealers
 
     def _run(self) -> None:
-        socks: list[zmq.Socket] = []
+        socks: list[zmq.Socket] = []  # type: ignore[type-arg]
         try:
             outbox, router, dealers = self._make_sockets()
             socks = [outbox, *([router] if router else []), *dealers.values()]
@@ -177,7 +213,7 @@ class Port:
             for s in socks:
                 s.close(linger=0)
 
-    def _loop(self, outbox: zmq.Socket, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:
+    def _loop(self, outbox: zmq.Socket, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
         poller = zmq.Poller()
         for s in [outbox, *([router] if router else []), *dealers.values()]:
             poller.register(s, zmq.POLLIN)
@@ -185,9 +221,12 @@ class Port:
         next_timer = time.monotonic()
         while not self._stop.is_set():
             timeout_ms = max(0, int((next_timer - time.monotonic()) * 1000)) if self.on_timer else 100
+            if self._parked:
+                timeout_ms = min(timeout_ms, 2)
             for sock, _ in poller.poll(min(timeout_ms, 100)):
                 self._drain(sock, outbox, router, dealers, by_socket)
             now = time.monotonic()
+            self._retry_parked(now)
             if self.on_timer and now >= next_timer:
                 next_timer = now + self.timer_s
                 self.on_timer(now)
@@ -205,7 +244,7 @@ class Port:
             else:
                 self._deliver(frames, by_socket[sock], b"")
 
-    def _deliver(self, frames: list, peer: str | None, identity: bytes) -> None:  # type: ignore[type-arg]
+    def _deliver(self, frames: list[zmq.Frame], peer: str | None, identity: bytes) -> None:
         t = time.monotonic()
         try:
             msg, payloads = decode([f.buffer for f in frames])
@@ -214,18 +253,48 @@ class Port:
             return
         self.on_message(Inbound(msg, payloads, peer, identity, t))
 
-    def _route_out(self, frames: list, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
+    def _route_out(self, frames: list[zmq.Frame], router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
         kind, target, body = frames[0].bytes, frames[1].bytes, frames[2:]
+        if kind == b"p":
+            sock = dealers.get(target.decode())
+            head: list[Frame] = []
+        else:
+            sock, head = router, [target]
+        if sock is None:
+            self.on_send_failed(target.decode(errors="replace"), "no such peer" if kind == b"p" else "no router socket")
+            return
+        self._send_or_park(kind + target, sock, head, body)
+
+    def _send_or_park(self, key: bytes, sock: zmq.Socket, head: list[Frame], body: Sequence[Any]) -> None:  # type: ignore[type-arg]
+        parked = self._parked.get(key)
+        if parked is not None:  # keep the order: behind what already waits
+            parked.queue.append((time.monotonic(), body))
+            if len(parked.queue) > self.limits.max_parked:
+                self._give_up(key, f"more than {self.limits.max_parked} messages queued")
+            return
         try:
-            if kind == b"p":
-                sock = dealers.get(target.decode())
-                if sock is None:
-                    self.on_send_failed(target.decode(), "no such peer")
-                    return
-                sock.send_multipart(body, zmq.NOBLOCK, copy=False)
-            elif router is not None:
-                router.send_multipart([target, *body], zmq.NOBLOCK, copy=False)
-            else:
-                self.on_send_failed(target.decode(errors="replace"), "no router socket")
-        except zmq.ZMQError as exc:  # EHOSTUNREACH (peer gone) or EAGAIN (queue full)
-            self.on_send_failed(target.decode(errors="replace"), str(exc))
+            sock.send_multipart([*head, *body], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._parked[key] = _Parked(sock, head, deque([(time.monotonic(), body)]))
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
+            self.on_send_failed(key[1:].decode(errors="replace"), str(exc))
+
+    def _retry_parked(self, now: float) -> None:
+        for key in list(self._parked):
+            parked = self._parked[key]
+            try:
+                while parked.queue:
+                    parked.sock.send_multipart([*parked.head, *parked.queue[0][1]], zmq.NOBLOCK, copy=False)
+                    parked.queue.popleft()
+            except zmq.Again:
+                if now - parked.queue[0][0] > self.limits.park_timeout_s:
+                    self._give_up(key, f"queue full for {self.limits.park_timeout_s:g}s")
+                continue
+            except zmq.ZMQError as exc:
+                self._give_up(key, str(exc))
+                continue
+            del self._parked[key]
+
+    def _give_up(self, key: bytes, why: str) -> None:
+        dropped = len(self._parked.pop(key).queue)
+        self.on_send_failed(key[1:].decode(errors="replace"), f"{why}: dropped {dropped} messages")
