@@ -27,6 +27,7 @@ from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
+from prl_actors.rundir import RunDir
 
 PEERS = {
     "coordinator": (),
@@ -81,13 +82,12 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             name,
             log,
             _make_learner(cfg),
-            run_dir,
+            RunDir(run_dir, echo=not quiet),
             credits=cfg.trainer.credits,
             chunk_bytes=cfg.publisher.chunk_bytes,
             request_timeout_s=cfg.transport.request_timeout_s,
             checkpoint_every=cfg.trainer.checkpoint_every,
             resume=cfg.run.resume,
-            quiet=quiet,
         )
     if role == "worker":
         from prl_actors.tasks import load_task

@@ -17,22 +17,27 @@ from __future__ import annotations
 
 from collections import deque
 
-from prl_actors.actors.runtime import Core
+from prl_actors.actors.runtime import Core, handles
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
+    Credit,
     EpochComplete,
     EpochOpen,
     GroupAccepted,
     GroupAck,
+    GroupResult,
     Msg,
+    RejectReason,
+    Role,
     TrainGroup,
 )
+from prl_actors.protocol.versions import on_policy
 from prl_actors.transport.port import Dest, Inbound
 
 
 class BufferCore(Core):
-    role = "buffer"
+    role = Role.BUFFER
 
     def __init__(self, name: str, log: EventLog, mode: str, group_size: int, max_groups: int) -> None:
         super().__init__(name, log)
@@ -51,7 +56,8 @@ class BufferCore(Core):
 
     # --- from the coordinator -------------------------------------------------------------------
 
-    def on_epoch_open(self, now: float, inbound: Inbound) -> None:
+    @handles(EpochOpen)
+    def on_epoch_open(self, now: float, inbound: Inbound[EpochOpen]) -> None:
         msg = inbound.msg
         if msg.epoch != self.epoch:
             if self.groups and len(self.accepted) < self.groups:
@@ -64,12 +70,13 @@ class BufferCore(Core):
 
     # --- from workers ----------------------------------------------------------------------------
 
-    def on_group_result(self, now: float, inbound: Inbound) -> None:
+    @handles(GroupResult)
+    def on_group_result(self, now: float, inbound: Inbound[GroupResult]) -> None:
         msg = inbound.msg
         group = msg.group
         reason = self._reject_reason(msg.epoch, msg.version, group.group_id, len(group.samples))
         fields = dict(group_id=group.group_id, worker=group.worker, msg_id=msg.id, msg_epoch=msg.epoch)
-        if reason:
+        if reason is not None:
             self.count(f"rejected.{reason}")
             self.log("group_rejected", reason=reason, msg_version=msg.version, **fields)
             self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=False, reason=reason))
@@ -94,26 +101,27 @@ class BufferCore(Core):
             self.log("batch_complete", groups=self.groups)
         self._pump()
 
-    def _reject_reason(self, epoch: int, version: int, group_id: int, n_samples: int) -> str:
+    def _reject_reason(self, epoch: int, version: int, group_id: int, n_samples: int) -> RejectReason | None:
         if self.groups == 0 or epoch > self.epoch:
-            return "wrong_epoch"
+            return RejectReason.WRONG_EPOCH
         if epoch < self.epoch:
-            return "epoch_closed"
-        if version != self.version:
-            return "stale_version"
+            return RejectReason.EPOCH_CLOSED
+        if not on_policy(self.epoch, version):
+            return RejectReason.STALE_VERSION
         if not 0 <= group_id < self.groups:
-            return "unknown_group"
+            return RejectReason.UNKNOWN_GROUP
         if n_samples != self.group_size:
-            return "bad_group_size"
+            return RejectReason.BAD_GROUP_SIZE
         if group_id in self.accepted:
-            return "duplicate"
+            return RejectReason.DUPLICATE
         if len(self.stream) + len(self.held) >= self.max_groups:
-            return "buffer_full"
-        return ""
+            return RejectReason.BUFFER_FULL
+        return None
 
     # --- to the trainer --------------------------------------------------------------------------
 
-    def on_credit(self, now: float, inbound: Inbound) -> None:
+    @handles(Credit)
+    def on_credit(self, now: float, inbound: Inbound[Credit]) -> None:
         if inbound.identity != self.trainer:
             self.log("trainer_connected", trainer=inbound.msg.sender)
             self.trainer = inbound.identity

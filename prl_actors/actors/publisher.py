@@ -10,15 +10,27 @@ A late joiner therefore always gets the current snapshot. An upload not finished
 
 from __future__ import annotations
 
-from prl_actors.actors.runtime import Core
+from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError, transfer_messages
 from prl_actors.logs import EventLog
-from prl_actors.protocol.messages import Error, WeightsAvailable, WeightsStored
+from prl_actors.protocol.messages import (
+    Error,
+    ErrorCode,
+    FetchWeights,
+    Msg,
+    Role,
+    WeightChunk,
+    WeightsAvailable,
+    WeightsBegin,
+    WeightsEnd,
+    WeightsStored,
+    Welcome,
+)
 from prl_actors.transport.port import Dest, Inbound
 
 
 class PublisherCore(Core):
-    role = "publisher"
+    role = Role.PUBLISHER
 
     def __init__(self, name: str, log: EventLog, chunk_bytes: int, transfer_timeout_s: float) -> None:
         super().__init__(name, log)
@@ -29,14 +41,15 @@ class PublisherCore(Core):
     def start(self, now: float) -> None:
         self.register()
 
-    def on_welcome(self, now: float, inbound: Inbound) -> None:
+    def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         super().on_welcome(now, inbound)
         if self.current is not None:  # re-registered after a coordinator restart: re-announce
             self.emit(Dest.peer("coordinator"), WeightsAvailable(version=self.current.version))
 
     # --- upload ------------------------------------------------------------------------------
 
-    def on_weights_begin(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightsBegin)
+    def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
         msg = inbound.msg
         if self.current is not None and msg.version <= self.current.version:
             detail = f"version {msg.version} is not newer than stored {self.current.version}"
@@ -49,7 +62,8 @@ class PublisherCore(Core):
             return
         self.log("upload_begin", msg_id=msg.id, new_version=msg.version, bytes=msg.total_bytes, chunks=msg.chunks)
 
-    def on_weight_chunk(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightChunk)
+    def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
         upload = self.uploads.get(inbound.identity)
         if upload is None:
             self.count("orphan_chunk")
@@ -60,7 +74,8 @@ class PublisherCore(Core):
             del self.uploads[inbound.identity]
             self._fail(inbound, upload.begin.id, str(exc))
 
-    def on_weights_end(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightsEnd)
+    def on_weights_end(self, now: float, inbound: Inbound[WeightsEnd]) -> None:
         upload = self.uploads.pop(inbound.identity, None)
         if upload is None:
             self._fail(inbound, inbound.msg.id, "weights_end without weights_begin")
@@ -76,10 +91,10 @@ class PublisherCore(Core):
         self.reply(inbound, WeightsStored(reply_to=upload.begin.id, version=snap.version))
         self.emit(Dest.peer("coordinator"), WeightsAvailable(version=snap.version))
 
-    def _fail(self, inbound: Inbound, reply_to: str, detail: str) -> None:
+    def _fail(self, inbound: Inbound[Msg], reply_to: str, detail: str) -> None:
         self.count("transfer_failed")
         self.log("transfer_failed", detail=detail, msg_id=reply_to)
-        self.reply(inbound, Error(reply_to=reply_to, code="rejected", detail=detail))
+        self.reply(inbound, Error(reply_to=reply_to, code=ErrorCode.REJECTED, detail=detail))
 
     def tick(self, now: float) -> None:
         super().tick(now)
@@ -91,10 +106,11 @@ class PublisherCore(Core):
 
     # --- fetch -------------------------------------------------------------------------------
 
-    def on_fetch_weights(self, now: float, inbound: Inbound) -> None:
+    @handles(FetchWeights)
+    def on_fetch_weights(self, now: float, inbound: Inbound[FetchWeights]) -> None:
         msg = inbound.msg
         if self.current is None:
-            self.reply(inbound, Error(reply_to=msg.id, code="rejected", detail="no weights published yet"))
+            self.refuse(inbound, "no weights published yet")
             return
         snap = self.current
         for part, payloads in transfer_messages(snap, self.chunk_bytes, reply_to=msg.id):

@@ -6,6 +6,12 @@ The core never touches a socket: it appends (Dest, message) pairs to `self.outbo
 flushes after every call. Cores are therefore unit-testable without sockets and (the Coordinator)
 replayable from logs. A request that expects a reply is registered with `expect`, and the core's
 `tick` turns an overdue one into a logged `request_timeout` and a callback: nothing waits forever.
+
+Dispatch is typed: a handler is a method marked `@handles(SomeMessage)` taking `Inbound[SomeMessage]`,
+so mypy checks every field it reads. Each core's table (message class -> method name) is collected
+from its class and bases; a core that lacks a handler for a message its role can receive (per
+`protocol.routes`) fails when it is built, and a message its role cannot receive is answered
+`unexpected` whatever handlers exist.
 """
 
 from __future__ import annotations
@@ -18,18 +24,59 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
+import msgspec
 import pykka
 import zmq
 
 from prl_actors.logs import EventLog
 from prl_actors.protocol.codec import Frame, encode
-from prl_actors.protocol.messages import Error, Heartbeat, Msg, Register
-from prl_actors.transport.port import BadFrame, Dest, Inbound, Port
+from prl_actors.protocol.messages import (
+    Ack,
+    Error,
+    ErrorCode,
+    Heartbeat,
+    HeartbeatAck,
+    Msg,
+    Register,
+    Role,
+    Shutdown,
+    Welcome,
+    new_id,
+    tag_of,
+)
+from prl_actors.protocol.routes import receivable
+from prl_actors.transport.port import BadFrame, Dest, Inbound, Limits, Port
+
+M = TypeVar("M", bound=Msg)
+C = TypeVar("C", bound="Core")
+HandlerFn = Callable[[C, float, Inbound[M]], None]
 
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
 QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
+
+
+def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
+    """Mark a Core method as the handler of `msg_type` (it receives `Inbound[msg_type]`)."""
+
+    def mark(fn: HandlerFn[C, M]) -> HandlerFn[C, M]:
+        fn.__handles__ = msg_type  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def _handler_table(cls: type) -> dict[type[Msg], str]:
+    """message class -> handler method name, over the class and its bases (subclasses win; a method
+    overridden by name keeps its base's message type)."""
+    table: dict[type[Msg], str] = {}
+    for klass in reversed(cls.__mro__):
+        for name, fn in vars(klass).items():
+            msg_type = getattr(fn, "__handles__", None)
+            if msg_type is not None:
+                table[msg_type] = name
+    return table
 
 
 @dataclass
@@ -63,11 +110,20 @@ class _Pending:
 
 
 class Core:
-    """Base of every actor's logic. Subclasses define `on_<type>(now, inbound)` handlers."""
+    """Base of every actor's logic: membership and the reply contract shared by every role."""
 
-    role = "actor"
+    role: ClassVar[Role]
+    handlers: ClassVar[dict[type[Msg], str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.handlers = _handler_table(cls)
 
     def __init__(self, name: str, log: EventLog) -> None:
+        self.receives = receivable(self.role)
+        missing = sorted(tag_of(t) for t in self.receives - self.handlers.keys())
+        if missing:
+            raise TypeError(f"{type(self).__name__} ({self.role}) has no handler for: {', '.join(missing)}")
         self.name, self.log = name, log
         self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
         self.stopped = False
@@ -99,12 +155,13 @@ class Core:
 
     # --- sending -----------------------------------------------------------------------------
 
-    def emit(self, dest: Dest, msg: Msg, payloads: Sequence[Frame] = (), log: bool = True) -> Msg:
+    def emit(self, dest: Dest, msg: M, payloads: Sequence[Frame] = (), log: bool = True) -> M:
         msg.sender = self.name
-        if log and msg.__struct_config__.tag not in QUIET_TYPES:
+        tag = tag_of(msg)
+        if log and tag not in QUIET_TYPES:
             self.log(
                 "send",
-                type=msg.__struct_config__.tag,
+                type=tag,
                 msg_id=msg.id,
                 to=repr(dest),
                 reply_to=getattr(msg, "reply_to", ""),
@@ -114,9 +171,20 @@ class Core:
         self.outbox.append((dest, msg, payloads))
         return msg
 
-    def reply(self, inbound: Inbound, msg: Msg, payloads: Sequence[Frame] = ()) -> Msg:
-        dest = Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
-        return self.emit(dest, msg, payloads)
+    def reply(self, inbound: Inbound[Msg], msg: M, payloads: Sequence[Frame] = ()) -> M:
+        return self.emit(self.source(inbound), msg, payloads)
+
+    @staticmethod
+    def source(inbound: Inbound[Msg]) -> Dest:
+        """Where a reply to `inbound` goes."""
+        return Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
+
+    def refuse(self, inbound: Inbound[Msg], detail: str, code: ErrorCode = ErrorCode.REJECTED) -> None:
+        """Answer `inbound` with an Error (the uniform refusal), counted and logged."""
+        msg = inbound.msg
+        self.count(f"refused.{code}")
+        self.log("refused", code=code, detail=detail, type=tag_of(msg), msg_id=msg.id, sender=msg.sender)
+        self.reply(inbound, Error(reply_to=msg.id, code=code, detail=detail))
 
     def defer(self, fn: Callable[[float], None]) -> None:
         """Run `fn(now)` as a later inbox item: what was emitted so far is sent first, and messages
@@ -132,9 +200,9 @@ class Core:
     def start(self, now: float) -> None:  # noqa: B027 - optional hook
         """Called once when the sockets are up."""
 
-    def handle(self, now: float, inbound: Inbound) -> None:
+    def handle(self, now: float, inbound: Inbound[Msg]) -> None:
         msg = inbound.msg
-        tag = msg.__struct_config__.tag
+        tag = tag_of(msg)
         reply_to = getattr(msg, "reply_to", "")
         if reply_to:
             self._pending.pop(reply_to, None)
@@ -148,14 +216,14 @@ class Core:
                 msg_epoch=msg.epoch,
                 msg_version=msg.version,
             )
-        handler = getattr(self, f"on_{tag}", None)
-        if handler is None:
+        name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
+        if name is None:
             self.count("unexpected")
             self.log("unexpected_message", type=tag, msg_id=msg.id, sender=msg.sender)
             detail = f"{self.role} does not handle {tag!r}"
-            self.reply(inbound, Error(reply_to=msg.id, code="unexpected", detail=detail))
+            self.reply(inbound, Error(reply_to=msg.id, code=ErrorCode.UNEXPECTED, detail=detail))
             return
-        handler(now, inbound)
+        getattr(self, name)(now, inbound)
 
     def bad_frame(self, now: float, bad: BadFrame) -> None:
         """A frame that failed decoding: log it, count it, answer with an Error; keep running."""
@@ -183,25 +251,30 @@ class Core:
     def register(self) -> None:
         self.emit(Dest.peer("coordinator"), Register(role=self.role, pid=os.getpid(), host=socket.gethostname()))
 
-    def on_welcome(self, now: float, inbound: Inbound) -> None:
+    @handles(Welcome)
+    def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         self.registered = True
         self.log("registered", run_id=inbound.msg.run_id)
 
-    def on_heartbeat_ack(self, now: float, inbound: Inbound) -> None:
+    @handles(HeartbeatAck)
+    def on_heartbeat_ack(self, now: float, inbound: Inbound[HeartbeatAck]) -> None:
         if not inbound.msg.known and self.registered:
             self.log("re_register", reason="the coordinator does not know us (timed out?)")
             self.registered = False
             self.register()
 
-    def on_ack(self, now: float, inbound: Inbound) -> None:
+    @handles(Ack)
+    def on_ack(self, now: float, inbound: Inbound[Ack]) -> None:
         """Acks need no action; the pending-request entry was cleared in `handle`."""
 
-    def on_error(self, now: float, inbound: Inbound) -> None:
+    @handles(Error)
+    def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         msg = inbound.msg
         self.count("peer_error")
         self.log("peer_error", code=msg.code, detail=msg.detail, reply_to=msg.reply_to, sender=msg.sender)
 
-    def on_shutdown(self, now: float, inbound: Inbound) -> None:
+    @handles(Shutdown)
+    def on_shutdown(self, now: float, inbound: Inbound[Shutdown]) -> None:
         self.log("shutdown", reason=inbound.msg.reason)
         self.stopped = True
 
@@ -209,8 +282,9 @@ class Core:
         self.log("stop_requested", reason=reason)
         self.stopped = True
 
-    def heartbeat(self) -> Msg | None:
-        """Called from the port thread every heartbeat interval; must only read attributes."""
+    def heartbeat(self) -> Heartbeat | None:
+        """What this member's heartbeats say now (None: send none). The host asks after every input
+        and the port thread sends the latest answer: it never reads the core itself."""
         return Heartbeat(epoch=self.epoch, version=self.version) if self.registered else None
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -223,11 +297,12 @@ class ActorHost(pykka.ThreadingActor):
     def __init__(
         self,
         core: Core,
-        ctx: zmq.Context,
+        ctx: zmq.Context,  # type: ignore[type-arg]
         bind: str | None,
         peers: dict[str, str],
         tick_s: float = 0.05,
         heartbeat_s: float | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         super().__init__()
         self.core, self.ctx = core, ctx
@@ -235,6 +310,7 @@ class ActorHost(pykka.ThreadingActor):
         self.error: str | None = None
         self._tick_queued = threading.Event()
         self._heartbeat_s = heartbeat_s
+        self._heartbeat: Heartbeat | None = None  # written by the actor thread, read by the port thread
         self._next_heartbeat = 0.0
         self.port = Port(
             ctx,
@@ -246,9 +322,10 @@ class ActorHost(pykka.ThreadingActor):
             on_timer=self._on_timer,
             timer_s=tick_s,
             on_send_failed=lambda dest, why: self._tell(SendFailed(dest, why)),
+            limits=limits,
         )
 
-    def _tell(self, message: Any) -> None:
+    def _tell(self, message: object) -> None:
         """From the port thread; after the actor stopped there is nobody to tell (shutdown race)."""
         with contextlib.suppress(pykka.ActorDeadError):
             self.actor_ref.tell(message)
@@ -259,12 +336,10 @@ class ActorHost(pykka.ThreadingActor):
         if not self._tick_queued.is_set():
             self._tick_queued.set()
             self._tell(Tick(now))
-        if self._heartbeat_s and now >= self._next_heartbeat:
+        hb = self._heartbeat
+        if self._heartbeat_s and hb is not None and now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_s
-            hb = self.core.heartbeat()
-            if hb is not None:
-                hb.sender = self.core.name
-                self.port.send_frames(Dest.peer("coordinator"), encode(hb))
+            self.port.send_frames(Dest.peer("coordinator"), encode(msgspec.structs.replace(hb, id=new_id())))
 
     def on_start(self) -> None:
         try:
@@ -298,6 +373,10 @@ class ActorHost(pykka.ThreadingActor):
             self.core.count("handler_error")
             self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
         self._flush()
+        hb = self.core.heartbeat()
+        if hb is not None:
+            hb.sender = self.core.name
+        self._heartbeat = hb
         if self.core.stopped:
             self.stop()
 

@@ -2,56 +2,56 @@
 
 Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (forward and
 backward, no step) and one credit back to the buffer; EpochComplete -> exactly one `learner.step`
-(version v_e -> v_{e+1}), a checkpoint, a metrics line, the upload of v_{e+1} to the publisher and,
-once the publisher has stored it, StepDone to the coordinator.
+(version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
+publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
+an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
 on-policy invariant is enforced here a second time, not only in the buffer.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
-from prl_actors.actors.runtime import Core
+from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.logs import EventLog, console
-from prl_actors.protocol.messages import Credit, StepDone
+from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import (
+    Credit,
+    EpochComplete,
+    EpochOpen,
+    EpochStart,
+    Role,
+    StepDone,
+    TrainGroup,
+    WeightsStored,
+)
+from prl_actors.protocol.versions import on_policy
+from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
 
-CHECKPOINT_DIR = "checkpoints"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker)."""
-    root = run_dir / CHECKPOINT_DIR
-    done = [p for p in root.glob("v*") if (p / "DONE").exists()] if root.exists() else []
-    return max(done, key=lambda p: int(p.name[1:]), default=None)
-
 
 class TrainerCore(Core):
-    role = "trainer"
+    role = Role.TRAINER
 
     def __init__(
         self,
         name: str,
         log: EventLog,
         learner: Learner,
-        run_dir: Path | None,
+        sink: TrainerSink,
         credits: int,
         chunk_bytes: int,
         request_timeout_s: float,
         checkpoint_every: int = 1,
         resume: bool = False,
-        quiet: bool = False,
     ) -> None:
         super().__init__(name, log)
-        self.learner, self.run_dir = learner, run_dir
+        self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
-        self.resume, self.quiet = resume, quiet
+        self.resume = resume
         self.consumed = 0
         self.t_open = 0.0
         self.train_s = 0.0
@@ -59,8 +59,8 @@ class TrainerCore(Core):
         self.finished: tuple[int, float, dict[str, float]] | None = None
 
     def start(self, now: float) -> None:
-        if self.resume and self.run_dir is not None:
-            ckpt = latest_checkpoint(self.run_dir)
+        if self.resume:
+            ckpt = self.sink.latest_checkpoint()
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
                 self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
@@ -69,14 +69,16 @@ class TrainerCore(Core):
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))
         self._upload()
 
-    def on_epoch_start(self, now: float, inbound: Inbound) -> None:
+    @handles(EpochStart)
+    def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:
         pass  # the buffer's stream (EpochOpen) is what drives training
 
     # --- the stream --------------------------------------------------------------------------
 
-    def on_epoch_open(self, now: float, inbound: Inbound) -> None:
+    @handles(EpochOpen)
+    def on_epoch_open(self, now: float, inbound: Inbound[EpochOpen]) -> None:
         msg = inbound.msg
-        if msg.version != self.learner.version:
+        if msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
             self.log("train_rejected", reason="epoch version is not the learner's", msg_version=msg.version)
             return
         self.epoch, self.consumed = msg.epoch, 0
@@ -84,10 +86,11 @@ class TrainerCore(Core):
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.log("train_epoch_begin", groups=msg.groups)
 
-    def on_train_group(self, now: float, inbound: Inbound) -> None:
+    @handles(TrainGroup)
+    def on_train_group(self, now: float, inbound: Inbound[TrainGroup]) -> None:
         msg = inbound.msg
         self.emit(Dest.peer("buffer"), Credit(n=1))
-        if msg.epoch != self.epoch or msg.version != self.learner.version:
+        if msg.epoch != self.epoch or msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
@@ -110,7 +113,8 @@ class TrainerCore(Core):
         )
         self.log("span_end", span="train", group_id=msg.group.group_id, seconds=round(dt, 6))
 
-    def on_epoch_complete(self, now: float, inbound: Inbound) -> None:
+    @handles(EpochComplete)
+    def on_epoch_complete(self, now: float, inbound: Inbound[EpochComplete]) -> None:
         msg = inbound.msg
         if msg.epoch != self.epoch or self.consumed != msg.groups:
             self.log("step_refused", reason=f"consumed {self.consumed} of {msg.groups} groups", msg_epoch=msg.epoch)
@@ -143,7 +147,8 @@ class TrainerCore(Core):
         self.expect(first, self.request_timeout_s, "publisher stores weights", lambda now: self._upload())
         self.t_upload = time.monotonic()
 
-    def on_weights_stored(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightsStored)
+    def on_weights_stored(self, now: float, inbound: Inbound[WeightsStored]) -> None:
         self.log("span_end", span="weight_upload", seconds=round(now - self.t_upload, 6))
         finished, self.finished = self.finished, None
         if finished is None:  # the initial (or resumed) weights: no epoch was trained
@@ -152,25 +157,14 @@ class TrainerCore(Core):
         wall = now - t_open
         row = {**metrics, "epoch": epoch, "version": inbound.msg.version}
         row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / wall, 3))
-        self._write_metrics(row)
-        self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))
-
-    def _write_metrics(self, row: dict) -> None:  # type: ignore[type-arg]
         self.log("epoch_metrics", **row)
-        if not self.quiet:
-            keys = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
-            shown = "  ".join(f"{k}={row[k]:.3f}" for k in keys if k in row)
-            console(f"epoch {row['epoch']:>3}  v{row['version']:<3} {shown}")
-        if self.run_dir is not None:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+        self.sink.epoch_metrics(row)
+        self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))
 
     def _checkpoint(self) -> None:
         v = self.learner.version
-        if self.run_dir is None or not self.checkpoint_every or v % self.checkpoint_every:
+        if not self.checkpoint_every or v % self.checkpoint_every:
             return
-        path = self.run_dir / CHECKPOINT_DIR / f"v{v}"
-        path.mkdir(parents=True, exist_ok=True)
-        self.learner.save_checkpoint(path)
-        (path / "DONE").write_text(str(v))
-        self.log("checkpoint", path=str(path), new_version=v)
+        path = self.sink.save_checkpoint(v, self.learner.save_checkpoint)
+        if path is not None:
+            self.log("checkpoint", path=str(path), new_version=v)

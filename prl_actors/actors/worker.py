@@ -14,22 +14,34 @@ from collections import deque
 
 import msgspec
 
-from prl_actors.actors.runtime import Core
+from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
+    EpochStart,
+    Error,
     FetchWeights,
     Group,
+    GroupAck,
     GroupResult,
     Heartbeat,
+    HeartbeatAck,
     Leave,
-    Msg,
+    NoWork,
+    NoWorkReason,
+    Prompt,
+    Role,
     Sample,
+    WeightChunk,
+    WeightsBegin,
+    WeightsEnd,
+    Welcome,
     WorkAssign,
     WorkRequest,
     new_id,
 )
+from prl_actors.protocol.versions import on_policy
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
@@ -38,7 +50,7 @@ MAX_SEND_ATTEMPTS = 3
 
 
 class WorkerCore(Core):
-    role = "worker"
+    role = Role.WORKER
 
     def __init__(
         self,
@@ -69,7 +81,7 @@ class WorkerCore(Core):
     def start(self, now: float) -> None:
         self.register()
 
-    def heartbeat(self) -> Msg | None:
+    def heartbeat(self) -> Heartbeat | None:
         if not self.registered:
             return None
         return Heartbeat(epoch=self.epoch, version=self.engine.version, busy_groups=list(self.busy))
@@ -82,14 +94,15 @@ class WorkerCore(Core):
 
     # --- what the coordinator says ---------------------------------------------------------------
 
-    def on_welcome(self, now: float, inbound: Inbound) -> None:
+    def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         super().on_welcome(now, inbound)
         self._learn_target(inbound.msg.version)
 
-    def on_epoch_start(self, now: float, inbound: Inbound) -> None:
+    @handles(EpochStart)
+    def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:
         self._learn_target(inbound.msg.version)
 
-    def on_heartbeat_ack(self, now: float, inbound: Inbound) -> None:
+    def on_heartbeat_ack(self, now: float, inbound: Inbound[HeartbeatAck]) -> None:
         super().on_heartbeat_ack(now, inbound)
         if not inbound.msg.known:
             return
@@ -139,13 +152,15 @@ class WorkerCore(Core):
         self.fetch_sent = self.now
         self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version))
 
-    def on_weights_begin(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightsBegin)
+    def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
         try:
             self.fetching = Assembler(inbound.msg, now)
         except TransferError as exc:
             self.log("weight_sync_failed", reason=str(exc))
 
-    def on_weight_chunk(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightChunk)
+    def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
         if self.fetching is None:
             return
         try:
@@ -154,7 +169,8 @@ class WorkerCore(Core):
             self.log("weight_sync_failed", reason=str(exc))
             self.fetching = None
 
-    def on_weights_end(self, now: float, inbound: Inbound) -> None:
+    @handles(WeightsEnd)
+    def on_weights_end(self, now: float, inbound: Inbound[WeightsEnd]) -> None:
         fetching, self.fetching = self.fetching, None
         if fetching is None:
             return
@@ -176,7 +192,7 @@ class WorkerCore(Core):
         )
         self._next()
 
-    def on_error(self, now: float, inbound: Inbound) -> None:
+    def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)
         self.requesting = False
         self.fetch_sent = 0.0
@@ -184,18 +200,20 @@ class WorkerCore(Core):
 
     # --- work ------------------------------------------------------------------------------------
 
-    def on_no_work(self, now: float, inbound: Inbound) -> None:
+    @handles(NoWork)
+    def on_no_work(self, now: float, inbound: Inbound[NoWork]) -> None:
         self.requesting = False
         reason = inbound.msg.reason
-        if reason == "done":
+        if reason == NoWorkReason.DONE:
             return
-        if reason == "stale_version":
+        if reason == NoWorkReason.STALE_VERSION:
             self._learn_target(inbound.msg.version)
             return
         # queue_empty / no_epoch: the coordinator nudges us (EpochStart); poll slowly as a fallback
         self.retry_at = now + max(inbound.msg.retry_after_s, 1.0)
 
-    def on_work_assign(self, now: float, inbound: Inbound) -> None:
+    @handles(WorkAssign)
+    def on_work_assign(self, now: float, inbound: Inbound[WorkAssign]) -> None:
         self.requesting = False
         self.assigned.append(inbound.msg)
         if not self.generating:
@@ -211,7 +229,7 @@ class WorkerCore(Core):
         self.defer(lambda now: self._work(msg))
 
     def _work(self, msg: WorkAssign) -> None:
-        if msg.version == self.engine.version:
+        if msg.version == self.engine.version and on_policy(msg.epoch, msg.version):
             self._generate_and_send(msg)
         else:  # weights changed while it waited: its epoch is over, the group was done elsewhere
             self.log("assign_refused", reason="version mismatch", msg_version=msg.version)
@@ -265,7 +283,7 @@ class WorkerCore(Core):
                 lambda now: self._send_group(retry, attempt + 1),
             )
 
-    def _score(self, g: GeneratedGroup, prompt, gen_s: float) -> Group:  # type: ignore[no-untyped-def]
+    def _score(self, g: GeneratedGroup, prompt: Prompt, gen_s: float) -> Group:
         samples = [
             Sample(
                 text=s.text,
@@ -285,7 +303,8 @@ class WorkerCore(Core):
             gen_s=gen_s,
         )
 
-    def on_group_ack(self, now: float, inbound: Inbound) -> None:
+    @handles(GroupAck)
+    def on_group_ack(self, now: float, inbound: Inbound[GroupAck]) -> None:
         msg = inbound.msg
         self.count("groups_accepted" if msg.accepted else f"groups_rejected.{msg.reason}")
 
