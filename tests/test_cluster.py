@@ -80,8 +80,8 @@ def test_garbage_frames_get_errors_and_every_actor_survives(run_dir: Path) -> No
     garbage = [
         [b"\x00\xffnot msgpack"],
         [msgspec.msgpack.encode({"proto": 99, "type": "register", "id": "g1"})],
-        [msgspec.msgpack.encode({"proto": 1, "type": "nonsense", "id": "g2"})],
-        [msgspec.msgpack.encode({"proto": 1, "type": "register", "id": "g3"})],
+        [msgspec.msgpack.encode({"proto": m.PROTOCOL_VERSION, "type": "nonsense", "id": "g2"})],
+        [msgspec.msgpack.encode({"proto": m.PROTOCOL_VERSION, "type": "register", "id": "g3"})],
         encode(m.WorkAssign(reply_to="x", prompts=[])),  # valid, but no actor serves it
     ]
     try:
@@ -101,7 +101,7 @@ def test_garbage_frames_get_errors_and_every_actor_survives(run_dir: Path) -> No
         assert cluster.wait(30), "a garbage frame stopped the run"
     finally:
         cluster.close()
-        ctx.term()
+        ctx.destroy(linger=0)
     assert_invariants(run_dir, epochs=3, groups=6)
     bad = [e for e in read_logs(run_dir) if e["event"] == "bad_frame"]
     assert {e["actor"] for e in bad} == {"coordinator", "publisher", "buffer"}

@@ -47,11 +47,11 @@ def drive(core, now: float, msg: m.Msg, sender: str) -> list[tuple[str, m.Msg]]:
 
 def open_epoch(core: CoordinatorCore, version: int = 0) -> None:
     for name, role in (("buffer", "buffer"), ("worker-a", "worker"), ("worker-b", "worker")):
-        drive(core, 0.0, m.Register(role=role), name)
+        drive(core, 0.0, m.Register(role=m.Role(role)), name)
     out = drive(core, 0.0, m.WeightsAvailable(version=version), "publisher")
     (opened,) = [msg for _, msg in out if isinstance(msg, m.EpochOpen)]
     out = drive(core, 0.0, m.Ack(reply_to=opened.id), "buffer")
-    assert core.state == "running"
+    assert core.phase.current == m.Phase.RUNNING
     assert sorted(d for d, msg in out if isinstance(msg, m.EpochStart)) == ["id:worker-a", "id:worker-b"]
 
 
@@ -62,11 +62,11 @@ def request_work(core: CoordinatorCore, worker: str, version: int, now: float = 
 
 def test_epoch_opens_only_after_buffer_acks() -> None:
     core = coordinator()
-    drive(core, 0.0, m.Register(role="buffer"), "buffer")
+    drive(core, 0.0, m.Register(role=m.Role.BUFFER), "buffer")
     out = drive(core, 0.0, m.WeightsAvailable(version=0), "publisher")
     assert any(isinstance(msg, m.EpochOpen) and msg.groups == B for _, msg in out)
-    assert core.state == "opening"
-    drive(core, 0.0, m.Register(role="worker"), "worker-a")
+    assert core.phase.current == m.Phase.OPENING
+    drive(core, 0.0, m.Register(role=m.Role.WORKER), "worker-a")
     assert isinstance(request_work(core, "worker-a", 0), m.NoWork)
 
 
@@ -114,7 +114,7 @@ def test_silent_worker_times_out_and_done_groups_are_never_reassigned() -> None:
     core.now = 1.5
     core.tick(1.5)  # worker-a silent for 1.5 s > 1.0 s
     assert "worker-a" not in core.members
-    assert list(core.queue) == [1, 2, 3]
+    assert list(core.work.queue) == [1, 2, 3]
 
 
 def test_epoch_advances_on_new_weights_after_all_groups_accepted() -> None:
@@ -123,20 +123,20 @@ def test_epoch_advances_on_new_weights_after_all_groups_accepted() -> None:
     for g in range(B):
         request_work(core, "worker-a", 0)
         drive(core, 0.2, m.GroupAccepted(epoch=0, version=0, group_id=g, worker="worker-a"), "buffer")
-    assert core.state == "training"
+    assert core.phase.current == m.Phase.TRAINING
     out = drive(core, 0.3, m.WeightsAvailable(version=1), "publisher")
     opened = [msg for _, msg in out if isinstance(msg, m.EpochOpen)]
     assert [msg.epoch for msg in opened] == [1]
     drive(core, 0.3, m.Ack(reply_to="stale"), "buffer")
-    assert core.state == "opening"  # only the ack of this epoch_open opens the epoch
+    assert core.phase.current == m.Phase.OPENING  # only the ack of this epoch_open opens the epoch
     drive(core, 0.3, m.Ack(reply_to=opened[0].id), "buffer")
-    assert core.state == "running" and core.epoch == 1
+    assert core.phase.current == m.Phase.RUNNING and core.epoch == 1
     assert isinstance(request_work(core, "worker-a", 0), m.NoWork)  # still holds v0
     for g in range(B):
         request_work(core, "worker-a", 1)
         drive(core, 0.4, m.GroupAccepted(epoch=1, version=1, group_id=g, worker="worker-a"), "buffer")
     out = drive(core, 0.5, m.StepDone(epoch=1, version=2), "trainer")
-    assert core.state == "done" and core.stopped
+    assert core.phase.current == m.Phase.DONE and core.stopped
     assert {d for d, msg in out if isinstance(msg, m.Shutdown)} >= {"id:worker-a", "id:buffer"}
 
 
@@ -189,9 +189,9 @@ def test_buffer_periodic_streams_on_arrival_sync_releases_the_batch() -> None:
     for mode, first_out in (("periodic", ["group_accepted", "train_group"]), ("sync", ["group_accepted"])):
         core = buffer(mode)
         _, out = send_group(core, result(0, 0, 1))
-        assert [x.__struct_config__.tag for x in out] == first_out
+        assert [m.tag_of(x) for x in out] == first_out
         _, out = send_group(core, result(0, 0, 0))
-        tags = [x.__struct_config__.tag for x in out]
+        tags = [m.tag_of(x) for x in out]
         expected = ["train_group", "epoch_complete"] if mode == "periodic" else ["train_group"] * 2 + ["epoch_complete"]
         assert tags[1:] == expected
         assert [x.group.group_id for x in out if isinstance(x, m.TrainGroup)][-1] == 0
@@ -205,7 +205,7 @@ def test_buffer_respects_credits() -> None:
     _, out = send_group(core, result(0, 0, 1))
     assert not any(isinstance(x, m.TrainGroup) for x in out)  # no credit left
     core.handle(0.0, inbound(m.Credit(n=1), "trainer"))
-    tags = [x.__struct_config__.tag for _, x, _ in core.outbox]
+    tags = [m.tag_of(x) for _, x, _ in core.outbox]
     assert tags == ["train_group", "epoch_complete"]
 
 
@@ -256,7 +256,7 @@ def test_worker_engine_failure_hands_groups_back() -> None:
     core = worker(FailingEngine())
     out = assign(core)
     # the next request went out before generating; re-registering then requeues the held groups
-    assert [x.__struct_config__.tag for x in out] == ["work_request", "register"]
+    assert [m.tag_of(x) for x in out] == ["work_request", "register"]
     assert core.counters["generate_failed"] == 1
 
 
@@ -287,5 +287,5 @@ def test_worker_asks_for_the_next_group_before_generating() -> None:
     core.now = 0.0
     msg = m.WorkAssign(reply_to="r", epoch=0, version=0, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
     core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
-    assert [x.__struct_config__.tag for _, x, _ in core.outbox] == ["work_request"]  # flushed first
+    assert [m.tag_of(x) for _, x, _ in core.outbox] == ["work_request"]  # flushed first
     assert len(core.deferred) == 1 and core.generating  # generation is the next inbox item

@@ -71,11 +71,11 @@ def sample_messages() -> list[m.Msg]:
 
 
 def test_every_type_has_a_sample() -> None:
-    tags = {msg.__struct_config__.tag for msg in sample_messages()}
+    tags = {m.tag_of(msg) for msg in sample_messages()}
     assert tags == set(MESSAGE_TYPES)
 
 
-@pytest.mark.parametrize("msg", sample_messages(), ids=lambda msg: msg.__struct_config__.tag)
+@pytest.mark.parametrize("msg", sample_messages(), ids=lambda msg: m.tag_of(msg))
 def test_round_trip(msg: m.Msg) -> None:
     payload = b"\x00\x01raw"
     decoded, payloads = decode(encode(msg, [payload]))

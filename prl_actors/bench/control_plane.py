@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prl_actors.bench.common import BenchContext, Entry, percentile, rounded
+from prl_actors.protocol.messages import Role
 
 MSG_GOAL = 20_000.0
 TURNAROUND_GOAL_MS = 20.0
@@ -56,12 +57,12 @@ class CoreDriver:
     """Feeds a CoordinatorCore typed messages as the actor host would (minus the sockets)."""
 
     def __init__(self, core: Any, workers: int) -> None:
-        from prl_actors.protocol.messages import Register
+        from prl_actors.protocol.messages import Register, Role
 
         self.core, self.now, self.fed = core, 1000.0, 0
         self.workers = [f"worker-{i}" for i in range(workers)]
         for name, role in [("buffer", "buffer"), ("trainer", "trainer"), *[(w, "worker") for w in self.workers]]:
-            self.feed(Register(role=role, sender=name))
+            self.feed(Register(role=Role(role), sender=name))
 
     def feed(self, msg: Any) -> list[Any]:
         from prl_actors.transport.port import Inbound
@@ -179,7 +180,7 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
         out["flood_coordinator_cpu"] = (time.process_time() - c0) / (time.monotonic() - t0)
         out.update({f"flood_{k}": v for k, v in flood.items()})
         out.update(swarm("leave"))
-        out["members_left_in_coordinator"] = sum(m.startswith("worker-") for m in host.core.members) - 1  # prober
+        out["members_left_in_coordinator"] = len(host.core.members.of_role(Role.WORKER)) - 1  # prober
         out["false_timeouts"] = _timeouts(log_dir / f"coordinator-{n}.jsonl")
     finally:
         host.actor_ref.stop(block=False)

@@ -23,6 +23,7 @@ from prl_actors.protocol.messages import (
     HeartbeatAck,
     Leave,
     Register,
+    Role,
     WeightsAvailable,
     WorkAssign,
     WorkRequest,
@@ -52,14 +53,14 @@ class Swarm:
 
     def open_epoch(self) -> dict[str, float]:
         """Play the buffer (and publisher): register, announce v0, ack EpochOpen; register the prober."""
-        self._request(self.buffer, Register(role="buffer", sender="buffer"))
+        self._request(self.buffer, Register(role=Role.BUFFER, sender="buffer"))
         self.buffer.send_multipart(encode(WeightsAvailable(version=0, sender="buffer")))
         while True:
             msg, _ = decode(self.buffer.recv_multipart())
             if isinstance(msg, EpochOpen):
                 self.buffer.send_multipart(encode(Ack(reply_to=msg.id, sender="buffer")))
                 break
-        self._request(self.prober, Register(role="worker", sender="worker-probe"))
+        self._request(self.prober, Register(role=Role.WORKER, sender="worker-probe"))
         return {}
 
     def join(self, n: int) -> dict[str, float]:
@@ -69,7 +70,7 @@ class Swarm:
         self.names += [f"worker-{i}" for i in range(start, start + n)]
         t0 = time.monotonic()
         for s, name in zip(new, self.names[start:], strict=True):
-            s.send_multipart(encode(Register(role="worker", sender=name)))
+            s.send_multipart(encode(Register(role=Role.WORKER, sender=name)))
         self.members += new
         self._drain_replies(new, 1, "welcome")
         return {"members": float(len(self.members)), "join_s": time.monotonic() - t0}

@@ -25,7 +25,7 @@ import msgspec
 
 from prl_actors.actors.runtime import QUIET_TYPES
 from prl_actors.logs import EventLog
-from prl_actors.protocol.messages import Message, Msg
+from prl_actors.protocol.messages import Message, Msg, tag_of
 from prl_actors.replay.events import Event, ReplayError, Run, run_config
 from prl_actors.transport.port import Dest, Inbound
 
@@ -163,7 +163,7 @@ def feed(core: Any, step: Step, ids: dict[str, str]) -> None:
 
 
 def outbox_decision(dest: Dest, msg: Msg) -> tuple[str, str | None]:
-    tag = msg.__struct_config__.tag
+    tag = tag_of(msg)
     base = f"send {tag} -> {dest!r} e{msg.epoch} v{msg.version} reply_to={getattr(msg, 'reply_to', '') or '-'}"
     detail = None
     if tag == "work_assign":
@@ -225,7 +225,7 @@ def compare(
     step: Step, core: Any, log: CaptureLog, ids: dict[str, str], unlogged: frozenset[str] = frozenset()
 ) -> tuple[int, Divergence | None]:
     """(decisions compared, the first divergence of this input or None); updates the id map."""
-    out = [(d, m) for d, m, _ in core.outbox if m.__struct_config__.tag not in QUIET_TYPES]
+    out = [(d, m) for d, m, _ in core.outbox if tag_of(m) not in QUIET_TYPES]
     sends = [e for e in step.recorded if e["event"] == "send"]
     for s, (_, msg) in zip(sends, out, strict=False):
         ids[str(s.get("msg_id"))] = msg.id
