@@ -77,12 +77,13 @@ def up(
 
         raise typer.Exit(compose_up(cfg, config))
     from prl_actors.launcher import Launcher, RunFailed, summary
+    from prl_actors.rundir import RunDir
 
     rd = Path(cfg.run.run_dir)
-    if rd.exists() and (rd / "metrics.jsonl").exists() and not cfg.run.resume:
+    if RunDir(rd).has_run() and not cfg.run.resume:
         fail(f"run dir {rd} already holds a run; use another --run-dir, or --resume to continue it")
     rd.mkdir(parents=True, exist_ok=True)
-    cfg_path = rd / "config.yaml"
+    cfg_path = RunDir(rd).config
     cfg_path.write_text(cfg.dump())
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":

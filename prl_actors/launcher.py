@@ -10,7 +10,6 @@ A core actor that dies ends the run with an error.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from pathlib import Path
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import Config
 from prl_actors.logs import console
-from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
+from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
+from prl_actors.rundir import RunDir
 
 CORE = ("coordinator", "publisher", "buffer", "trainer")
 
@@ -111,7 +111,7 @@ class Launcher:
         if st.waiting_for and st.waiting_for != self.last_stall:
             console(f"stalled: {st.waiting_for}")
         self.last_stall = st.waiting_for
-        if self.progress and st.state in ("running", "training"):
+        if self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
             bar = progress_bar(st.groups_done, st.groups_per_epoch)
             sys.stderr.write(
                 f"\r  epoch {st.epoch + 1}/{st.epochs_total} {bar} {st.groups_done}/{st.groups_per_epoch} groups"
@@ -152,8 +152,7 @@ def progress_bar(done: int, total: int, width: int = 20) -> str:
 
 def summary(run_dir: Path, wall_s: float) -> str:
     """The final lines `up` prints, from RUN_DIR/metrics.jsonl."""
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = RunDir(run_dir).metrics_rows()
     if not rows:
         return f"no epoch finished (wall {wall_s:.1f}s); logs in {run_dir}/logs"
     first, last = rows[0], rows[-1]

@@ -65,7 +65,33 @@ def test_up_refuses_to_overwrite_a_run(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_are_valid(path: Path) -> None:
-    load_config(path)
+    """A shipped config loads, survives its own dump (what `up` writes to RUN_DIR/config.yaml), gives
+    every bound actor its own address, and its task serves a full epoch of valid prompts."""
+    from prl_actors.tasks import load_task
+    from prl_actors.topology import BINDS
+
+    cfg = load_config(path)
+    raw = yaml.safe_load(path.read_text())
+    for section, fields in raw.items():  # every value written in the file is the one in effect
+        for key, value in fields.items():
+            if not isinstance(value, dict):
+                assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+    assert load_config(None, _flatten(yaml.safe_load(cfg.dump()))) == cfg
+    addresses = [cfg.address(role) for role in sorted(BINDS)]
+    assert len(set(addresses)) == len(addresses)
+    prompts = load_task(cfg).prompts_for_epoch(0, cfg.coordinator.groups_per_epoch)
+    assert [p.group_id for p in prompts] == list(range(cfg.coordinator.groups_per_epoch))
+    assert all(p.prompt for p in prompts)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value and key != "addresses":
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def test_help_is_fast_and_lists_commands() -> None:

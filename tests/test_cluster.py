@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import msgspec
@@ -42,20 +41,25 @@ def test_sim_policy_learns(run_dir: Path) -> None:
 
 
 def test_worker_joining_mid_run_gets_weights_then_work(run_dir: Path) -> None:
-    cfg = sim_config(run_dir, run__epochs=4, sim__gen_s_per_token=0.004)
+    cfg = sim_config(run_dir, run__epochs=5, sim__gen_s_per_token=0.004)
     cluster = LocalCluster(cfg, workers=1, log_dir=run_dir / "logs")
-    try:
-        time.sleep(0.6)  # mid-run
+    try:  # join once epoch 1 is open: weights v1 exist and v0 is gone from the publisher
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator" and e["epoch"] == 1)
         late = cluster.add_worker()
         assert cluster.wait(30)
     finally:
         cluster.close()
-    events = [e for e in read_logs(run_dir) if e["actor"] == late]
-    kinds = [e["event"] for e in events]
-    synced = kinds.index("span_end")  # weight_sync finishes first ...
-    assert events[synced]["span"] == "weight_sync"
-    assert "group_sent" in kinds[synced:]  # ... then it generates
-    assert_invariants(run_dir, epochs=4, groups=6)
+    events = read_logs(run_dir)
+    joined = next(e for e in events if e["event"] == "member_join" and e["member"] == late)
+    done = next(e for e in events if e["event"] == "run_done")
+    assert joined["epoch"] >= 1 and joined["t_mono"] < done["t_mono"], "the worker did not join mid-run"
+    own = [e for e in events if e["actor"] == late]
+    synced = next(i for i, e in enumerate(own) if e["event"] == "span_end" and e.get("span") == "weight_sync")
+    assert own[synced]["new_version"] >= 1, "it must fetch the open epoch's weights, not the initial ones"
+    assert not any(e["event"] in ("span_begin", "group_sent") and e.get("span") != "weight_sync" for e in own[:synced])
+    sent = [e for e in own[synced:] if e["event"] == "group_sent"]
+    assert sent and all(e["msg_version"] >= own[synced]["new_version"] for e in sent), "no work after the sync"
+    assert_invariants(run_dir, epochs=5, groups=6)
 
 
 def test_worker_lost_mid_epoch_has_its_groups_reassigned(run_dir: Path) -> None:

@@ -156,7 +156,7 @@ class TrainerCore(Core):
         epoch, t_open, metrics = finished
         wall = now - t_open
         row = {**metrics, "epoch": epoch, "version": inbound.msg.version}
-        row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / wall, 3))
+        row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / max(wall, 1e-9), 3))
         self.log("epoch_metrics", **row)
         self.sink.epoch_metrics(row)
         self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))

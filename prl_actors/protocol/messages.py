@@ -28,56 +28,68 @@ NONE = -1  # epoch / version "not applicable"
 # --- the closed vocabularies of the protocol (decoded as enums: an unknown value is `malformed`) --
 
 
-class Role(StrEnum):
+class DocEnum(StrEnum):
+    """A str enum whose members carry a one-line description (docs/PROTOCOL.md is generated from it)."""
+
+    description: str
+
+    def __new__(cls, value: str, description: str = "") -> DocEnum:
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.description = description
+        return obj
+
+
+class Role(DocEnum):
     """What a peer is. Every actor registers with its role; the CLI speaks as `operator`."""
 
-    COORDINATOR = "coordinator"
-    PUBLISHER = "publisher"
-    BUFFER = "buffer"
-    TRAINER = "trainer"
-    WORKER = "worker"
-    OPERATOR = "operator"
+    COORDINATOR = "coordinator", "epoch state machine, membership, the epoch's work queue"
+    PUBLISHER = "publisher", "stores the newest weights, serves snapshots"
+    BUFFER = "buffer", "admits each group of the open epoch once, streams it to the trainer"
+    TRAINER = "trainer", "accumulates gradients, one optimizer step per epoch"
+    WORKER = "worker", "generates and scores groups with one weight version"
+    OPERATOR = "operator", "the CLI: status, scale, stop"
 
 
-class ErrorCode(StrEnum):
+class ErrorCode(DocEnum):
     """`error.code`: why a message was not handled."""
 
-    MALFORMED = "malformed"  # not MessagePack / missing fields / wrong types
-    BAD_PROTOCOL = "bad_protocol"  # wrong protocol version
-    UNKNOWN_TYPE = "unknown_type"  # type tag not in this protocol
-    UNEXPECTED = "unexpected"  # valid message, but not one this actor handles
-    REJECTED = "rejected"  # valid and handled, but refused (see detail)
+    MALFORMED = "malformed", "not MessagePack / missing fields / wrong types"
+    BAD_PROTOCOL = "bad_protocol", "wrong protocol version"
+    UNKNOWN_TYPE = "unknown_type", "type tag not in this protocol"
+    UNEXPECTED = "unexpected", "valid message, but not one this actor handles"
+    REJECTED = "rejected", "valid and handled, but refused (see detail)"
 
 
-class RejectReason(StrEnum):
+class RejectReason(DocEnum):
     """`group_ack.reason`: why the buffer refused a group (checked in this order)."""
 
-    WRONG_EPOCH = "wrong_epoch"  # no epoch open, or the group's epoch is ahead of the open one
-    EPOCH_CLOSED = "epoch_closed"  # the group's epoch is over
-    STALE_VERSION = "stale_version"  # generated with other weights than the epoch's (off-policy)
-    UNKNOWN_GROUP = "unknown_group"  # group id outside 0..B-1
-    BAD_GROUP_SIZE = "bad_group_size"  # not exactly G samples
-    DUPLICATE = "duplicate"  # (epoch, group id) was already accepted
-    BUFFER_FULL = "buffer_full"  # buffer.max_groups groups already wait for the trainer
+    WRONG_EPOCH = "wrong_epoch", "no epoch open, or the group's epoch is ahead of the open one"
+    EPOCH_CLOSED = "epoch_closed", "the group's epoch is over"
+    STALE_VERSION = "stale_version", "generated with other weights than the epoch's (off-policy)"
+    UNKNOWN_GROUP = "unknown_group", "group id outside 0..B-1"
+    BAD_GROUP_SIZE = "bad_group_size", "not exactly G samples"
+    DUPLICATE = "duplicate", "(epoch, group id) was already accepted"
+    BUFFER_FULL = "buffer_full", "buffer.max_groups groups already wait for the trainer"
 
 
-class NoWorkReason(StrEnum):
+class NoWorkReason(DocEnum):
     """`no_work.reason`: why a work request got nothing."""
 
-    NO_EPOCH = "no_epoch"  # no epoch is open (wait for epoch_start)
-    STALE_VERSION = "stale_version"  # fetch the epoch's weights (header version) first
-    QUEUE_EMPTY = "queue_empty"  # every group is handed out; you will be nudged if one returns
-    DONE = "done"  # the run is over
+    NO_EPOCH = "no_epoch", "no epoch is open (wait for epoch_start)"
+    STALE_VERSION = "stale_version", "fetch the epoch's weights (header version) first"
+    QUEUE_EMPTY = "queue_empty", "every group is handed out; you will be nudged if one returns"
+    DONE = "done", "the run is over"
 
 
-class Phase(StrEnum):
+class Phase(DocEnum):
     """The coordinator's epoch state machine (`status.state`); transitions in actors/phase.py."""
 
-    WAITING_WEIGHTS = "waiting_weights"  # no weights for the next epoch yet (or no buffer)
-    OPENING = "opening"  # epoch_open sent, waiting for the buffer's ack
-    RUNNING = "running"  # handing out the epoch's groups
-    TRAINING = "training"  # every group accepted; waiting for the step's weights
-    DONE = "done"  # the run is over
+    WAITING_WEIGHTS = "waiting_weights", "no weights for the next epoch yet (or no buffer)"
+    OPENING = "opening", "epoch_open sent, waiting for the buffer's ack"
+    RUNNING = "running", "handing out the epoch's groups"
+    TRAINING = "training", "every group accepted; waiting for the step's weights"
+    DONE = "done", "the run is over"
 
 
 _counter = itertools.count()

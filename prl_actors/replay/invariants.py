@@ -1,8 +1,9 @@
 """The training invariants, checked from the logs alone (DESIGN.md "Invariants").
 
-- on-policy: every trainer `train_group` has msg_version == the version its epoch is bound to (the
-  coordinator's `epoch_open`, else v_e = e), belongs to the epoch the trainer is in, and the group the
-  buffer accepted for it was generated (worker `group_sent`) with that same version;
+- on-policy: every trainer `train_group` passes `protocol.versions.on_policy` (the rule every actor
+  applies), its epoch was opened bound to that same version (coordinator `epoch_open`), it belongs to
+  the epoch the trainer is in, and the group the buffer accepted for it was generated (worker
+  `group_sent`) with that version;
 - exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
   epoch that has an `optimizer_step` trained all of its groups 0..B-1; in a completed run every
   opened epoch was stepped (an epoch cut short by a stop and redone after `--resume` counts once);
@@ -16,6 +17,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
+from prl_actors.protocol.versions import on_policy, version_for
 from prl_actors.replay.events import Event, Run, Violation, at
 
 
@@ -49,16 +51,16 @@ def check_on_policy(run: Run) -> list[Violation]:
     sent = {str(e.get("msg_id")): e for e in run.of("group_sent")}
     out = []
     for t in _trained(run):
-        epoch, gid = t.get("msg_epoch"), t.get("group_id")
-        want = versions.get(int(epoch), int(epoch)) if isinstance(epoch, int) else None
+        epoch, gid, version = int(t.get("msg_epoch", -1)), t.get("group_id"), int(t.get("msg_version", -1))
+        want = version_for(epoch)
         what = f"group {gid} of epoch {epoch} ({at(t)})"
-        if t.get("msg_version") != want:
+        if not on_policy(epoch, version):
             out.append(
-                Violation(
-                    "on-policy",
-                    f"{what} trained with version {t.get('msg_version')}, epoch {epoch} is bound to v{want}",
-                )
+                Violation("on-policy", f"{what} trained with version {version}, epoch {epoch} is bound to v{want}")
             )
+        elif versions.get(epoch, want) != want:
+            opened = versions[epoch]
+            out.append(Violation("on-policy", f"{what}: the coordinator opened epoch {epoch} with v{opened}"))
         if t.get("epoch") != epoch:
             out.append(Violation("on-policy", f"{what} trained while the trainer was in epoch {t.get('epoch')}"))
         out += _generated_with(want, what, accepted.get((epoch, gid)), sent, run, t)
@@ -66,7 +68,7 @@ def check_on_policy(run: Run) -> list[Violation]:
 
 
 def _generated_with(
-    want: int | None, what: str, acc: Event | None, sent: dict[str, Event], run: Run, t: Event
+    want: int, what: str, acc: Event | None, sent: dict[str, Event], run: Run, t: Event
 ) -> list[Violation]:
     """The accepted GroupResult of the trained group must have been generated with version `want`."""
     gen = sent.get(acc.get("msg_id", "")) if acc is not None else None

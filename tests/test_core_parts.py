@@ -1,0 +1,203 @@
+"""The coordinator's parts, the handler tables and the trainer and publisher cores, without sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prl_actors.actors.epoch_work import Accept, EpochWork
+from prl_actors.actors.membership import Membership
+from prl_actors.actors.phase import IllegalTransition, PhaseMachine
+from prl_actors.actors.publisher import PublisherCore
+from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.trainer import TrainerCore
+from prl_actors.actors.transfer import Assembler, Snapshot, transfer_messages
+from prl_actors.config import load_config
+from prl_actors.logs import EventLog
+from prl_actors.protocol import messages as m
+from prl_actors.protocol.routes import HOPS, receivable, senders_of
+from prl_actors.rundir import MemorySink, RunDir
+from prl_actors.training.sim import SimLearner
+from prl_actors.transport.port import Inbound
+
+# --- EpochWork: the exactly-once rules ----------------------------------------------------------
+
+
+def test_epoch_work_hands_out_each_group_once_and_requeues_a_leaver_first() -> None:
+    work = EpochWork([0, 1, 2, 3])
+    assert work.assign("a", 2) == [0, 1] and work.assign("b", 5) == [2, 3] and work.assign("a", 1) == []
+    assert work.release("a") == [0, 1]
+    assert list(work.queue) == [0, 1] and work.held_by("a") == [] and work.held_by("b") == [2, 3]
+    assert work.assign("b", 1) == [0]
+
+
+def test_epoch_work_a_done_group_is_never_handed_out_again() -> None:
+    work = EpochWork([0, 1])
+    work.assign("a", 2)
+    assert work.release("a") == [0, 1]  # a went silent: both queued again
+    assert work.accept(0) == (Accept.NEW, None)  # ... but a's group 0 reached the buffer after all
+    assert list(work.queue) == [1]
+    assert work.accept(0) == (Accept.ALREADY, None)
+    assert work.assign("b", 5) == [1] and not work.complete
+    assert work.accept(1) == (Accept.NEW, "b") and work.complete
+
+
+def test_epoch_work_waiting_workers_are_nudged_once() -> None:
+    work = EpochWork([0])
+    work.assign("a", 1)
+    work.waiting |= {"b", "c"}
+    work.release("a")
+    assert work.take_waiting() == ["b", "c"] and work.take_waiting() == []
+
+
+# --- Membership and the phase machine ------------------------------------------------------------
+
+
+def test_membership_liveness_and_roles() -> None:
+    members = Membership()
+    members.join("worker-b", m.Role.WORKER, b"b", now=0.0)
+    members.join("worker-a", m.Role.WORKER, b"a", now=0.0)
+    members.join("buffer", m.Role.BUFFER, b"buf", now=0.0)
+    members.seen("worker-a", 2.0)
+    members.seen("buffer", 2.0)
+    assert [x.name for x in members.silent(2.5, timeout_s=1.0)] == ["worker-b"]
+    assert [x.name for x in members.of_role(m.Role.WORKER)] == ["worker-a", "worker-b"]
+    assert members.first(m.Role.BUFFER).identity == b"buf"  # type: ignore[union-attr]
+    assert members.remove("worker-b") is not None and "worker-b" not in members and len(members) == 2
+
+
+def test_phase_machine_refuses_illegal_transitions() -> None:
+    phase = PhaseMachine()
+    with pytest.raises(IllegalTransition):
+        phase.to(m.Phase.RUNNING)  # no epoch opens without the buffer's ack
+    for p in (m.Phase.OPENING, m.Phase.RUNNING, m.Phase.TRAINING, m.Phase.OPENING, m.Phase.WAITING_WEIGHTS):
+        phase.to(p)
+    phase.to(m.Phase.DONE)
+    with pytest.raises(IllegalTransition):
+        phase.to(m.Phase.OPENING)
+
+
+# --- handler tables ------------------------------------------------------------------------------
+
+
+def test_a_core_without_a_handler_for_a_receivable_message_fails_when_built() -> None:
+    class HalfBuffer(Core):
+        role = m.Role.BUFFER
+
+        @handles(m.Credit)
+        def on_credit(self, now: float, inbound: Inbound[m.Credit]) -> None: ...
+
+    with pytest.raises(TypeError, match="no handler for: epoch_open, group_result"):
+        HalfBuffer("buffer", EventLog("buffer", "buffer"))
+
+
+def test_a_message_the_role_cannot_receive_is_unexpected_even_with_a_handler() -> None:
+    core = PublisherCore("publisher", EventLog("publisher", "publisher"), 1024, 5.0)
+    shutdown_handler = core.handlers[m.Shutdown]  # inherited from Core: publishers do get shutdown
+    assert shutdown_handler == "on_shutdown"
+    assert m.Welcome in core.handlers and m.EpochStart not in receivable(m.Role.PUBLISHER)
+    core.handle(0.0, Inbound(m.EpochStart(groups=1, sender="x"), [], identity=b"x"))
+    (_, err, _), *_ = core.outbox
+    assert isinstance(err, m.Error) and err.code == m.ErrorCode.UNEXPECTED
+
+
+def test_routes_name_real_senders() -> None:
+    assert senders_of(m.EpochOpen, m.Role.BUFFER) == {m.Role.COORDINATOR}
+    assert senders_of(m.EpochOpen, m.Role.TRAINER) == {m.Role.BUFFER}
+    assert senders_of(m.Credit, m.Role.BUFFER) == {m.Role.TRAINER}
+    assert senders_of(m.Scale, m.Role.COORDINATOR) == {m.Role.OPERATOR}
+    assert all(h.senders and h.receivers for h in HOPS)
+
+
+# --- the trainer core ------------------------------------------------------------------------------
+
+
+def sim_learner() -> SimLearner:
+    cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0})
+    return SimLearner(cfg)
+
+
+def trainer(sink: MemorySink | RunDir, resume: bool = False) -> TrainerCore:
+    log = EventLog("trainer", "trainer")
+    return TrainerCore("trainer", log, sim_learner(), sink, 4, 1 << 20, 5.0, resume=resume)
+
+
+def feed(core: Core, msg: m.Msg, sender: str, now: float = 0.0) -> list[m.Msg]:
+    msg.sender = sender
+    core.now = now
+    core.handle(now, Inbound(msg, [], peer=sender))
+    out, core.outbox = core.outbox, []
+    return [x for _, x, _ in out]
+
+
+def group(gid: int, answers: list[int]) -> m.Group:
+    samples = [m.Sample(text=str(a), token_ids=[a], logprobs=[0.0], reward=float(a == 4)) for a in answers]
+    return m.Group(group_id=gid, prompt="ctx 1", prompt_ids=[1], samples=samples, worker="worker-0")
+
+
+def test_trainer_one_step_per_epoch_then_metrics_after_the_publisher_stored_it() -> None:
+    sink = MemorySink()
+    core = trainer(sink)
+    core.start(0.0)
+    uploads = [x for _, x, _ in core.outbox]
+    assert [m.tag_of(x) for x in uploads][:3] == ["register", "credit", "weights_begin"]
+    core.outbox.clear()
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=2), "buffer")
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=0, group=group(0, [4, 1])), "buffer")
+    assert core.learner.version == 0  # accumulating only
+    off = feed(core, m.TrainGroup(epoch=0, version=1, seq=1, group=group(1, [4, 4])), "buffer")
+    assert core.counters["train_rejected"] == 1 and [m.tag_of(x) for x in off] == ["credit"]
+    out = feed(core, m.EpochComplete(epoch=0, groups=2), "buffer")
+    assert core.learner.version == 0 and not any(isinstance(x, m.WeightsBegin) for x in out)  # 1 of 2 consumed
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=2, group=group(1, [2, 4])), "buffer")
+    out = feed(core, m.EpochComplete(epoch=0, groups=2), "buffer")
+    begin = next(x for x in out if isinstance(x, m.WeightsBegin))
+    assert core.learner.version == 1 and begin.version == 1 and sink.rows == []
+    done = feed(core, m.WeightsStored(reply_to=begin.id, version=1), "publisher", now=0.5)
+    assert [(x.epoch, x.version) for x in done if isinstance(x, m.StepDone)] == [(0, 1)]
+    assert [(r["epoch"], r["version"], r["samples"]) for r in sink.rows] == [(0, 1, 4.0)]
+
+
+def test_trainer_resumes_from_the_sinks_latest_checkpoint(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    first = trainer(run)
+    first.learner.step()
+    first.learner.step()
+    run.save_checkpoint(2, first.learner.save_checkpoint)
+    again = trainer(run, resume=True)
+    again.start(0.0)
+    assert again.learner.version == 2 and again.version == 2
+    assert np.array_equal(again.learner.theta, first.learner.theta)
+
+
+# --- the publisher core ----------------------------------------------------------------------------
+
+
+def upload(core: PublisherCore, version: int, sender: str = "trainer") -> list[m.Msg]:
+    snap = Snapshot.from_tensors(version, {"w": np.full(3000, version, dtype=np.float32)})
+    out: list[m.Msg] = []
+    for part, payloads in transfer_messages(snap, 4096):
+        part.sender = sender
+        core.handle(0.0, Inbound(part, payloads, identity=sender.encode()))
+        out += [x for _, x, _ in core.outbox]
+        core.outbox.clear()
+    return out
+
+
+def test_publisher_stores_newer_versions_only_and_serves_the_current_one() -> None:
+    core = PublisherCore("publisher", EventLog("publisher", "publisher"), 4096, 5.0)
+    out = feed(core, m.FetchWeights(), "worker-0")
+    assert isinstance(out[0], m.Error) and "no weights" in out[0].detail
+    assert [m.tag_of(x) for x in upload(core, 1)] == ["weights_stored", "weights_available"]
+    assert isinstance(upload(core, 1)[0], m.Error)  # not newer: refused
+    core.handle(0.0, Inbound(m.FetchWeights(sender="worker-0"), [], peer="worker-0"))
+    served, core.outbox = core.outbox, []
+    begin, *chunks, end = [(x, p) for _, x, p in served]
+    assert isinstance(begin[0], m.WeightsBegin) and begin[0].version == 1 and begin[0].chunks == 3
+    asm = Assembler(begin[0], 0.0)
+    for chunk, payloads in chunks:
+        asm.chunk(chunk, list(payloads))  # type: ignore[arg-type]
+    snap = asm.end(end[0])  # type: ignore[arg-type]
+    assert np.frombuffer(snap.data, dtype=np.float32).tolist() == [1.0] * 3000
