@@ -13,8 +13,10 @@ import datetime
 import math
 import os
 import platform
+import random
+import signal
 import socket
-import time
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -132,30 +134,39 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[k]
 
 
-def best_of(fn: Callable[[], float], repeats: int) -> float:
-    """The smallest of `repeats` timings: the least disturbed one on a noisy, shared machine."""
-    return min(fn() for _ in range(max(1, repeats)))
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def finite(x: float, default: float = math.nan) -> float:
-    return x if isinstance(x, int | float) and math.isfinite(x) else default
-
-
 def rounded(d: dict[str, Any], digits: int = 6) -> dict[str, Any]:
     """Round every float of a flat dict (raw numbers stay readable in results.json)."""
     return {k: round(v, digits) if isinstance(v, float) and math.isfinite(v) else v for k, v in d.items()}
 
 
-def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str]) -> Any:
-    """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object."""
-    from prl_actors.actors.runtime import ActorHost
+def free_port(block: int = 1) -> int:
+    """The first of `block` consecutive free tcp ports, below the ephemeral range: a DEALER that
+    reconnects to a not-yet-bound ephemeral port can be handed that very port as its source and
+    connect to itself (TCP simultaneous open)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - block)
+        try:
+            for port in range(base, base + block):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise OSError("no free block of tcp ports in 20000-32000")
 
-    host = ActorHost.start(core, zctx, bind, peers)._actor_weakref()  # type: ignore[attr-defined]
-    assert host is not None, "the actor stopped while starting"
-    return host
+
+def run_up(
+    cmd: list[str], timeout_s: float, on_start: Callable[[subprocess.Popen], None] | None = None
+) -> tuple[int, str]:  # type: ignore[type-arg]
+    """Run `prl-actors up` in its own session; on timeout the whole group (every actor) is killed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if on_start is not None:
+        on_start(proc)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return 124, f"timed out after {timeout_s}s"
+    return proc.returncode, err

@@ -16,14 +16,13 @@ The goal (>= 0.95) is checked against the ideal bound; the other two say where t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from prl_actors.bench import pipeline_torch
-from prl_actors.bench.common import BenchContext, Entry, rounded
-from prl_actors.bench.logspans import RunPhases, run_phases
+from prl_bench import pipeline_torch
+from prl_bench.common import BenchContext, Entry
+from prl_bench.logspans import RunPhases, run_phases
+from prl_bench.overlap import bounds, compare
 
 GROUP_SIZE = 8
 TOKENS = 8
@@ -113,62 +112,7 @@ def run_sim(case: SimCase, mode: str, run_dir: Path) -> RunPhases:
             raise RuntimeError(f"sim run {run_dir} did not finish in time; see {run_dir}/logs")
     finally:
         cluster.close()
-    return run_phases(run_dir / "logs")
-
-
-def schedule_epoch_s(workers: int, groups: int, round_s: float, train_s: float) -> float:
-    """Earliest end of training when W groups finish every `round_s` and each takes `train_s`."""
-    done = 0.0
-    for i in range(groups):
-        arrive = (i // workers + 1) * round_s
-        done = max(done, arrive) + train_s
-    return done
-
-
-def bounds(sync: RunPhases, workers: int, groups: int) -> dict[str, float]:
-    tg, tt, to = sync.t_gen, sync.t_train, max(0.0, sync.t_other)
-    rounds = math.ceil(groups / workers)
-    sched = schedule_epoch_s(workers, groups, tg / rounds, tt / groups)
-    return {
-        "ideal": (tg + tt) / max(tg, tt),
-        "overhead": (tg + tt + to) / (max(tg, tt) + to),
-        "schedule": (tg + tt + to) / (max(sched, tg) + to),
-    }
-
-
-def compare(name: str, label: str, sync: RunPhases, periodic: RunPhases, b: dict[str, float], extra: dict) -> Entry:  # type: ignore[type-arg]
-    speedup = periodic.samples_per_s / sync.samples_per_s
-    raw: dict[str, Any] = {
-        "sync_samples_per_s": sync.samples_per_s,
-        "periodic_samples_per_s": periodic.samples_per_s,
-        "speedup": speedup,
-        "T_gen_s": sync.t_gen,
-        "T_train_s": sync.t_train,
-        "T_other_s": sync.t_other,
-        "sync_epoch_s": sync.epoch_s,
-        "periodic_epoch_s": periodic.epoch_s,
-        "periodic_T_gen_s": periodic.t_gen,
-        "gen_busy_s_sum_workers": sync.gen_busy_s,
-        "train_busy_s": sync.train_busy_s,
-        "bound_ideal": b["ideal"],
-        "bound_overhead": b["overhead"],
-        "bound_schedule": b["schedule"],
-        "of_overhead_bound": speedup / b["overhead"],
-        "of_schedule_bound": speedup / b["schedule"],
-        "epochs_measured": sync.epochs,
-        **extra,
-    }
-    return Entry(
-        benchmark="pipeline",
-        name=f"{name} {label}",
-        metric="periodic/sync samples/s, as a fraction of (T_gen+T_train)/max(T_gen,T_train)",
-        measured=speedup,
-        unit="x",
-        ratio=speedup / b["ideal"],
-        goal=0.95 if name == "sim" else 0.85,
-        bound=b["ideal"],
-        raw=rounded(raw, 5),
-    )
+    return run_phases(run_dir)
 
 
 def run(ctx: BenchContext) -> list[Entry]:

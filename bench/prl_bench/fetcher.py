@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from prl_bench import internals
+
 DEAD_ADDR = {"tcp": "tcp://127.0.0.1:1", "ipc": "ipc:///nonexistent/prl-bench-none"}
 
 
@@ -49,44 +51,28 @@ class FetchWorker:
     def __init__(self, name: str, kind: str, addr: str) -> None:
         import zmq
 
-        from prl_actors.actors.worker import WorkerCore
-        from prl_actors.bench.common import start_host
-        from prl_actors.logs import EventLog
-        from prl_actors.tasks.base import Task, exact_match
-
         self.name, self.engine = name, StubEngine()
         self.ctx = zmq.Context()
-        core = WorkerCore(
-            name,
-            EventLog(name, "worker"),
-            self.engine,
-            Task(items=[("x", "y")], reward=exact_match),
-            group_size=1,
-            fetch_timeout_s=600.0,
-            request_timeout_s=600.0,
-            as_torch=False,
-        )
+        core = internals.worker_core(name, self.engine)
         peers = {"coordinator": DEAD_ADDR[kind], "publisher": addr, "buffer": DEAD_ADDR[kind]}
-        self.host = start_host(core, self.ctx, None, peers)
+        self.host = internals.start_host(core, self.ctx, None, peers)
 
     def fetch(self, timeout_s: float) -> dict[str, float]:
         from prl_actors.protocol.messages import FetchWeights
-        from prl_actors.transport.port import Dest
 
         self.engine.loaded.clear()
         t0 = time.monotonic()
-        self.host.port.send(Dest.peer("publisher"), FetchWeights(version=-1, sender=self.name))
+        internals.send(self.host, "publisher", FetchWeights(version=-1, sender=self.name))
         if not self.engine.loaded.wait(timeout_s):
             raise TimeoutError(f"{self.name}: no weights within {timeout_s}s")
         return {"t_start": t0, "t_end": self.engine.t_loaded, "bytes": float(self.engine.nbytes)}
 
     def close(self) -> None:
-        self.host.actor_ref.stop(block=False)
-        self.host.done.wait(5.0)
+        internals.stop_host(self.host, 5.0)
         self.ctx.destroy(linger=0)
 
 
-def raw_receive(addr: str, nbytes: int, ready: Any) -> dict[str, float]:
+def raw_receive(addr: str, nbytes: int) -> dict[str, float]:
     """Raw ZeroMQ: a DEALER says hello, then counts the bytes of the frames it gets (no copy)."""
     import zmq
 
@@ -97,12 +83,9 @@ def raw_receive(addr: str, nbytes: int, ready: Any) -> dict[str, float]:
         sock.connect(addr)
         sock.send(b"hi")
         got = 0
-        t0 = 0.0
         while got < nbytes:
-            frame = sock.recv(copy=False)
-            t0 = t0 or time.monotonic()
-            got += len(frame.buffer)
-        return {"t_first": t0, "t_end": time.monotonic(), "bytes": float(got)}
+            got += len(sock.recv(copy=False).buffer)
+        return {"t_end": time.monotonic(), "bytes": float(got)}
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -172,7 +155,7 @@ def serve(conn: Connection, name: str) -> None:
                 assert worker is not None, "prepare first"
                 reply = worker.fetch(cmd[1])
             elif cmd[0] == "raw":
-                reply = raw_receive(cmd[1], cmd[2], None)
+                reply = raw_receive(cmd[1], cmd[2])
             elif cmd[0] == "shm":
                 reply = shm.load(cmd[1], cmd[2])
             elif cmd[0] == "torch_unpack":

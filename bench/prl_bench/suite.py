@@ -16,13 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prl_actors.bench.common import BenchContext, machine_info
+from prl_bench.common import BenchContext, machine_info
+from prl_bench.report import write_report
 
 BENCHMARKS = {
-    "pipeline": "prl_actors.bench.pipeline",
-    "shared_prompt": "prl_actors.bench.shared_prompt",
-    "weight_sync": "prl_actors.bench.weight_sync",
-    "control_plane": "prl_actors.bench.control_plane",
+    "pipeline": "prl_bench.pipeline",
+    "shared_prompt": "prl_bench.shared_prompt",
+    "weight_sync": "prl_bench.weight_sync",
+    "control_plane": "prl_bench.control_plane",
 }
 ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync"}
 
@@ -73,9 +74,7 @@ def run_suite(
     finally:
         if not keep_work:
             shutil.rmtree(work, ignore_errors=True)
-    from prl_actors.bench.report import write_report
-
-    write_report(out, results)
+    write_report(out, results, say)
     return results
 
 

@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prl_actors.bench.common import BenchContext, Entry
-from prl_actors.bench.logspans import RunPhases, run_phases
-from prl_actors.bench.procstat import TreeSampler
+from prl_bench.common import BenchContext, Entry, free_port, run_up
+from prl_bench.logspans import RunPhases, run_phases
+from prl_bench.overlap import bounds, compare
+from prl_bench.procstat import TreeSampler
 
 
 def unavailable() -> str:
@@ -68,9 +69,6 @@ def prepare(ctx: BenchContext) -> Path:
 
 
 def run_torch(ctx: BenchContext, workers: int, mode: str, model_dir: Path) -> tuple[RunPhases, dict[str, float]]:
-    from prl_actors.bench.control_plane import run_up
-    from prl_actors.bench.weight_sync import free_port
-
     run_dir = ctx.work_dir / f"torch-w{workers}-{mode}"
     cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir)]
     for k, v in settings(ctx, workers, mode, model_dir, free_port(5)).items():
@@ -85,7 +83,7 @@ def run_torch(ctx: BenchContext, workers: int, mode: str, model_dir: Path) -> tu
     holder["s"].stop()
     if code != 0:
         raise RuntimeError(f"torch run {run_dir} failed ({code}): {err[-1500:]}")
-    phases = run_phases(run_dir / "logs")
+    phases = run_phases(run_dir)
     return phases, cpu_profile(holder["s"], phases)
 
 
@@ -111,8 +109,6 @@ def cpu_bound(sync: RunPhases, cpu: dict[str, float], cores: float) -> float:
 
 
 def run(ctx: BenchContext) -> list[Entry]:
-    from prl_actors.bench.pipeline import bounds, compare
-
     why = unavailable()
     if why:
         ctx.say(f"  pipeline torch skipped: {why}")

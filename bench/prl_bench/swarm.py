@@ -14,7 +14,6 @@ from typing import Any
 
 import zmq
 
-from prl_actors.bench.common import percentile
 from prl_actors.protocol.codec import decode, encode
 from prl_actors.protocol.messages import (
     Ack,
@@ -28,6 +27,7 @@ from prl_actors.protocol.messages import (
     WorkAssign,
     WorkRequest,
 )
+from prl_bench.common import percentile
 
 
 class Swarm:
@@ -154,7 +154,8 @@ class Swarm:
 
     def steady(self, seconds: float, interval_s: float, probe_every_s: float) -> dict[str, Any]:
         """Heartbeats at `interval_s` from every member (spread evenly), and the prober asks for work
-        every `probe_every_s`: round-trip times of both, and how many acks said `known=False`."""
+        every `probe_every_s`: round-trip times of both, and how many acks said `known=False`. Only the
+        reply to the probe in flight counts (a late one of an earlier phase carries no start time)."""
         socks, frames = self._heartbeaters()
         n = len(socks)
         sent_at: dict[int, float] = {}
@@ -165,7 +166,7 @@ class Swarm:
         index = {s: i for i, s in enumerate(socks)}
         t0 = time.monotonic()
         next_hb, next_probe, k = t0, t0, 0
-        probe_t = 0.0
+        probe_t, probe_id = 0.0, ""
         while (now := time.monotonic()) - t0 < seconds:
             while now >= next_hb:  # member k's turn: n heartbeats per interval, evenly spaced
                 i = k % n
@@ -175,13 +176,14 @@ class Swarm:
                 k += 1
                 next_hb += interval_s / n
             if not probe_t and now >= next_probe:
-                self.prober.send_multipart(encode(WorkRequest(sender="worker-probe", epoch=0, version=0)))
-                probe_t, next_probe = now, now + probe_every_s
+                probe = WorkRequest(sender="worker-probe", epoch=0, version=0)
+                self.prober.send_multipart(encode(probe))
+                probe_t, probe_id, next_probe = now, probe.id, now + probe_every_s
             for s, _ in poller.poll(max(0, int((min(next_hb, next_probe) - time.monotonic()) * 1000))):
                 while s.poll(0):
                     msg = decode(s.recv_multipart())[0]
                     t = time.monotonic()
-                    if s is self.prober and isinstance(msg, WorkAssign):
+                    if s is self.prober and isinstance(msg, WorkAssign) and msg.reply_to == probe_id:
                         assign_rtt.append(t - probe_t)
                         probe_t = 0.0
                     elif isinstance(msg, HeartbeatAck):

@@ -1,15 +1,19 @@
 """results.json -> results.md (one table, then details per benchmark) and PNG plots.
 
-Everything here reads the results dict only, so a report can be rebuilt from a saved results.json
-(`python -m prl_actors.bench.report OUT`).
+Everything here reads the results dict only, so a report can be rebuilt from a saved results.json:
+`python -m prl_bench.report OUT`. The plots need matplotlib (`pip install 'prl-actors[plots]'`);
+without it the report says so in one line and writes results.md alone.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+PLOTS_NEED = "plots skipped: they need matplotlib (pip install 'prl-actors[plots]', or make install)"
 
 
 def _num(x: Any, digits: int = 3) -> str:
@@ -179,13 +183,34 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: dict[str, Any]) -> None:
+def write_report(out: Path, results: dict[str, Any], say: Callable[[str], None] = print) -> None:
+    """results.md, then the plots when matplotlib is installed (else one line through `say`)."""
     (out / "results.md").write_text(markdown(results))
-    from prl_actors.bench.plots import write_plots
-
+    try:
+        from prl_bench.plots import write_plots
+    except ImportError as exc:
+        if not (exc.name or "").startswith("matplotlib"):
+            raise
+        say(PLOTS_NEED)
+        return
     write_plots(out, results)
 
 
-if __name__ == "__main__":  # rebuild the report of a saved run: python -m prl_actors.bench.report OUT
-    target = Path(sys.argv[1])
-    write_report(target, json.loads((target / "results.json").read_text()))
+def main(argv: list[str]) -> int:
+    """python -m prl_bench.report OUT: rebuild OUT/results.md and the plots from OUT/results.json."""
+    if len(argv) != 1:
+        print("usage: python -m prl_bench.report OUT   (OUT holds a results.json)", file=sys.stderr)
+        return 2
+    source = Path(argv[0]) / "results.json"
+    try:
+        results = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {source}: {exc}", file=sys.stderr)
+        return 2
+    write_report(source.parent, results, say=lambda line: print(line, file=sys.stderr))
+    print(f"wrote {source.parent / 'results.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

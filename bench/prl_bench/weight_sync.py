@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from prl_actors.actors.transfer import Snapshot
-from prl_actors.bench.common import BenchContext, Entry, rounded
-from prl_actors.bench.fetcher import DEAD_ADDR, serve
+from prl_bench import internals
+from prl_bench.common import BenchContext, Entry, free_port, rounded
+from prl_bench.fetcher import DEAD_ADDR, serve
 
 MB = 1 << 20
 
@@ -80,7 +80,7 @@ def make_snapshot(nbytes: int):  # type: ignore[no-untyped-def]
     per = min(4 * MB, max(1, nbytes // 16))  # floats per tensor
     n = max(1, nbytes // (per * 4))
     tensors = {f"layer{i}.weight": np.full(per, float(i), dtype=np.float32) for i in range(n)}
-    return Snapshot.from_tensors(1, tensors)
+    return internals.snapshot(1, tensors)
 
 
 def memcpy_gbps(nbytes: int, repeats: int) -> float:
@@ -126,19 +126,14 @@ class Publisher:
     def __init__(self, kind: str, addr: str, chunk: int) -> None:
         import zmq
 
-        from prl_actors.actors.publisher import PublisherCore
-        from prl_actors.bench.common import start_host
-        from prl_actors.logs import EventLog
-
         self.ctx, self.addr, self.chunk = zmq.Context(), addr, chunk
-        core = PublisherCore("publisher", EventLog("publisher", "publisher"), chunk, transfer_timeout_s=600.0)
-        self.host = start_host(core, self.ctx, addr, {"coordinator": DEAD_ADDR[kind]})
+        core = internals.publisher_core(chunk)
+        self.host = internals.start_host(core, self.ctx, addr, {"coordinator": DEAD_ADDR[kind]})
 
     def upload(self, snap) -> float:  # type: ignore[no-untyped-def]
         """Upload like the trainer does; seconds until WeightsStored comes back."""
         import zmq
 
-        from prl_actors.actors.transfer import transfer_messages
         from prl_actors.protocol.codec import decode, encode
 
         zctx = zmq.Context()  # its own io thread, as the trainer (another process) would have
@@ -148,7 +143,7 @@ class Publisher:
         try:
             sock.connect(self.addr)
             t0 = time.monotonic()
-            for msg, payloads in transfer_messages(snap, self.chunk):
+            for msg, payloads in internals.upload_messages(snap, self.chunk):
                 msg.sender = "trainer"
                 sock.send_multipart(encode(msg, payloads), copy=False)
             if not sock.poll(600_000):
@@ -162,8 +157,7 @@ class Publisher:
             zctx.term()
 
     def close(self) -> None:
-        self.host.actor_ref.stop(block=False)
-        self.host.done.wait(10.0)
+        internals.stop_host(self.host, 10.0)
         self.ctx.destroy(linger=0)
 
 
@@ -196,26 +190,6 @@ def _makespan(replies: list[dict[str, Any]]) -> float:
     return max(r["t_end"] for r in replies) - min(r["t_start"] for r in replies)
 
 
-def free_port(block: int = 1) -> int:
-    """The first of `block` consecutive free tcp ports, below the ephemeral range: a DEALER that
-    reconnects to a not-yet-bound ephemeral port can be handed that very port as its source and
-    connect to itself (TCP simultaneous open)."""
-    import random
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - block)
-        try:
-            for port in range(base, base + block):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise OSError("no free block of tcp ports in 20000-32000")
-
-
 def one_transport(pool: Pool, kind: str, snap: Any, chunk: int, workers: list[int], repeats: int, tmp: Path) -> dict:  # type: ignore[type-arg]
     """Raw ZeroMQ and the real publisher -> worker path for every N, best of `repeats`."""
     raw = {
@@ -225,7 +199,7 @@ def one_transport(pool: Pool, kind: str, snap: Any, chunk: int, workers: list[in
     pub = Publisher(kind, addresses(kind, tmp, free_port()), chunk)
     try:
         # the first uploads also pay fresh memory (on this VM first-touched pages cost ~1 s / 500 MB)
-        upload_s = min(pub.upload(Snapshot(v, snap.metas, snap.data)) for v in range(1, 2 + repeats))
+        upload_s = min(pub.upload(internals.renumbered(snap, v)) for v in range(1, 2 + repeats))
         pool.ask(("prepare", kind, pub.addr))
         pool.ask(("fetch", 600.0))  # warm-up: connections, allocator; like the raw run's
         ours = {n: min((fetch_all(pool, n) for _ in range(repeats)), key=lambda r: r["seconds"]) for n in workers}

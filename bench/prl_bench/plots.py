@@ -1,15 +1,20 @@
-"""PNG plots of a results dict (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of a results dict (matplotlib, Agg backend: no display needed).
+
+Importing this module imports matplotlib: an ImportError here means the `plots` extra is missing.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+
 
 def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
     by: dict[str, list[dict[str, Any]]] = {}
     for e in results["entries"]:
         by.setdefault(e["benchmark"], []).append(e)
@@ -27,15 +32,11 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
                 fig.tight_layout()
                 fig.savefig(path, dpi=110)
                 written.append(path)
-                import matplotlib.pyplot as plt
-
                 plt.close(fig)
     return written
 
 
 def _pipeline(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(entries) + 2), 4))
     xs = range(len(entries))
     ax.bar(xs, [e["measured"] for e in entries], color="tab:blue", label="measured speed-up")
@@ -55,8 +56,6 @@ def _pipeline(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
 
 
 def _shared_prompt(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-    import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for e in entries:
         sweep, main = e["raw"].get("sweep", []), e["raw"]
@@ -83,8 +82,6 @@ def _shared_prompt(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-de
 
 
 def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4))
     for e in entries:
         table = e["raw"].get("table")
@@ -105,8 +102,6 @@ def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
 
 
 def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-    import matplotlib.pyplot as plt
-
     turn = next((e["raw"] for e in entries if "boundaries" in e["raw"]), None)
     scale = next((e["raw"]["scale"] for e in entries if "scale" in e["raw"]), None)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prl_actors.bench.common import BenchContext, Entry, rounded
+from prl_bench.common import BenchContext, Entry, rounded
 
 
 @dataclass

@@ -16,41 +16,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prl_actors.bench.common import BenchContext, Entry, percentile, rounded
-from prl_actors.protocol.messages import Role
+from prl_bench import internals
+from prl_bench.common import BenchContext, Entry, free_port, percentile, rounded, run_up
+from prl_bench.logspans import epoch_phases
+from prl_bench.swarm import serve
 
 MSG_GOAL = 20_000.0
 TURNAROUND_GOAL_MS = 20.0
-
-
-def make_coordinator(log_path: Path | None, groups: int, epochs: int, timeout_s: float = 2.0):  # type: ignore[no-untyped-def]
-    from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
-    from prl_actors.logs import EventLog
-    from prl_actors.tasks.base import Task, exact_match
-
-    settings = CoordinatorSettings(
-        run_id="bench",
-        mode="periodic",
-        epochs=epochs,
-        groups_per_epoch=groups,
-        group_size=8,
-        heartbeat_interval_s=0.2,
-        heartbeat_timeout_s=timeout_s,
-        max_groups_per_request=1,
-        publisher_addr="",
-        buffer_addr="",
-    )
-    items = [(f"{a}+{b}=", str(a + b)) for a in range(20) for b in range(20)]
-    return CoordinatorCore(
-        "coordinator", EventLog("coordinator", "coordinator", log_path), settings, Task(items, exact_match)
-    )
 
 
 class CoreDriver:
@@ -65,14 +42,9 @@ class CoreDriver:
             self.feed(Register(role=Role(role), sender=name))
 
     def feed(self, msg: Any) -> list[Any]:
-        from prl_actors.transport.port import Inbound
-
         self.now += 1e-5
-        self.core.now = self.now
-        self.core.handle(self.now, Inbound(msg, [], None, msg.sender.encode(), self.now))
         self.fed += 1
-        out, self.core.outbox = self.core.outbox, []
-        return [m for _, m, _ in out]
+        return internals.feed(self.core, self.now, msg)
 
     def open_epoch(self, version: int) -> None:
         from prl_actors.protocol.messages import Ack, EpochOpen, WeightsAvailable
@@ -101,14 +73,14 @@ class CoreDriver:
 def core_direct(ctx: BenchContext, log_dir: Path) -> dict[str, Any]:
     """Messages/s of CoordinatorCore alone, for the group mix and for heartbeats only."""
     workers, groups, epochs = ctx.size((256, 2048, 6), (256, 1024, 4), (8, 32, 2))
-    core = make_coordinator(log_dir / "core-mix.jsonl", groups, epochs + 2, timeout_s=1e9)
+    core = internals.coordinator_core(log_dir / "core-mix.jsonl", groups, epochs + 2, timeout_s=1e9)
     drv = CoreDriver(core, workers)
     drv.open_epoch(0)
     t0, fed0 = time.perf_counter(), drv.fed
     for e in range(epochs):
         drv.epoch(e, groups, heartbeats=True)
     mix = (drv.fed - fed0) / (time.perf_counter() - t0)
-    assert core.epochs_completed == epochs, "the driver must complete every epoch"
+    assert internals.epochs_completed(core) == epochs, "the driver must complete every epoch"
     from prl_actors.protocol.messages import Heartbeat
 
     hbs = [Heartbeat(sender=w, epoch=epochs, version=epochs) for w in drv.workers]
@@ -123,18 +95,14 @@ def core_direct(ctx: BenchContext, log_dir: Path) -> dict[str, Any]:
 def start_coordinator(addr: str, log_path: Path, groups: int):  # type: ignore[no-untyped-def]
     import zmq
 
-    from prl_actors.bench.common import start_host
-
     zctx = zmq.Context()
-    core = make_coordinator(log_path, groups, epochs=1, timeout_s=3.0)  # 15 heartbeat intervals
-    host = start_host(core, zctx, addr, {})
+    core = internals.coordinator_core(log_path, groups, epochs=1, timeout_s=3.0)  # 15 heartbeat intervals
+    host = internals.start_host(core, zctx, addr, {})
     return zctx, host
 
 
 class SwarmProc:
     def __init__(self) -> None:
-        from prl_actors.bench.swarm import serve
-
         mpc = mp.get_context("spawn")
         self.conn, child = mpc.Pipe()
         self.proc = mpc.Process(target=serve, args=(child,), daemon=True)
@@ -158,8 +126,6 @@ class SwarmProc:
 
 def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> dict[str, Any]:
     """One coordinator, n members: idle latency, join, steady heartbeats + latency, flood, leave."""
-    from prl_actors.bench.weight_sync import free_port
-
     seconds = ctx.size(4.0, 2.0, 0.5)
     addr = f"tcp://127.0.0.1:{free_port()}"
     zctx, host = start_coordinator(addr, log_dir / f"coordinator-{n}.jsonl", groups=200_000)
@@ -180,11 +146,12 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
         out["flood_coordinator_cpu"] = (time.process_time() - c0) / (time.monotonic() - t0)
         out.update({f"flood_{k}": v for k, v in flood.items()})
         out.update(swarm("leave"))
-        out["members_left_in_coordinator"] = len(host.core.members.of_role(Role.WORKER)) - 1  # prober
+        out["members_left_in_coordinator"] = (
+            sum(m.startswith("worker-") for m in internals.member_names(host.core)) - 1
+        )  # prober
         out["false_timeouts"] = _timeouts(log_dir / f"coordinator-{n}.jsonl")
     finally:
-        host.actor_ref.stop(block=False)
-        host.done.wait(10.0)
+        internals.stop_host(host, 10.0)
         zctx.destroy(linger=0)
     return rounded(out, 4)
 
@@ -197,9 +164,6 @@ def _timeouts(log_path: Path) -> int:
 
 def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
     """A `prl-actors up` sim run (processes, tcp); per epoch boundary, the turnaround and its parts."""
-    from prl_actors.bench.logspans import epoch_phases, read_events
-    from prl_actors.bench.weight_sync import free_port
-
     epochs = ctx.size(12, 6, 3)
     cmd = [sys.executable, "-m", "cli.main", "up", "--workers", "3", "--epochs", str(epochs), "--run-dir", str(run_dir)]
     sets = {
@@ -219,28 +183,9 @@ def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
     code, err = run_up(cmd, timeout_s=300.0)
     if code != 0:
         raise RuntimeError(f"prl-actors up failed ({code}): {err[-2000:]}")
-    ph = epoch_phases(read_events(run_dir / "logs"))
+    ph = epoch_phases(run_dir)
     rows = [_boundary(ph[e], ph[e + 1]) for e in sorted(ph) if e >= 0 and e + 1 in ph]
     return {"epochs": epochs, "boundaries": rows}
-
-
-def run_up(
-    cmd: list[str], timeout_s: float, on_start: Callable[[subprocess.Popen], None] | None = None
-) -> tuple[int, str]:  # type: ignore[type-arg]
-    """Run `prl-actors up` in its own session; on timeout the whole group (every actor) is killed."""
-    import os
-    import signal
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    if on_start is not None:
-        on_start(proc)
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return 124, f"timed out after {timeout_s}s"
-    return proc.returncode, err
 
 
 def _boundary(cur: Any, nxt: Any) -> dict[str, float]:
