@@ -52,7 +52,9 @@ class CoordinatorSection(_Section):
     groups_per_epoch: int = Field(8, ge=1, description="B: prompts (groups) per epoch.")
     heartbeat_interval_s: float = Field(0.2, gt=0, description="How often members heartbeat.")
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
-    max_groups_per_request: int = Field(1, ge=1, description="Upper bound of groups handed out per pull.")
+    max_groups_per_request: int = Field(
+        64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -68,7 +70,15 @@ class SamplingSection(_Section):
 
 
 class WorkerSection(_Section):
-    prefetch: int = Field(1, ge=0, le=8, description="Groups to ask for ahead while one generates (0 = none).")
+    max_batch_rows: int = Field(
+        64,
+        ge=1,
+        description="Rows (samples) in the running batch (continuous batching). 64 suits a CPU with a "
+        "small model; on a GPU raise it to what the KV cache fits (a group of G needs G rows).",
+    )
+    prefetch: int = Field(
+        1, ge=0, le=64, description="Groups to hold queued beyond the running batch, so a freed row never waits."
+    )
     threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")

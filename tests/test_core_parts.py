@@ -44,6 +44,29 @@ def test_epoch_work_a_done_group_is_never_handed_out_again() -> None:
     assert work.accept(1) == (Accept.NEW, "b") and work.complete
 
 
+def test_fair_share_keeps_a_slower_workers_share_but_never_starves_anyone() -> None:
+    work = EpochWork(list(range(16)))
+    assert work.fair_share("a", workers=1) == 16  # alone: everything
+    assert work.fair_share("a", workers=2) == 8
+    work.assign("a", 8)
+    assert work.fair_share("a", workers=2) == 0  # b's half waits for b
+    assert work.fair_share("b", workers=2) == 8
+    work.accept(0)
+    work.accept(1)  # a finished two: its share grows back
+    assert work.fair_share("a", workers=2) == 1
+    work.assign("b", 8)
+    assert work.fair_share("c", workers=3) == 0  # nothing queued
+    for g in range(2, 16):
+        work.accept(g)
+    assert work.complete
+
+
+def test_fair_share_lets_a_worker_holding_nothing_take_queued_work() -> None:
+    work = EpochWork([0, 1, 2])
+    work.assign("a", 1)
+    assert work.fair_share("b", workers=5) == 1  # ceil(3 / 5) = 1
+
+
 def test_epoch_work_waiting_workers_are_nudged_once() -> None:
     work = EpochWork([0])
     work.assign("a", 1)

@@ -202,17 +202,24 @@ class CoordinatorCore(Core):
         member.version = msg.version
         reason = self._no_work_reason(msg.version)
         if reason is not None:
-            version = version_for(self.epoch)
-            self.reply(inbound, NoWork(reply_to=msg.id, reason=reason, epoch=self.epoch, version=version))
-            self.log("no_work", worker=member.name, reason=reason, request_id=msg.id)
-            if reason == NoWorkReason.QUEUE_EMPTY:
-                self.work.waiting.add(member.name)
+            self._no_work(inbound, member.name, reason)
             return
-        groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request))
+        share = self.work.fair_share(member.name, len(self.members.of_role(Role.WORKER)))
+        if share == 0:
+            self._no_work(inbound, member.name, NoWorkReason.FAIR_SHARE)
+            return
+        groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
         prompts = [self.prompts[g] for g in groups]
         reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
         self.reply(inbound, reply)
         self.log("assign", worker=member.name, groups=groups, msg_id=reply.id, request_id=msg.id)
+
+    def _no_work(self, inbound: Inbound[WorkRequest], worker: str, reason: NoWorkReason) -> None:
+        version = version_for(self.epoch)
+        self.reply(inbound, NoWork(reply_to=inbound.msg.id, reason=reason, epoch=self.epoch, version=version))
+        self.log("no_work", worker=worker, reason=reason, request_id=inbound.msg.id)
+        if reason == NoWorkReason.QUEUE_EMPTY:
+            self.work.waiting.add(worker)
 
     def _no_work_reason(self, held_version: int) -> NoWorkReason | None:
         if self.phase.is_(Phase.DONE):

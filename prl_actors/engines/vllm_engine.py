@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prl_actors.config import Config, ConfigError
-from prl_actors.engines.base import Generated, GeneratedGroup
+from prl_actors.engines.base import Generated, GeneratedGroup, OneCallStreaming
 from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import to_torch
 from prl_actors.protocol.messages import Prompt
@@ -45,7 +45,7 @@ def _import_vllm() -> Any:
     return vllm
 
 
-class VllmEngine:
+class VllmEngine(OneCallStreaming):
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
     def __init__(self, cfg: Config, model_dir: Path | str) -> None:
@@ -77,7 +77,7 @@ class VllmEngine:
             seed=seed_for(self.seed, self.version, prompt.group_id),
         )
 
-    def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
+    def generate_now(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         if not prompts:
             return []
         ids = [self.tokenizer(p.prompt).input_ids for p in prompts]
