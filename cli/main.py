@@ -87,14 +87,7 @@ def up(
     cfg_path.write_text(cfg.dump())
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
-        typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
-        from prl_actors.config import ConfigError
-        from prl_actors.topology import model_dir
-
-        try:
-            model_dir(cfg)
-        except ConfigError as exc:
-            fail(str(exc))
+        _prepare_model(cfg)
     typer.echo(
         f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
         f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
@@ -107,6 +100,23 @@ def up(
         fail(str(exc), code=1)
     typer.echo(summary(rd, time.monotonic() - t0), err=True)
     raise typer.Exit(code)
+
+
+def _prepare_model(cfg: Any) -> None:
+    """Build (or validate) the model every torch actor loads, with a progress display."""
+    from cli.progress import warm_start_progress
+    from prl_actors.config import ConfigError
+    from prl_actors.model import prepare_model
+
+    what = cfg.model.path or "built-in tiny LM"
+    typer.echo(f"preparing model ({what}) ...", err=True)
+    t0 = time.monotonic()
+    try:
+        with warm_start_progress("warm start of the built-in model") as on_step:
+            prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+    except ConfigError as exc:
+        fail(str(exc))
+    typer.echo(f"model ready in {time.monotonic() - t0:.1f}s", err=True)
 
 
 @app.command()

@@ -7,12 +7,15 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
+
+
+Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 class ConfigError(Exception):
@@ -79,7 +82,9 @@ class WorkerSection(_Section):
     prefetch: int = Field(
         1, ge=0, le=64, description="Groups to hold queued beyond the running batch, so a freed row never waits."
     )
-    threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
+    threads: Threads = Field(
+        "auto", description="torch CPU threads in each worker process; auto: see trainer.threads."
+    )
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
@@ -92,7 +97,12 @@ class BufferSection(_Section):
 
 
 class TrainerSection(_Section):
-    threads: int = Field(1, ge=1, description="torch CPU threads in the trainer process.")
+    threads: Threads = Field(
+        "auto",
+        description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
+        "are split between the trainer (half) and the local workers (the rest, evenly, at least 1 each); "
+        "an actor started on its own takes every core.",
+    )
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
     eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")

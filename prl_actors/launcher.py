@@ -10,6 +10,7 @@ A core actor that dies ends the run with an error.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import Config
 from prl_actors.logs import console
+from prl_actors.process import LOCAL_WORKERS_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
 
@@ -41,7 +43,8 @@ class Launcher:
     def spawn(self, name: str) -> None:
         role = name.split("-", 1)[0]
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
-        self.procs[name] = subprocess.Popen(cmd)
+        env = {**os.environ, LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto splits this host's cores
+        self.procs[name] = subprocess.Popen(cmd, env=env)
 
     def add_worker(self) -> None:
         self.spawn(f"worker-{self.next_worker}")

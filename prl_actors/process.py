@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from pathlib import Path
@@ -44,6 +45,9 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     return 0
 
 
+LOCAL_WORKERS_ENV = "PRL_LOCAL_WORKERS"  # set by `up` for the actors it starts on this host
+
+
 def _limit_threads(name: str, cfg: Config) -> None:
     """One process per actor: give torch the configured threads, not every core (oversubscription)."""
     role = role_of(name)
@@ -51,7 +55,22 @@ def _limit_threads(name: str, cfg: Config) -> None:
         return
     import torch
 
-    torch.set_num_threads(cfg.worker.threads if role == "worker" else cfg.trainer.threads)
+    local = os.environ.get(LOCAL_WORKERS_ENV)
+    torch.set_num_threads(threads_for(cfg, role, int(local) if local else None))
+
+
+def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | None = None) -> int:
+    """The torch threads of `role`: the configured number, or `auto`: with `up` on this host the
+    trainer takes half the cores and the local workers share the rest (at least 1 each); an actor
+    started on its own (local_workers None) takes every core."""
+    setting = cfg.worker.threads if role == "worker" else cfg.trainer.threads
+    if setting != "auto":
+        return int(setting)
+    cores = cores or len(os.sched_getaffinity(0))
+    if local_workers is None:
+        return cores
+    trainer = max(1, cores // 2) if local_workers else cores
+    return trainer if role == "trainer" else max(1, (cores - trainer) // max(1, local_workers))
 
 
 def _request_stop(host: ActorHost, reason: str) -> None:

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,13 +63,16 @@ def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
     )
 
 
-def create_builtin(cfg: Config, out_dir: Path) -> Path:
-    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed)."""
+def create_builtin(cfg: Config, out_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
+    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed);
+    `on_step(done, total)` follows the warm start."""
     tok = build_tokenizer()
     torch.manual_seed(cfg.run.seed)
     model = Qwen2ForCausalLM(builtin_config(cfg, len(tok)))
     m = cfg.model
-    warm_start(model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing)
+    warm_start(
+        model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step
+    )
     model.generation_config.pad_token_id = PAD_ID
     with quiet_progress():
         model.save_pretrained(out_dir)
@@ -120,9 +123,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def prepare_model(cfg: Config, run_dir: Path) -> Path:
+def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
     """The model directory to load: `model.path` validated, or the built-in model in RUN_DIR/model
-    (created, or reused when its stamp matches `builtin_key(cfg)`). Never downloads."""
+    (created, or reused when its stamp matches `builtin_key(cfg)`). Never downloads. `on_step`
+    follows the built-in model's warm start when it has to be built."""
     if cfg.model.path:
         return validate_model_dir(cfg.model.path)
     target = Path(run_dir) / "model"
@@ -132,7 +136,7 @@ def prepare_model(cfg: Config, run_dir: Path) -> Path:
             return target
         tmp = Path(run_dir) / f".model-tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        create_builtin(cfg, tmp)
+        create_builtin(cfg, tmp, on_step)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
