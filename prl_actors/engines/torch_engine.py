@@ -4,9 +4,10 @@ All prompts of a `generate` call and their G samples run as one left-padded batc
 `g` draws from a generator seeded by (run.seed, version, group_id), so the same weights and prompts
 give the same samples (a requeued group regenerates identically, up to float noise of batching).
 
-Returned log-probs are those of the raw model distribution (temperature 1, no top-p) for the sampled
-tokens: with the same weights they equal what the trainer's forward computes for the same tokens
-(tests check <= 1e-4), which is what strict on-policy GRPO (old policy = policy) relies on.
+Returned log-probs are those of the behaviour distribution the tokens were drawn from (tempered,
+top-p-truncated: training/behaviour.py). With the same weights they equal what the trainer computes
+for the same tokens with the same transform (tests check it at T = 0.5, top_p = 0.9), and every
+epoch's metrics report the measured difference (logprob_diff_max / logprob_diff_mean).
 """
 
 from __future__ import annotations
