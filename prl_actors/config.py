@@ -22,6 +22,12 @@ class ConfigError(Exception):
     """A bad config file or override; the message is meant for the user as is."""
 
 
+GREEDY_REFUSED = (
+    "worker.sampling.temperature 0 (greedy) cannot be trained with GRPO: every sample of a group would "
+    "be the same, so every advantage is 0 and nothing is learned; use a temperature > 0 (e.g. 1.0)"
+)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -67,8 +73,12 @@ class CoordinatorSection(_Section):
 
 
 class SamplingSection(_Section):
-    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature; 0 = greedy (refused for GRPO training: no group variance)."
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
+    )
     max_new_tokens: int = Field(8, ge=1)
 
 
@@ -82,9 +92,7 @@ class WorkerSection(_Section):
     prefetch: int = Field(
         1, ge=0, le=64, description="Groups to hold queued beyond the running batch, so a freed row never waits."
     )
-    threads: Threads = Field(
-        "auto", description="torch CPU threads in each worker process; auto: see trainer.threads."
-    )
+    threads: Threads = Field("auto", description="torch CPU threads in each worker process; auto: see trainer.threads.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
@@ -175,6 +183,12 @@ class Config(_Section):
     def _engine_matches_learner(self) -> Config:
         if (self.worker.engine == "sim") != (self.trainer.learner == "sim"):
             raise ValueError("worker.engine 'sim' and trainer.learner 'sim' go together")
+        return self
+
+    @model_validator(mode="after")
+    def _trainable_sampling(self) -> Config:
+        if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
+            raise ValueError(GREEDY_REFUSED)
         return self
 
     def address(self, role: str) -> str:

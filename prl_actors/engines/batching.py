@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.engines.sampling import left_pad
-from prl_actors.training.behaviour import behaviour_logprobs, nucleus_mask
+from prl_actors.engines.sampling import left_pad, top_p_filter
+from prl_actors.training.behaviour import behaviour_logprobs
 
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
@@ -57,9 +57,7 @@ def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) 
     restricted to the top-p nucleus at the row's uniform `u`. logits: [B, V] float32."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)  # [B, V]
-    if top_p < 1.0:
-        probs = probs.masked_fill(~nucleus_mask(probs, top_p), 0.0)
+    probs = top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)  # [B, V]
     cdf = probs.double().cumsum(dim=-1)  # [B, V]
     target = torch.as_tensor(u, device=cdf.device)[:, None] * cdf[:, -1:]  # [B, 1]
     token = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
@@ -127,8 +125,7 @@ class RunningBatch:
     # --- the caller's API ------------------------------------------------------------------------
 
     def add(self, group_id: int, prompt_ids: list[int], key: int, size: int, tag: Any = None) -> None:
-        if size > self.max_rows:
-            raise ValueError(f"a group of {size} samples does not fit a batch of {self.max_rows} rows")
+        """Queue a group of `size` samples (one larger than `max_rows` runs alone in an empty batch)."""
         self.pending.append(Running(group_id, list(prompt_ids), key, size, tag))
 
     @property
@@ -162,9 +159,10 @@ class RunningBatch:
         free = self.max_rows - len(self.rows)
         new: list[Running] = []
         width = self.mask.shape[1]
-        while self.pending and self.pending[0].size <= free:
+        while self.pending:
             width = max(width, len(self.pending[0].prompt_ids))
-            if (self.rows or new) and not self._inside_window(width):
+            joining = bool(self.rows or new)  # else the batch is empty: the next group always fits
+            if joining and (self.pending[0].size > free or not self._inside_window(width)):
                 break
             group = self.pending.popleft()
             free -= group.size

@@ -6,8 +6,10 @@ Sampling is counter-based in (run.seed, version, group_id, sample, position), so
 prompts give the same samples whatever shares the batch (a requeued group regenerates identically,
 up to float noise of batching).
 
-Returned log-probs are behaviour log-probs (training/behaviour.py: the distribution each token was
-drawn from); with the same weights they equal what the trainer computes for the same tokens.
+Returned log-probs are those of the behaviour distribution the tokens were drawn from (tempered,
+top-p-truncated: training/behaviour.py). With the same weights they equal what the trainer computes
+for the same tokens with the same transform (tests check it at T = 0.5, top_p = 0.9), and every
+epoch's metrics report the measured difference (logprob_diff_max / logprob_diff_mean).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.config import Config
+from prl_actors.config import Config, SamplingSection
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
 from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
@@ -70,6 +72,19 @@ class TorchEngine:
             top_p=s.top_p,
             max_new_tokens=s.max_new_tokens,
         )
+        self._sampling = s
+
+    @property
+    def sampling(self) -> SamplingSection:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, s: SamplingSection) -> None:
+        """New sampling settings, from the next admitted group on (an idle engine only)."""
+        if self.busy:
+            raise EngineBusy("sampling settings change only between batches")
+        self._sampling = s
+        self.batch.temperature, self.batch.top_p, self.batch.max_new_tokens = s.temperature, s.top_p, s.max_new_tokens
 
     def _eos_ids(self) -> set[int]:
         ids = {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()

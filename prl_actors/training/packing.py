@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prl_actors.training.behaviour import behaviour_logprobs
+
 
 @dataclass
 class ModelBatch:
@@ -149,9 +151,12 @@ def collate(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], sha
     return collate_packed(groups) if shared_prompt else collate_unpacked(groups)
 
 
-def response_logprobs(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
-    """log p(target) of every response token, [N] float32 (differentiable through `model`).
-    Only the N predicting rows of the logits go through log_softmax (cheap with large vocabularies)."""
+def response_logprobs(
+    model: torch.nn.Module, batch: ModelBatch, temperature: float = 1.0, top_p: float = 1.0
+) -> torch.Tensor:
+    """log q(target) of every response token under the behaviour transform (training/behaviour.py:
+    logits / temperature, top-p nucleus), [N] float32 or wider (differentiable through `model`).
+    Only the N predicting rows of the logits are transformed (cheap with large vocabularies)."""
     mask = batch.attention_mask
     if mask.dim() == 4:
         mask = mask.to(next(model.parameters()).dtype)
@@ -159,5 +164,4 @@ def response_logprobs(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
     ).logits  # [B, T, V]
     picked = logits.flatten(0, 1)[batch.predict_index]  # [N, V]
-    picked = picked.to(torch.promote_types(picked.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
-    return torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[:, None]).squeeze(-1)  # [N]
+    return behaviour_logprobs(picked, batch.targets, temperature, top_p)  # [N]
