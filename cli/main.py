@@ -94,7 +94,7 @@ def up(
         try:
             directory = model_dir(cfg)
             if cfg.run.workers:  # the workers `up` starts here need a working engine here
-                check_engine(cfg, directory)
+                check_engine(cfg, directory, cfg.run.workers)
         except ConfigError as exc:
             fail(str(exc))
     typer.echo(

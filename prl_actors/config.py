@@ -172,7 +172,9 @@ class Config(_Section):
     @model_validator(mode="after")
     def _vllm_dtype(self) -> Config:
         if self.worker.engine == "vllm" and self.model.dtype not in VLLM_DTYPES:
-            raise ValueError(f"worker.engine 'vllm' runs model.dtype {' or '.join(VLLM_DTYPES)}, not {self.model.dtype}")
+            raise ValueError(
+                f"worker.engine 'vllm' runs model.dtype {' or '.join(VLLM_DTYPES)}, not {self.model.dtype}"
+            )
         return self
 
     def address(self, role: str) -> str:

@@ -12,8 +12,8 @@ import pytest
 from prl_actors.config import ConfigError, load_config
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import MISSING
-from tests.test_cli import run_cli
 from tests.learning_utils import tiny_model
+from tests.test_cli import run_cli
 from tests.vllm_utils import HAVE_VLLM
 
 
@@ -53,6 +53,8 @@ def test_missing_vllm_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed")
 def test_up_without_vllm_stops_before_starting_workers(tmp_path: Path) -> None:
     _, model_dir = tiny_model(tmp_path / "m", worker__engine="vllm")
-    code, out = run_cli("up", "--run-dir", str(tmp_path / "run"), "--set", "worker.engine=vllm", "--set", f"model.path={model_dir}")
+    code, out = run_cli(
+        "up", "--run-dir", str(tmp_path / "run"), "--set", "worker.engine=vllm", "--set", f"model.path={model_dir}"
+    )
     assert code == 2
     assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {MISSING}"]

@@ -24,7 +24,10 @@ pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]  # vLLM st
 TOL = 2e-4
 """float32 on both sides; vLLM's CPU attention and matmuls sum in another order than torch's sdpa.
 Measured max |diff| is ~1e-6 (see the report in docs/ENGINES.md); a weight change moves them by > 0.1."""
-TEXTS = ["3+4=", "12+9=", "7+7=", "19+1="]
+LONG = "+".join(str(i) for i in range(60)) + "="
+"""171 prompt tokens: more than one KV block (128 on CPU), so vLLM's prefix cache holds it across
+calls; without the reset after a weight swap the old weights' KV would be reused."""
+TEXTS = ["3+4=", "12+9=", "7+7=", LONG]
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +124,5 @@ def test_unsupported_setups_are_refused_in_one_line(tmp_path: Path) -> None:
         check_vllm_setup(cfg, small)
     with pytest.raises(ConfigError, match="worker.device is 'cuda' but the installed vLLM build runs on 'cpu'"):
         check_vllm_setup(vllm_config(tmp_path, worker__device="cuda"), small)
+    with pytest.raises(ConfigError, match=r"worker.gpu_memory_utilization 0.6 x 2 worker\(s\) reserves .* lower it"):
+        check_vllm_setup(vllm_config(tmp_path, worker__gpu_memory_utilization=0.6), small, workers=2)

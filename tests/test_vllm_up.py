@@ -16,7 +16,7 @@ from tests.vllm_utils import make_checkpoint, needs_vllm, vllm_config
 
 pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]  # vLLM starts in ~1 min
 
-EPOCHS, B, G = 3, 4, 4
+EPOCHS, B, G = 4, 4, 8
 
 
 def up(run_dir: Path, ckpt: Path) -> subprocess.CompletedProcess[str]:
@@ -32,7 +32,8 @@ def up(run_dir: Path, ckpt: Path) -> subprocess.CompletedProcess[str]:
         "worker.gpu_memory_utilization": 0.1,
         "worker.weight_fetch_timeout_s": 120.0,
         "worker.sampling.max_new_tokens": 4,
-        "trainer.lr": 3e-3,
+        "trainer.lr": 1e-2,
+        "task.reward": "tests.vllm_utils:digit_share",
         "model.path": str(ckpt),
     }
     argv = [sys.executable, "-m", "cli.main", "up", "--config", "configs/demo.yaml", "--run-dir", str(run_dir)]
@@ -42,7 +43,7 @@ def up(run_dir: Path, ckpt: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_trains_with_the_vllm_engine(tmp_path: Path) -> None:
-    ckpt = make_checkpoint(vllm_config(tmp_path, model__warm_start_steps=300), tmp_path / "ckpt")
+    ckpt = make_checkpoint(vllm_config(tmp_path), tmp_path / "ckpt")
     run_dir = tmp_path / "run"
     out = up(run_dir, ckpt)
     print(out.stderr[-3000:])

@@ -76,25 +76,45 @@ def vllm_device() -> str:
     return str(current_platform.device_type)
 
 
-def check_vllm_setup(cfg: Config, model_dir: Path | str) -> None:
+def check_vllm_setup(cfg: Config, model_dir: Path | str, workers: int = 1) -> None:
     """One-line ConfigErrors, before vLLM starts, for setups it would refuse with a long traceback:
-    vLLM missing, `worker.device` of another kind than the installed build, a head size the CPU
-    build's attention kernel lacks (it supports 32, 64, 80, ... ; the built-in model's default
-    64/4 = 16 is not among them)."""
+    vLLM missing, `worker.device` of another kind than the installed build; on the CPU build, a head
+    size its attention kernel lacks (it supports 32, 64, 80, ...; the built-in model's default
+    64/4 = 16 is not among them) or `workers` x gpu_memory_utilization of the RAM not available."""
     import_vllm()
     kind = vllm_device()
     if cfg.worker.device.split(":")[0] != kind:
         raise ConfigError(f"worker.device is {cfg.worker.device!r} but the installed vLLM build runs on {kind!r}")
     if kind == "cpu":
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        _check_cpu_head_dim(model_dir)
+        _check_cpu_memory(cfg.worker.gpu_memory_utilization, workers)
 
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        hd = head_dim(model_dir)
-        if hd not in sizes:
-            raise ConfigError(
-                f"vLLM's CPU attention supports head sizes {sizes}, the model has {hd}; for the built-in "
-                "model set model.hidden_size / model.heads to one of them (e.g. 128 / 2)"
-            )
+
+def _check_cpu_head_dim(model_dir: Path | str) -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    hd = head_dim(model_dir)
+    if hd not in sizes:
+        raise ConfigError(
+            f"vLLM's CPU attention supports head sizes {sizes}, the model has {hd}; for the built-in "
+            "model set model.hidden_size / model.heads to one of them (e.g. 128 / 2)"
+        )
+
+
+def _check_cpu_memory(share: float, workers: int) -> None:
+    """vLLM's CPU build reserves `share` of the total RAM per worker and refuses to start when that
+    exceeds the available RAM (the check vllm/v1/worker/cpu_worker.py makes, for all workers)."""
+    import psutil
+
+    mem = psutil.virtual_memory()
+    need = workers * share * mem.total
+    if need > mem.available:
+        gib = 1 << 30
+        raise ConfigError(
+            f"worker.gpu_memory_utilization {share} x {workers} worker(s) reserves {need / gib:.1f} GiB of RAM "
+            f"on vLLM's CPU build, {mem.available / gib:.1f} of {mem.total / gib:.1f} GiB are available: lower it"
+        )
 
 
 def hf_shapes(model_dir: Path | str) -> dict[str, torch.Tensor]:
