@@ -73,7 +73,7 @@ class WorkerSection(_Section):
     threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
-    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
     sampling: SamplingSection = SamplingSection()
     weight_fetch_timeout_s: float = Field(30.0, gt=0)
     gpu_memory_utilization: float = Field(

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.timeout(900)]  # vLLM st
 
 TOL = 2e-4
 """float32 on both sides; vLLM's CPU attention and matmuls sum in another order than torch's sdpa.
-Measured max |diff| is ~1e-6 (see the report in docs/ENGINES.md); a weight change moves them by > 0.1."""
+Measured max |diff| <= 5e-6 (docs/ENGINES.md); the weight change of these tests moves them by ~5."""
 LONG = "+".join(str(i) for i in range(60)) + "="
 """171 prompt tokens: more than one KV block (128 on CPU), so vLLM's prefix cache holds it across
 calls; without the reset after a weight swap the old weights' KV would be reused."""
@@ -117,7 +117,7 @@ def test_greedy_logprobs_are_zero_and_answers_repeat(engine: VllmEngine) -> None
         assert all(lp == 0.0 for s in g.samples for lp in s.logprobs)
 
 
-def test_unsupported_setups_are_refused_in_one_line(tmp_path: Path) -> None:
+def test_unsupported_setups_are_refused_in_one_line(tmp_path: Path, ckpt: Path) -> None:
     cfg = vllm_config(tmp_path, model__hidden_size=64, model__heads=4, model__warm_start_steps=0)
     small = make_checkpoint(cfg, tmp_path / "hd16")
     with pytest.raises(ConfigError, match=r"vLLM's CPU attention supports head sizes \[32, 64.*the model has 16"):
@@ -125,4 +125,4 @@ def test_unsupported_setups_are_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="worker.device is 'cuda' but the installed vLLM build runs on 'cpu'"):
         check_vllm_setup(vllm_config(tmp_path, worker__device="cuda"), small)
     with pytest.raises(ConfigError, match=r"worker.gpu_memory_utilization 0.6 x 2 worker\(s\) reserves .* lower it"):
-        check_vllm_setup(vllm_config(tmp_path, worker__gpu_memory_utilization=0.6), small, workers=2)
+        check_vllm_setup(vllm_config(tmp_path, worker__gpu_memory_utilization=0.6), ckpt, workers=2)
