@@ -89,10 +89,13 @@ def up(
     if cfg.worker.engine != "sim":
         typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
         from prl_actors.config import ConfigError
+        from prl_actors.engines.registry import check_engine
         from prl_actors.topology import model_dir
 
         try:
-            model_dir(cfg)
+            directory = model_dir(cfg)
+            if cfg.run.workers:  # the workers `up` starts here need a working engine here
+                check_engine(cfg, directory, cfg.run.workers)
         except ConfigError as exc:
             fail(str(exc))
     typer.echo(
