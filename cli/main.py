@@ -106,6 +106,7 @@ def _prepare_model(cfg: Any) -> None:
     """Build (or validate) the model every torch actor loads, with a progress display."""
     from cli.progress import warm_start_progress
     from prl_actors.config import ConfigError
+    from prl_actors.engines.registry import check_engine
     from prl_actors.model import prepare_model
 
     what = cfg.model.path or "built-in tiny LM"
@@ -113,7 +114,9 @@ def _prepare_model(cfg: Any) -> None:
     t0 = time.monotonic()
     try:
         with warm_start_progress("warm start of the built-in model") as on_step:
-            prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+            directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+        if cfg.run.workers:  # the workers `up` starts here need a working engine here
+            check_engine(cfg, directory, cfg.run.workers)
     except ConfigError as exc:
         fail(str(exc))
     typer.echo(f"model ready in {time.monotonic() - t0:.1f}s", err=True)

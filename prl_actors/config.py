@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
+VLLM_DTYPES = ("float32", "bfloat16")
 
 
 Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
@@ -95,9 +96,20 @@ class WorkerSection(_Section):
     threads: Threads = Field("auto", description="torch CPU threads in each worker process; auto: see trainer.threads.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
-    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
     sampling: SamplingSection = SamplingSection()
     weight_fetch_timeout_s: float = Field(30.0, gt=0)
+    gpu_memory_utilization: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="vllm: share of the device's memory each worker's vLLM reserves (weights, activations, "
+        "KV cache); on vLLM's CPU build the share of RAM. Workers on one host x share must fit.",
+    )
+    enforce_eager: bool = Field(True, description="vllm: no CUDA graphs / torch.compile (faster start).")
+    max_model_len: int | None = Field(
+        None, ge=1, description="vllm: context length (prompt + response); None = the model's own."
+    )
 
 
 class BufferSection(_Section):
@@ -189,6 +201,14 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_dtype(self) -> Config:
+        if self.worker.engine == "vllm" and self.model.dtype not in VLLM_DTYPES:
+            raise ValueError(
+                f"worker.engine 'vllm' runs model.dtype {' or '.join(VLLM_DTYPES)}, not {self.model.dtype}"
+            )
         return self
 
     def address(self, role: str) -> str:

@@ -97,39 +97,38 @@ def generate_all(engine: Engine, prompts: list[Prompt], group_size: int) -> list
 
 class OneCallStreaming:
     """admit/step/abort for an engine that generates a whole list of prompts in one call and batches
-    internally (vLLM): `step` generates everything queued and returns it all. The class provides
-    `generate_now(prompts, G)`; groups are streamed per step, not per finished group."""
+    internally (vLLM): `step` generates everything queued and returns it all (groups stream per step,
+    not per finished group). A subclass provides `generate_now(prompts, G)` and calls `__init__`."""
 
     max_rows: int = 1 << 30
+
+    def __init__(self) -> None:
+        self._queued: list[tuple[Prompt, int]] = []
 
     def generate_now(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         raise NotImplementedError
 
     def admit(self, prompts: list[Prompt], group_size: int) -> None:
-        queued: list[tuple[Prompt, int]] = self.__dict__.setdefault("_queued", [])
-        queued += [(p, group_size) for p in prompts]
+        self._queued += [(p, group_size) for p in prompts]
 
     def step(self) -> list[GeneratedGroup]:
-        queued: list[tuple[Prompt, int]] = self.__dict__.setdefault("_queued", [])
+        queued, self._queued = self._queued, []
         out: list[GeneratedGroup] = []
         for size in sorted({g for _, g in queued}):
             out += self.generate_now([p for p, g in queued if g == size], size)
-        queued.clear()
         return out
 
     def abort(self) -> list[int]:
-        queued: list[tuple[Prompt, int]] = self.__dict__.setdefault("_queued", [])
-        dropped = [p.group_id for p, _ in queued]
-        queued.clear()
+        dropped, self._queued = [p.group_id for p, _ in self._queued], []
         return dropped
 
     @property
     def busy(self) -> bool:
-        return bool(self.__dict__.get("_queued"))
+        return bool(self._queued)
 
     @property
     def rows(self) -> int:
-        return sum(g for _, g in self.__dict__.get("_queued", []))
+        return sum(g for _, g in self._queued)
 
     def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         return generate_all(self, prompts, group_size)  # type: ignore[arg-type]
