@@ -129,9 +129,15 @@ class TrainerSection(_Section):
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
     beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_groups: int = Field(1, ge=1, description="Groups per forward/backward micro-batch.")
+    micro_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Token budget of one forward/backward micro-batch (packed tokens: a group's prompt once plus "
+        "its responses). Groups that arrive while the trainer is busy are trained together up to this budget.",
+    )
+    micro_batch_groups: int = Field(256, ge=1, description="At most this many groups in one micro-batch.")
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
-    credits: int = Field(4, ge=1, description="Groups the trainer lets the buffer send ahead.")
+    credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
     device: str = Field("cpu")
 

@@ -224,3 +224,41 @@ def test_publisher_stores_newer_versions_only_and_serves_the_current_one() -> No
         asm.chunk(chunk, list(payloads))  # type: ignore[arg-type]
     snap = asm.end(end[0])  # type: ignore[arg-type]
     assert np.frombuffer(snap.data, dtype=np.float32).tolist() == [1.0] * 3000
+
+
+class QueueingLearner(SimLearner):
+    """A learner that queues like GRPO's: accumulate defers the work to flush (or step)."""
+
+    def __init__(self) -> None:
+        super().__init__(load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"}))
+        self.queue: list[m.Group] = []
+        self.flushes: list[int] = []
+
+    def accumulate(self, group: m.Group) -> dict[str, float]:
+        self.queue.append(group)
+        return {}
+
+    def flush(self) -> int:
+        n = len(self.queue)
+        for g in self.queue:
+            super().accumulate(g)
+        self.queue, self.flushes = [], [*self.flushes, n]
+        return n
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
+
+
+def test_trainer_trains_groups_that_arrived_together_in_one_flush() -> None:
+    learner = QueueingLearner()
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 4, 1 << 20, 5.0)
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=4), "buffer")
+    for gid in range(3):  # three groups in the inbox before the trainer gets to them
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
+    assert learner.pending == 3 and len(core.deferred) == 1  # one flush queued behind them
+    core.deferred.pop()(0.1)
+    assert learner.flushes == [3] and learner.pending == 0
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=3, group=group(3, [4, 4])), "buffer")
+    core.deferred.pop()(0.2)
+    assert learner.flushes == [3, 1]

@@ -1,7 +1,9 @@
 """Trainer: consumes the buffer's stream in arrival order, one optimizer step per epoch.
 
-Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (forward and
-backward, no step) and one credit back to the buffer; EpochComplete -> exactly one `learner.step`
+Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
+and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
+a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
+and the trainer never idles with groups queued; EpochComplete -> exactly one `learner.step`
 (version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
@@ -12,6 +14,8 @@ on-policy invariant is enforced here a second time, not only in the buffer.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Snapshot, transfer_messages
@@ -30,6 +34,8 @@ from prl_actors.protocol.versions import on_policy
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
+
+T = TypeVar("T")
 
 
 class TrainerCore(Core):
@@ -57,6 +63,7 @@ class TrainerCore(Core):
         self.train_s = 0.0
         self.t_upload = 0.0
         self.finished: tuple[int, float, dict[str, float]] | None = None
+        self.flush_queued = False
 
     def start(self, now: float) -> None:
         if self.resume:
@@ -94,11 +101,7 @@ class TrainerCore(Core):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
-        self.log("span_begin", span="train", group_id=msg.group.group_id, seq=msg.seq)
-        t0 = time.monotonic()
-        stats = self.learner.accumulate(msg.group)
-        dt = time.monotonic() - t0
-        self.train_s += dt
+        stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.consumed += 1
         self.log(
             "train_group",
@@ -111,7 +114,25 @@ class TrainerCore(Core):
             samples=len(msg.group.samples),
             **{k: round(v, 6) for k, v in stats.items()},
         )
-        self.log("span_end", span="train", group_id=msg.group.group_id, seconds=round(dt, 6))
+        if self.learner.pending and not self.flush_queued:
+            self.flush_queued = True
+            self.defer(self._flush)
+
+    def _flush(self, now: float) -> None:
+        """Train what is queued: every TrainGroup that arrived before this item has been queued."""
+        self.flush_queued = False
+        if self.learner.pending:
+            self._train(self.learner.flush, groups=self.learner.pending)
+
+    def _train(self, work: Callable[[], T], **fields: Any) -> T:
+        """Run learner work inside a `train` span (the trainer's busy time in replay and benchmarks)."""
+        self.log("span_begin", span="train", **fields)
+        t0 = time.monotonic()
+        out = work()
+        dt = time.monotonic() - t0
+        self.train_s += dt
+        self.log("span_end", span="train", seconds=round(dt, 6))
+        return out
 
     @handles(EpochComplete)
     def on_epoch_complete(self, now: float, inbound: Inbound[EpochComplete]) -> None:
