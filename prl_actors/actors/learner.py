@@ -64,7 +64,9 @@ class LearnerCore(ActingRounds):
         self.pending_loss: set[int] = set()  # lost between calls mid-episode: truncated at the next step
         self.dirty: set[str] = set()  # owners whose owned set changed since we last told them
         self.first_call_at = -1.0
-        self.totals = {"slot_steps": 0, "answered": 0, "lost": 0, "resets": 0}
+        # remote accounting (`env_steps` events): slot_steps = stepped + reset + truncated, always
+        self.totals = {"steps": 0, "slot_steps": 0, "stepped": 0, "reset": 0, "truncated": 0, "lost": 0}
+        self.stepped_by: dict[str, int] = {}  # slot-steps each env actor answered
         if settings.mode == "acting":
             self.slots.seed = [settings.seed + s for s in range(settings.num_envs)]
 
@@ -124,6 +126,8 @@ class LearnerCore(ActingRounds):
         slots = self.slots.drop(actor)
         self.log("member_leave", member=actor, member_role=Role.ENV, reason=reason, slots=slots)
         if self.s.mode == "acting":
+            for s in slots:
+                self._count_lost(s, reason, "episode truncated; reset on another actor next round")
             self.acting_lost(actor, slots)
             return
         call = self.call
@@ -224,7 +228,6 @@ class LearnerCore(ActingRounds):
         self._request(now, actor, msg, Request(actor, slots, "reset"))
         self.dirty.discard(actor)
         self.fresh.difference_update(slots)
-        self.totals["resets"] += len(slots)
 
     def _send_step(self, now: float, actor: str, slots: list[int]) -> None:
         from prl_actors.envs.arrays import pack
@@ -255,6 +258,9 @@ class LearnerCore(ActingRounds):
         req = self._answered(inbound.msg.reply_to)
         if req is None:
             return
+        if not req.slots:  # an ownership change only
+            self._maybe_finish()
+            return
         try:
             obs = unpack(inbound.msg.arrays, inbound.payloads, required=["obs"])
             leading(obs, ["obs"], len(req.slots))
@@ -262,10 +268,9 @@ class LearnerCore(ActingRounds):
         except ArrayError as exc:
             self._bad_reply(now, inbound, inbound.msg.reply_to, req, str(exc))
             return
-        if req.slots:
-            assert self.call is not None
-            self.call.fill_reset(req.slots, obs["obs"])
-            self.in_episode[req.slots] = True
+        assert self.call is not None
+        self.call.fill_reset(req.slots, obs["obs"])
+        self.in_episode[req.slots] = True
         self._maybe_finish()
 
     @handles(EnvStepResult)
@@ -284,7 +289,7 @@ class LearnerCore(ActingRounds):
         assert self.call is not None
         self.call.fill_step(req.slots, arrays)
         self.in_episode[req.slots] = ~(arrays["terminated"] | arrays["truncated"])
-        self.totals["answered"] += len(req.slots)
+        self.stepped_by[req.actor] = self.stepped_by.get(req.actor, 0) + len(req.slots)
         self._maybe_finish()
 
     def _answered(self, reply_to: str) -> Request | None:
@@ -323,14 +328,24 @@ class LearnerCore(ActingRounds):
         self.call = None
         self.last_obs[:] = call.obs
         if call.kind == "step":
-            self.totals["slot_steps"] += self.s.num_envs
-            if self.step_no % SUMMARY_EVERY == 0:
-                self.log_totals()
+            self._account(call)
         call.done(call.result())
 
+    def _account(self, call: VectorCall) -> None:
+        """Every slot of every step: stepped by its env actor, reset (NEXT_STEP autoreset on a new
+        owner), or truncated because its actor was lost. Logged every SUMMARY_EVERY steps."""
+        t = self.totals
+        t["steps"] += 1
+        t["slot_steps"] += self.s.num_envs
+        t["truncated"] += int(call.lost.sum())
+        t["reset"] += int((call.by_reset & ~call.lost).sum())
+        t["stepped"] += int((~call.by_reset & ~call.lost).sum())
+        if self.step_no % SUMMARY_EVERY == 0:
+            self.log_totals()
+
     def log_totals(self) -> None:
-        """Remote accounting: every slot-step was answered by its env actor or counted lost."""
-        self.log("env_steps", steps=self.step_no, **self.totals)
+        by = dict(sorted(self.stepped_by.items()))
+        self.log("env_steps", **self.totals, pending=len(self.pending_loss), stepped_by=by)
 
     # --- ending ------------------------------------------------------------------------------
 

@@ -54,7 +54,8 @@ C = TypeVar("C", bound="Core")
 HandlerFn = Callable[[C, float, Inbound[M]], None]
 
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
-QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
+# env_step/env_step_result: one per vector step; the learner logs their accounting as `env_steps` instead.
+QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit", "env_step", "env_step_result"})
 
 
 def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:

@@ -40,6 +40,7 @@ class VectorCall:
     truncated: Array = field(init=False)  # bool [N]
     lost: Array = field(init=False)  # bool [N]: truncated because the env actor was lost
     filled: Array = field(init=False)  # bool [N]
+    by_reset: Array = field(init=False)  # bool [N]: filled by a reset observation
     requests: dict[str, Request] = field(default_factory=dict)  # by message id
 
     def __post_init__(self) -> None:
@@ -47,6 +48,7 @@ class VectorCall:
         self.reward = np.zeros(n, dtype=np.float64)
         self.terminated, self.truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         self.lost, self.filled = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        self.by_reset = np.zeros(n, dtype=bool)
 
     def requested(self) -> set[int]:
         return {s for r in self.requests.values() for s in r.slots}
@@ -62,7 +64,7 @@ class VectorCall:
     def fill_reset(self, slots: list[int], obs: Array) -> None:
         self.obs[slots] = obs
         self.reward[slots], self.terminated[slots], self.truncated[slots] = 0.0, False, False
-        self.filled[slots] = True
+        self.filled[slots] = self.by_reset[slots] = True
 
     def fill_step(self, slots: list[int], arrays: dict[str, Array]) -> None:
         self.obs[slots] = arrays["obs"]
