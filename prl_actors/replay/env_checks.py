@@ -141,7 +141,7 @@ def _aaps_problems(check: Event, nxt: Event | None, loads: list[Event], zero: bo
         out.append(Violation("aaps", f"{at(check)}: threshold 0 but fetch={fetch} (held v{held}, offered v{offered})"))
     if nxt is None:
         return out
-    if fetch and not any(int(e.get("new_version", -1)) >= int(offered) for e in loads):
+    if fetch and not any(int(e.get("new_version", -1)) >= int(offered or 0) for e in loads):
         out.append(Violation("aaps", f"{at(check)} decided to fetch v{offered}, acted {at(nxt)} without loading it"))
     if not fetch and nxt.get("version") != held:
         out.append(Violation("aaps", f"{at(check)} kept v{held} but acted {at(nxt)} with v{nxt.get('version')}"))
