@@ -213,3 +213,15 @@ def test_slot_due_for_autoreset_when_its_actor_is_lost_is_reset_elsewhere_in_the
     obs, reward, term, trunc, infos = results[1]
     assert "env_lost" not in infos and not trunc[1] and reward[1] == 0.0  # a reset, not a truncation
     assert core.slots.owner == ["env-a", "env-a"]
+
+
+def test_env_actor_exits_when_the_learner_is_gone() -> None:
+    from prl_actors.actors.env import EnvActorSettings, EnvCore
+
+    core = EnvCore("env-0", EventLog("env-0", "env"), SlotEnvs(), EnvActorSettings(learner_timeout_s=1.0))
+    core.start(0.0)
+    core.handle(0.5, Inbound(m.HeartbeatAck(reply_to="x", sender="learner"), [], peer="learner"))
+    core.tick(1.4)
+    assert not core.stopped  # heard 0.9 s ago
+    core.tick(1.6)
+    assert core.stopped

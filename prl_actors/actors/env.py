@@ -34,6 +34,7 @@ from prl_actors.protocol.messages import (
     FetchWeights,
     HeartbeatAck,
     Leave,
+    Msg,
     PolicyCheck,
     PolicyLogits,
     Role,
@@ -55,6 +56,7 @@ class EnvActorSettings:
     sync_kl_threshold: float = 0.0
     kl_obs_per_env: int = 32
     fetch_timeout_s: float = 30.0
+    learner_timeout_s: float = 60.0  # nothing heard from the learner this long: it is gone, exit
 
 
 class EnvCore(Core):
@@ -73,9 +75,15 @@ class EnvCore(Core):
         self.fetch_sent = 0.0
         self.retry_at = 0.0
         self.last_kl, self.synced = -1.0, False
+        self.last_heard = -1.0  # when the learner last said anything (its heartbeat acks included)
 
     def start(self, now: float) -> None:
+        self.last_heard = now
         self.register()
+
+    def handle(self, now: float, inbound: Inbound[Msg]) -> None:
+        self.last_heard = now
+        super().handle(now, inbound)
 
     def request_stop(self, reason: str) -> None:
         """Graceful leave: the learner moves our slots (their episodes are counted truncated)."""
@@ -261,6 +269,11 @@ class EnvCore(Core):
 
     def tick(self, now: float) -> None:
         super().tick(now)
+        if now - self.last_heard > self.s.learner_timeout_s:  # a dead learner never keeps us alive
+            self.log("learner_lost", silent_s=round(now - self.last_heard, 3))
+            self.envs.close()
+            self.stopped = True
+            return
         timed_out = self.fetch_sent and now - self.fetch_sent > self.s.fetch_timeout_s
         if timed_out:
             self._fetch_failed(now, f"no complete transfer in {self.s.fetch_timeout_s}s")

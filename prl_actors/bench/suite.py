@@ -23,6 +23,7 @@ BENCHMARKS = {
     "shared_prompt": "prl_actors.bench.shared_prompt",
     "weight_sync": "prl_actors.bench.weight_sync",
     "control_plane": "prl_actors.bench.control_plane",
+    "envs": "prl_actors.bench.envs",
 }
 ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync"}
 

@@ -133,6 +133,7 @@ def start_env_actor(name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | No
         sync_kl_threshold=env.sync_kl_threshold,
         kl_obs_per_env=env.kl_obs_per_env,
         fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
+        learner_timeout_s=env.learner_timeout_s,
     )
     core = EnvCore(name, log, SlotEnvs(), settings)
     peers = {"learner": cfg.address("learner")}
