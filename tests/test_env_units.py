@@ -225,3 +225,46 @@ def test_env_actor_exits_when_the_learner_is_gone() -> None:
     assert not core.stopped  # heard 0.9 s ago
     core.tick(1.6)
     assert core.stopped
+
+
+def _segment_arrays(t: int, slots: list[int]) -> tuple[list, list]:
+    n = len(slots)
+    arrays = {
+        "obs": np.zeros((t, n, 4), np.float32),
+        "actions": np.zeros((t, n), np.int64),
+        "logprobs": np.zeros((t, n), np.float32),
+        "rewards": np.ones((t, n), np.float32),
+        "terminated": np.zeros((t, n), bool),
+        "truncated": np.zeros((t, n), bool),
+        "valid": np.ones((t, n), bool),
+        "next_obs": np.zeros((n, 4), np.float32),
+    }
+    metas, frames = pack(arrays)
+    return metas, list(frames)
+
+
+def test_acting_round_refuses_foreign_segments_and_times_out_a_stalled_actor() -> None:
+    from prl_actors.actors.transfer import Snapshot
+
+    s = LearnerSettings("r", "acting", "CartPole-v1", 4, (4,), "float32", "x", heartbeat_timeout_s=100.0)
+    s.steps_per_segment, s.wait_actors, s.round_timeout_s = 2, 2, 5.0
+    core = LearnerCore("learner", EventLog("learner", "learner"), s)
+    actors = FakeActors(core, ["env-a", "env-b"])
+    batches: list = []
+    core.next_round(0.0, batches.append)
+    core.publish(0.0, 0, Snapshot.from_tensors(0, {"w": np.zeros(2, np.float32)}), lambda obs: obs[:, :2])
+    acts = {who: msg for who, msg in actors.pump(0.0) if isinstance(msg, m.EnvAct)}
+    assert acts["env-a"].owned == [0, 2] and acts["env-b"].owned == [1, 3] and acts["env-a"].epoch == 0
+    metas, frames = _segment_arrays(2, [1, 3])  # env-a claims env-b's slots: refused, nothing taken
+    actors.deliver(0.1, m.Segment(slots=[1, 3], steps=2, arrays=metas, epoch=0, version=0), "env-a", frames)
+    (reply,) = [msg for _, msg, _ in core.outbox]
+    core.outbox.clear()
+    assert isinstance(reply, m.Error) and "not env-a's slots" in reply.detail and not core.book.received
+    metas, frames = _segment_arrays(2, [0, 2])
+    actors.deliver(0.2, m.Segment(slots=[0, 2], steps=2, arrays=metas, epoch=0, version=0), "env-a", frames)
+    core.tick(1.0)
+    assert not batches  # env-b's segment is still out
+    core.tick(5.5)  # env-b acts no more: lost after round_timeout_s, the round completes without it
+    (batch,) = batches
+    assert [seg.actor for seg in batch.segments] == ["env-a"] and batch.lost_slots == [1, 3]
+    assert "env-b" not in core.members

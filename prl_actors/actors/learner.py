@@ -119,6 +119,9 @@ class LearnerCore(ActingRounds):
             self._lose(m.name, "heartbeat_timeout")
         self._progress(now)
 
+    def lose_member(self, actor: str, reason: str) -> None:
+        self._lose(actor, reason)
+
     def _lose(self, actor: str, reason: str) -> None:
         """`actor` is gone: count its slots lost, truncate their episodes, place them elsewhere."""
         self.members.remove(actor)

@@ -51,6 +51,7 @@ class LearnerSettings:
     wait_actors_s: float = 10.0
     steps_per_segment: int = 128
     chunk_bytes: int = 4 << 20
+    round_timeout_s: float = 120.0
 
 
 @dataclass
@@ -77,8 +78,12 @@ class ActingRounds(Core):
         self.ready: list[RoundBatch] = []
         self.waiter: Done | None = None
         self.fetches: dict[int, int] = {}  # version -> fetches served
+        self.opened_at = 0.0
 
     def live(self) -> list[str]:
+        raise NotImplementedError
+
+    def lose_member(self, actor: str, reason: str) -> None:
         raise NotImplementedError
 
     # --- the main thread's side ------------------------------------------------------------------
@@ -102,6 +107,9 @@ class ActingRounds(Core):
     # --- rounds ----------------------------------------------------------------------------------
 
     def acting_progress(self, now: float) -> None:
+        if self.book.is_open and now - self.opened_at > self.s.round_timeout_s:
+            for actor in [a for a in self.book.expected if a not in self.book.received]:
+                self.lose_member(actor, "round_timeout")  # alive but not acting: its slots are lost
         if self.snapshot is None or self.book.is_open:
             return
         round_ = epoch_for(self.snapshot.version)
@@ -109,6 +117,7 @@ class ActingRounds(Core):
         enough = len(live) >= self.s.wait_actors or now - self.first_call_at >= self.s.wait_actors_s
         if round_ != self.handed + 1 or not live or not (round_ > 0 or enough):
             return
+        self.opened_at = now
         self._open(round_, live)
 
     def _open(self, round_: int, live: list[str]) -> None:

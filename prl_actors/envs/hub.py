@@ -57,6 +57,7 @@ def learner_settings(cfg: Config, mode: str | None = None) -> LearnerSettings:
         wait_actors_s=env.wait_actors_s,
         steps_per_segment=env.ppo.num_steps,
         chunk_bytes=cfg.publisher.chunk_bytes,
+        round_timeout_s=env.round_timeout_s,
     )
 
 

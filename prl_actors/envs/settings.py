@@ -51,6 +51,9 @@ class EnvSection(_Section):
     step_timeout_s: float = Field(10.0, gt=0, description="An env actor silent on a request this long is lost.")
     call_timeout_s: float = Field(120.0, gt=0, description="A vector call that cannot finish this long fails.")
     learner_timeout_s: float = Field(60.0, gt=0, description="An env actor that hears nothing this long exits.")
+    round_timeout_s: float = Field(
+        120.0, gt=0, description="Acting: an env actor whose segment is this late is lost (its slots too)."
+    )
     sync_kl_threshold: float = Field(
         0.0, ge=0, description="AAPS: fetch weights only when the KL estimate exceeds this (0 = always sync)."
     )
