@@ -268,3 +268,25 @@ def test_acting_round_refuses_foreign_segments_and_times_out_a_stalled_actor() -
     (batch,) = batches
     assert [seg.actor for seg in batch.segments] == ["env-a"] and batch.lost_slots == [1, 3]
     assert "env-b" not in core.members
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["actor", "env"], "need a config with an `env` section"),
+        (["actor", "learner", "--set", "env.mode=remote", "--name", "env-1"], "must start with its role"),
+        (["up", "--set", "env.mode=turbo"], "env.mode"),
+        (["up", "--set", "env.sync_kl_threshold=-1"], "env.sync_kl_threshold"),
+        (
+            ["up", "--set", "env.num_envs=1", "--set", "env.ppo.num_minibatches=64", "--set", "env.ppo.num_steps=2"],
+            "num_minibatches",
+        ),
+    ],
+)
+def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "Traceback" not in result.output and needle in result.output
