@@ -181,12 +181,15 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
     name = name or (f"env-{socket.gethostname()}-{os.getpid()}" if role == "env" else role)
     if name.split("-", 1)[0] != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
+    from prl_actors.envs.hub import EnvUnavailable
     from prl_actors.envs.run import run_env_actor, run_learner
 
     try:
         raise typer.Exit(run_learner(cfg) if role == "learner" else run_env_actor(name, cfg))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    except EnvUnavailable as exc:
+        fail(str(exc), code=1)
 
 
 def _discover(cfg: Any, coordinator: str) -> None:

@@ -290,3 +290,20 @@ def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> No
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output and needle in result.output
+
+
+def test_a_busy_learner_port_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import zmq
+
+    from prl_actors.envs.hub import EnvUnavailable, Hub, learner_settings
+    from tests.env_utils import env_config
+
+    cfg = env_config(tmp_path, transport="tcp")
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.ROUTER)
+    squatter.bind(cfg.address("learner"))
+    try:
+        with pytest.raises(EnvUnavailable, match="Address already in use"):
+            Hub(learner_settings(cfg))
+    finally:
+        ctx.destroy(linger=0)

@@ -8,8 +8,10 @@ passes, which is an `EnvUnavailable` error with the reason). Env actors are star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -17,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
+import pykka
 import zmq
 
 from prl_actors.actors.env import EnvActorSettings, EnvCore
@@ -86,6 +89,18 @@ class Hub:
         host = ref._actor_weakref()
         assert host is not None
         self.host: ActorHost = host
+        self._started()
+
+    def _started(self, timeout_s: float = 30.0) -> None:
+        """Wait until the core runs; a port that cannot bind (address in use) is a clear error."""
+        fut: Future[bool] = Future()
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.host.actor_ref.tell(Deferred(lambda now: fut.set_result(True)))
+        deadline = time.monotonic() + timeout_s
+        while not fut.done():
+            if self.host.done.is_set() or time.monotonic() > deadline:
+                raise EnvUnavailable(f"the learner cannot start: {self.host.error or 'no answer'}")
+            time.sleep(0.01)
 
     def call(self, fn: Callable[[float, Callable[[Any], None]], None], timeout_s: float, what: str) -> Any:
         """Run `fn(now, done)` in the core's thread; return what it passes to `done`."""
