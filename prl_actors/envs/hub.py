@@ -97,10 +97,10 @@ class Hub:
         with contextlib.suppress(pykka.ActorDeadError):
             self.host.actor_ref.tell(Deferred(lambda now: fut.set_result(True)))
         deadline = time.monotonic() + timeout_s
-        while not fut.done():
-            if self.host.done.is_set() or time.monotonic() > deadline:
-                raise EnvUnavailable(f"the learner cannot start: {self.host.error or 'no answer'}")
+        while not fut.done() and not self.host.done.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.host.error or not fut.done():  # on_start records a failed bind before any inbox item runs
+            raise EnvUnavailable(f"the learner cannot start: {self.host.error or 'no answer'}")
 
     def call(self, fn: Callable[[float, Callable[[Any], None]], None], timeout_s: float, what: str) -> Any:
         """Run `fn(now, done)` in the core's thread; return what it passes to `done`."""
