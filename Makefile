@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-slow lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-slow lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/prl-actors up --config configs/demo.yaml --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+cartpole: $(STAMP)
+	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check prl_actors cli tests bench

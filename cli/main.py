@@ -76,6 +76,8 @@ def up(
         from prl_actors.compose import compose_up
 
         raise typer.Exit(compose_up(cfg, config))
+    if cfg.env is not None:
+        _up_env(cfg)
     from prl_actors.launcher import Launcher, RunFailed, summary
     from prl_actors.rundir import RunDir
 
@@ -112,9 +114,31 @@ def up(
     raise typer.Exit(code)
 
 
+def _up_env(cfg: Any) -> None:
+    """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
+    from prl_actors.envs.run import EnvLauncher
+    from prl_actors.rundir import RunDir
+
+    rd = Path(cfg.run.run_dir)
+    if RunDir(rd).has_run():
+        fail(f"run dir {rd} already holds a run; use another --run-dir")
+    rd.mkdir(parents=True, exist_ok=True)
+    RunDir(rd).config.write_text(cfg.dump())
+    env = cfg.env
+    typer.echo(
+        f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
+        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind}, run dir {rd}",
+        err=True,
+    )
+    t0 = time.monotonic()
+    code = EnvLauncher(cfg, RunDir(rd).config).run()
+    typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {RunDir(rd).metrics}", err=True)
+    raise typer.Exit(code)
+
+
 @app.command()
 def actor(
-    role: Annotated[str, typer.Argument(help="coordinator, publisher, buffer, trainer or worker.")],
+    role: Annotated[str, typer.Argument(help="coordinator, publisher, buffer, trainer, worker; learner or env.")],
     config: ConfigOpt = None,
     name: Annotated[
         str | None, typer.Option(help="Unique actor name (default: the role; worker-<host>-<pid>).")
@@ -127,12 +151,14 @@ def actor(
 
     from prl_actors.topology import PEERS
 
-    if role not in PEERS:
-        fail(f"unknown role {role!r}; expected one of {', '.join(PEERS)}")
+    if role not in (*PEERS, "learner", "env"):
+        fail(f"unknown role {role!r}; expected one of {', '.join((*PEERS, 'learner', 'env'))}")
     extra: dict[str, Any] = {}
     if coordinator:
         extra["transport.addresses.coordinator"] = coordinator
     cfg = _config(config, set_, extra)
+    if role in ("learner", "env"):
+        _env_actor(role, name, cfg)
     import socket
 
     name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
@@ -145,6 +171,27 @@ def actor(
     try:
         raise typer.Exit(run_actor_process(name, cfg))
     except ActorFailed as exc:
+        fail(str(exc), code=1)
+
+
+def _env_actor(role: str, name: str | None, cfg: Any) -> None:
+    """The classic-RL roles: the learner process, or one env actor (it connects to the learner)."""
+    import os
+    import socket
+
+    if cfg.env is None:
+        fail("the learner and env roles need a config with an `env` section (see configs/cartpole.yaml)")
+    name = name or (f"env-{socket.gethostname()}-{os.getpid()}" if role == "env" else role)
+    if name.split("-", 1)[0] != role:
+        fail(f"actor name {name!r} must start with its role {role!r}")
+    from prl_actors.envs.hub import EnvUnavailable
+    from prl_actors.envs.run import run_env_actor, run_learner
+
+    try:
+        raise typer.Exit(run_learner(cfg) if role == "learner" else run_env_actor(name, cfg))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except EnvUnavailable as exc:
         fail(str(exc), code=1)
 
 

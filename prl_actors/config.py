@@ -12,7 +12,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
+from prl_actors.envs.settings import EnvSection
+
+ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
 VLLM_DTYPES = ("float32", "bfloat16")
 
 
@@ -46,7 +48,10 @@ class TransportSection(_Section):
     kind: Literal["inproc", "ipc", "tcp"] = Field("tcp", description="ZeroMQ transport for every actor.")
     host: str = Field("127.0.0.1", description="tcp: the host actors bind to and connect to.")
     base_port: int = Field(
-        27500, ge=1024, le=65500, description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3."
+        27500,
+        ge=1024,
+        le=65500,
+        description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3 (learner=+5, classic RL).",
     )
     addresses: dict[str, str] = Field(
         default_factory=dict, description="Explicit per-role addresses (override the derived ones)."
@@ -172,6 +177,9 @@ class Config(_Section):
     model: ModelSection = ModelSection()
     task: TaskSection = TaskSection()
     sim: SimSection = SimSection()
+    env: EnvSection | None = Field(
+        None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
+    )
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:

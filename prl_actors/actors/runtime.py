@@ -54,7 +54,8 @@ C = TypeVar("C", bound="Core")
 HandlerFn = Callable[[C, float, Inbound[M]], None]
 
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
-QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
+# env_step/env_step_result: one per vector step; the learner logs their accounting as `env_steps` instead.
+QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit", "env_step", "env_step_result"})
 
 
 def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
@@ -113,6 +114,7 @@ class Core:
     """Base of every actor's logic: membership and the reply contract shared by every role."""
 
     role: ClassVar[Role]
+    membership_peer: ClassVar[str] = "coordinator"  # the peer this role registers and heartbeats with
     handlers: ClassVar[dict[type[Msg], str]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -249,7 +251,7 @@ class Core:
     # --- membership, shared by every role but the coordinator ------------------------------------
 
     def register(self) -> None:
-        self.emit(Dest.peer("coordinator"), Register(role=self.role, pid=os.getpid(), host=socket.gethostname()))
+        self.emit(Dest.peer(self.membership_peer), Register(role=self.role, pid=os.getpid(), host=socket.gethostname()))
 
     @handles(Welcome)
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
@@ -312,6 +314,7 @@ class ActorHost(pykka.ThreadingActor):
         self._heartbeat_s = heartbeat_s
         self._heartbeat: Heartbeat | None = None  # written by the actor thread, read by the port thread
         self._next_heartbeat = 0.0
+        self._heartbeat_dest = Dest.peer(core.membership_peer)
         self.port = Port(
             ctx,
             core.name,
@@ -339,7 +342,7 @@ class ActorHost(pykka.ThreadingActor):
         hb = self._heartbeat
         if self._heartbeat_s and hb is not None and now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_s
-            self.port.send_frames(Dest.peer("coordinator"), encode(msgspec.structs.replace(hb, id=new_id())))
+            self.port.send_frames(self._heartbeat_dest, encode(msgspec.structs.replace(hb, id=new_id())))
 
     def on_start(self) -> None:
         try:
