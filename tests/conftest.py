@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import Config, load_config
-from prl_actors.protocol.versions import on_policy
+# Models in the test process compute on one thread: on a small shared machine OpenMP threads that
+# spin-wait for each other make a warm start many times slower, and the tests measure no speed.
+# (Actor processes the tests start choose their own threads: worker/trainer.threads.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from prl_actors.config import Config, load_config  # noqa: E402
+from prl_actors.protocol.versions import on_policy  # noqa: E402
 
 # Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
 _ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
