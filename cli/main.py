@@ -248,7 +248,8 @@ def scale(
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
 ) -> None:
-    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match)."""
+    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match;
+    under `up --compose` it scales the inference service)."""
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import Scale
 

@@ -219,6 +219,9 @@ class ComposeRun:
             states = self.states()
             status, code = states["coordinator"]
             if status in ("exited", "dead"):
+                if code != 0:
+                    console(f"error: the coordinator exited with code {code} (its lines are above)")
+                    return code
                 self.wait_exited(CORE, 20.0)
                 self.summary()
                 return code

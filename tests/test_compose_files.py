@@ -3,7 +3,9 @@ the config the services get, compose CLI detection, the health command against a
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -174,3 +176,14 @@ def test_a_standalone_coordinator_writes_config_and_refuses_a_used_run_dir(tmp_p
     (run_dir / "metrics.jsonl").write_text("{}\n")
     again = subprocess.run([*CLI, "actor", "coordinator", "--config", str(cfg_path)], capture_output=True, text=True)
     assert again.returncode == 2 and "already holds a run" in again.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_message_ids_differ_between_processes_with_the_same_pid() -> None:
+    """Containers (and hosts) reuse pids: every actor under compose's init has pid 7 or 8. Message
+    ids are matched across actors (replies, replay), so a pid alone must not make them."""
+    probe = "from prl_actors.protocol.messages import new_id; import os; print(os.getpid(), new_id())"
+    argv = ["unshare", "--pid", "--fork", sys.executable, "-c", probe]
+    outs = [subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split() for _ in range(2)]
+    assert outs[0][0] == outs[1][0] == "1"  # the same pid in both
+    assert outs[0][1] != outs[1][1]
