@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,7 +61,12 @@ def up(
     compose: Annotated[bool, typer.Option("--compose", help="Run the services with docker compose instead.")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Run every actor as a local process until the run completes (Ctrl-C stops all cleanly)."""
+    """Run every actor as a local process until the run completes (Ctrl-C stops all cleanly).
+    With --compose: as docker compose services instead (default config: configs/compose.yaml)."""
+    if compose and config is None:
+        from prl_actors.compose import DEFAULT_CONFIG
+
+        config = DEFAULT_CONFIG
     cfg = _config(
         config,
         set_,
@@ -75,7 +81,7 @@ def up(
     if compose:
         from prl_actors.compose import compose_up
 
-        raise typer.Exit(compose_up(cfg, config))
+        raise typer.Exit(compose_up(cfg))
     if cfg.env is not None:
         _up_env(cfg)
     from prl_actors.launcher import Launcher, RunFailed, summary
@@ -147,8 +153,6 @@ def actor(
     set_: SetOpt = None,
 ) -> None:
     """Run one actor in this process (what compose services and remote hosts run)."""
-    import os
-
     from prl_actors.topology import PEERS
 
     if role not in (*PEERS, "learner", "env"):
@@ -166,6 +170,8 @@ def actor(
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator)
+    if role == "coordinator":
+        _claim_run_dir(cfg)
     from prl_actors.process import ActorFailed, run_actor_process
 
     try:
@@ -193,6 +199,20 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
         raise typer.Exit(130) from None
     except EnvUnavailable as exc:
         fail(str(exc), code=1)
+
+
+def _claim_run_dir(cfg: Any) -> None:
+    """A coordinator started on its own (compose, another host) refuses a finished run's directory
+    unless resuming, and leaves the resolved config there for `prl-actors replay` (as `up` does)."""
+    rd = Path(cfg.run.run_dir)
+    if (rd / "metrics.jsonl").exists() and not cfg.run.resume:
+        fail(f"run dir {rd} already holds a run; use another run.run_dir, or run.resume to continue it")
+    rd.mkdir(parents=True, exist_ok=True)
+    text, path = cfg.dump(), rd / "config.yaml"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)  # atomic: an actor reading the config never sees half of it
 
 
 def _discover(cfg: Any, coordinator: str) -> None:
@@ -247,12 +267,40 @@ def status(
 
 
 @app.command()
+def health(
+    config: ConfigOpt = None,
+    coordinator: CoordOpt = None,
+    member: Annotated[
+        str | None, typer.Option(help="Also require this member (or name prefix, e.g. worker-HOST) to be registered.")
+    ] = None,
+    max_age: Annotated[
+        float | None, typer.Option(help="Seconds since last seen (default: coordinator.heartbeat_timeout_s).")
+    ] = None,
+) -> None:
+    """Exit 0 when the coordinator answers (and MEMBER is registered and recently seen): a healthcheck."""
+    from prl_actors.client import RequestFailed, request
+    from prl_actors.compose import health_problem
+    from prl_actors.protocol.messages import StatusRequest
+
+    cfg = _config(config, None)
+    try:
+        st: Any = request(_coordinator_addr(config, coordinator, None), StatusRequest(), timeout_s=5.0)
+    except RequestFailed as exc:
+        fail(str(exc), code=1)
+    problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
+    if problem:
+        fail(problem, code=1)
+    typer.echo(f"healthy: {member or 'coordinator'} (state {st.state}, epoch {st.epoch})")
+
+
+@app.command()
 def scale(
     workers: Annotated[int, typer.Option(help="Wanted number of inference workers.", min=0)],
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
 ) -> None:
-    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match)."""
+    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match;
+    under `up --compose` it scales the inference service)."""
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import Scale
 

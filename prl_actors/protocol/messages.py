@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 from enum import StrEnum
 
 import msgspec
@@ -95,11 +96,12 @@ class Phase(DocEnum):
 
 
 _counter = itertools.count()
-_PREFIX = f"{os.getpid():x}"
+_PREFIX = f"{os.getpid():x}.{secrets.token_hex(3)}"  # pids repeat across hosts and containers
 
 
 def new_id() -> str:
-    """A message id unique within this process (pid + counter); senders are unique names."""
+    """A message id unique across processes, also on other hosts and in containers, where pids repeat
+    (pid + 24 random bits + counter): replies and `prl-actors replay` match ids across actors."""
     return f"{_PREFIX}-{next(_counter)}"
 
 
