@@ -6,12 +6,17 @@
     RUN_DIR/checkpoints/v<N>/    learner state after the step that made version N (DONE marks complete)
     RUN_DIR/model/               the built-in tiny model (an ordinary Hugging Face directory)
 
+A checkpoint's DONE marker is written last and lists the sha256 of every file the checkpoint holds, so
+a checkpoint that was cut short, truncated or partly deleted later is detected when a run resumes,
+and the newest intact one is used instead (with a warning).
+
 Actor cores never touch the disk or the console themselves: the trainer is handed a `TrainerSink`
 (a `RunDir` in a run, a `MemorySink` in tests) and calls it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +31,11 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
 EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
+SkipFn = Callable[[Path, str], None]
+
+
+class CheckpointError(Exception):
+    """Checkpoints exist but none is usable; the message names each one and why (for the user)."""
 
 
 class TrainerSink(Protocol):
@@ -39,8 +49,9 @@ class TrainerSink(Protocol):
         """Let `write(dir)` fill the checkpoint of `version`, then mark it complete (None: not kept)."""
         ...
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint, if any."""
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
+        """The newest complete, intact checkpoint, if any; `on_skip(path, why)` hears of each newer
+        one that is damaged. Raises CheckpointError when there are checkpoints but none is intact."""
         ...
 
 
@@ -102,14 +113,62 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         (path / DONE).unlink(missing_ok=True)
         write(path)
-        (path / DONE).write_text(str(version))
+        marker = {"version": version, "sha256": {str(f.relative_to(path)): _sha256(f) for f in _files(path)}}
+        (path / DONE).write_text(json.dumps(marker, indent=1))
         return path
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker)."""
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
+        """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
+        intact (every file the marker lists has its sha256). A damaged one is reported through
+        `on_skip` (and on the console with `echo`) and the one before it is tried."""
         root = self.checkpoints
-        done = [p for p in root.glob("v*") if (p / DONE).exists()] if root.exists() else []
-        return max(done, key=lambda p: int(p.name[1:]), default=None)
+        done = [p for p in root.glob("v*") if (p / DONE).exists() and p.name[1:].isdigit()] if root.exists() else []
+        problems: list[str] = []
+        for path in sorted(done, key=lambda p: int(p.name[1:]), reverse=True):
+            why = checkpoint_damage(path)
+            if why is None:
+                if problems and self.echo:
+                    console(f"warning: resuming from {path.name}: {'; '.join(problems)}")
+                return path
+            problems.append(f"{path.name} is damaged ({why})")
+            if on_skip is not None:
+                on_skip(path, why)
+        if problems:
+            raise CheckpointError(f"no intact checkpoint in {root}: {'; '.join(problems)}")
+        return None
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted, or None. A marker from before checksums (the
+    version alone) cannot be checked and is trusted."""
+    try:
+        marker = json.loads((path / DONE).read_text())
+    except (OSError, ValueError):
+        return "unreadable DONE marker"
+    if not isinstance(marker, dict):
+        return None if isinstance(marker, int) else "unreadable DONE marker"
+    sums = marker.get("sha256")
+    if not isinstance(sums, dict) or not sums:
+        return "DONE marker lists no files"
+    for name, digest in sorted(sums.items()):
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if _sha256(f) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file() and f.name != DONE)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class MemorySink:
@@ -124,5 +183,5 @@ class MemorySink:
     def save_checkpoint(self, version: int, write: Callable[[Path], None]) -> Path | None:
         return None
 
-    def latest_checkpoint(self) -> Path | None:
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         return None
