@@ -137,12 +137,14 @@ def actor(
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator)
-    from prl_actors.process import ActorFailed, run_actor_process
+    from prl_actors.process import ActorFailed, exit_now, run_actor_process
 
     try:
-        raise typer.Exit(run_actor_process(name, cfg))
+        code = run_actor_process(name, cfg)
     except ActorFailed as exc:
-        fail(str(exc), code=1)
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        code = 1
+    exit_now(code)  # no waiting on a stuck thread or on slow finalizers
 
 
 def _discover(cfg: Any, coordinator: str) -> None:

@@ -33,6 +33,18 @@ class RunSection(_Section):
     workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
     run_dir: str = Field("runs/latest", description="Where logs, metrics, checkpoints go.")
     resume: bool = Field(False, description="Continue from the last checkpoint in run_dir.")
+    stop_grace_s: float = Field(
+        5.0,
+        gt=0,
+        description="Stopping: how long `up` waits for actors to exit after a stop request and again "
+        "after SIGTERM (then SIGKILL); how long an actor waits for its own thread after a signal.",
+    )
+    worker_restarts: int = Field(
+        3,
+        ge=0,
+        description="A worker that crashes before registering is restarted this many times in a row "
+        "(with back-off), then `up` fails with its error.",
+    )
 
 
 class TransportSection(_Section):
@@ -46,6 +58,12 @@ class TransportSection(_Section):
     )
     bind_all: bool = Field(False, description="tcp: bind on all interfaces (*), e.g. in containers.")
     request_timeout_s: float = Field(10.0, gt=0, description="Any request without reply fails after this.")
+    join_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A member gives up (exits with an error) when the coordinator does not answer its "
+        "register, or says nothing at all once it joined, for this long.",
+    )
 
 
 class CoordinatorSection(_Section):
