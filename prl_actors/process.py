@@ -21,7 +21,7 @@ class ActorFailed(Exception):
     pass
 
 
-SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # set by `up`: the pid whose disappearance stops the actor
+SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # set by `up` (launcher.py): the pid whose exit stops the actor
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 

@@ -16,9 +16,12 @@ Actor cores never touch the disk or the console themselves: the trainer is hande
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,8 +33,13 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
+LOCK = ".up.lock"
 EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
 SkipFn = Callable[[Path, str], None]
+
+
+class RunDirBusy(Exception):
+    """Another `up` holds the run directory (the message is for the user)."""
 
 
 class CheckpointError(Exception):
@@ -92,7 +100,30 @@ class RunDir:
         return self.logs / f"{actor}.jsonl"
 
     def has_run(self) -> bool:
-        return self.metrics.exists()
+        return self.metrics.exists() or self.has_checkpoint()
+
+    def has_checkpoint(self) -> bool:
+        """Some checkpoint is marked complete (whether it is intact is checked on resume)."""
+        return self.checkpoints.exists() and any((p / DONE).exists() for p in self.checkpoints.glob("v*"))
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held by `up` while it runs the run: a second `up` on this run dir fails at once
+        (RunDirBusy) instead of overwriting config.yaml or stealing its ipc sockets. The OS releases
+        the lock when `up` exits, however it exits."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise RunDirBusy(
+                    f"run dir {self.root} is in use by a running `prl-actors up` (pid {f.read().strip() or '?'})"
+                ) from None
+            f.truncate(0)
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
 
     def metrics_rows(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
