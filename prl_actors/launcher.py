@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.config import DEFAULT_BASE_PORT, Config
+from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
 from prl_actors.logs import console
 from prl_actors.process import SUPERVISOR_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
@@ -333,7 +333,7 @@ def bound_ports(cfg: Config) -> dict[str, tuple[str, int]]:
     from prl_actors.topology import BINDS
 
     out = {}
-    for role in sorted(BINDS):
+    for role in (r for r in ROLES if r in BINDS):
         addr = cfg.bind_address(role)
         if addr.startswith("tcp://"):
             host, port = addr.removeprefix("tcp://").rsplit(":", 1)

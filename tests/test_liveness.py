@@ -148,3 +148,19 @@ def test_a_refused_registration_fails_the_member() -> None:
     refusal = m.Error(reply_to=register_msg.id, code=m.ErrorCode.REJECTED, detail="name 'buffer' is held by ...")
     from_coordinator(core, 0.1, refusal)
     assert core.failure == "the coordinator refused to register buffer: name 'buffer' is held by ..."
+
+
+def test_weights_that_overtake_the_last_accepted_group_still_open_the_next_epoch() -> None:
+    """The trainer can step and publish v_{e+1} before the buffer's last GroupAccepted reaches the
+    coordinator (seen under load): the epoch must open when that last accept arrives, not stall."""
+    core = coordinator(epochs=3)
+    open_epoch(core)
+    for _ in range(B):
+        request_work(core, "worker-a", 0)
+    for g in range(B - 1):
+        drive(core, 0.1, m.GroupAccepted(epoch=0, version=0, group_id=g, worker="worker-a"), "buffer")
+    drive(core, 0.2, m.WeightsAvailable(version=1), "publisher")  # first: the step's weights
+    drive(core, 0.2, m.StepDone(epoch=0, version=1), "trainer")
+    out = drive(core, 0.3, m.GroupAccepted(epoch=0, version=0, group_id=B - 1, worker="worker-a"), "buffer")
+    assert [(x.epoch, x.version) for _, x in out if isinstance(x, m.EpochOpen)] == [(1, 1)]
+    assert core.phase.current == m.Phase.OPENING

@@ -258,6 +258,7 @@ class CoordinatorCore(Core):
         if self.work.accept(msg.group_id)[0] is Accept.NEW and self.work.complete:
             self.phase.to(Phase.TRAINING)
             self.log("epoch_generated", groups=len(self.work.done))
+            self._maybe_open()  # the step's weights may have come first (the buffer's accept raced them)
 
     # --- epochs ------------------------------------------------------------------------------
 
