@@ -70,9 +70,13 @@ def up(
 ) -> None:
     """Run every actor as a local process until the run completes.
 
-    Ctrl-C, SIGTERM or SIGHUP stop every actor (grace period, then SIGKILL). Exit codes: 0 every
-    epoch done; 1 an actor failed (its error is printed); 2 a bad command line or config; 3 stopped
-    before the last epoch (e.g. `prl-actors stop`; --resume continues); 128+N stopped by signal N.
+    Ctrl-C, SIGTERM or SIGHUP stop every actor (grace period, then SIGKILL).
+
+    Exit codes: 0 every epoch done; 1 an actor failed (its error is printed);
+
+    2 a bad command line or config; 3 stopped before the last epoch (--resume continues);
+
+    128+N stopped by signal N.
     """
     flags = {
         "run.workers": workers,
