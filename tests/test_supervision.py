@@ -73,7 +73,8 @@ def test_sigterm_to_up_stops_every_actor_even_one_stuck_in_a_handler(tmp_path: P
     proc = start_up(cfg, tmp_path)
     pids: list[int] = []
     try:
-        stuck = wait_for(run_dir, lambda e: e["event"] == "span_begin" and e.get("span") == "generate")["actor"]
+        started = wait_for(run_dir, lambda e: e["event"] == "span_begin" and e.get("span") == "generate", timeout=60)
+        stuck = started["actor"]
         pids = list(actor_pids(run_dir).values())
         victim = actor_pids(run_dir)[stuck]
         os.kill(victim, signal.SIGTERM)  # the actor itself: it must exit although its thread is stuck
@@ -96,7 +97,7 @@ def test_an_up_killed_outright_leaves_no_actor_behind(tmp_path: Path, run_dir: P
     proc = start_up(cfg, tmp_path)
     pids: list[int] = []
     try:
-        wait_for(run_dir, lambda e: e["event"] == "epoch_open")
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open", timeout=60)
         pids = list(actor_pids(run_dir).values())
         proc.kill()  # SIGKILL: `up` cannot stop anyone; the actors notice their supervisor is gone
         proc.wait(10)
@@ -114,7 +115,7 @@ def test_a_second_up_on_bound_ports_cannot_touch_the_first_run(tmp_path: Path) -
     )
     proc = start_up(first, tmp_path)
     try:
-        wait_for(first_dir, lambda e: e["event"] == "epoch_open")
+        wait_for(first_dir, lambda e: e["event"] == "epoch_open", timeout=60)
         written = RunDir(first_dir).config
         port = load_config(written).transport.base_port  # the ports `up` picked
         assert isinstance(port, int)
@@ -131,7 +132,7 @@ def test_a_second_up_on_bound_ports_cannot_touch_the_first_run(tmp_path: Path) -
             Launcher(cfg, RunDir(second_dir).config, progress=False).run()
         assert not (second_dir / "logs" / "publisher.jsonl").exists(), "it started more than its coordinator"
         now = max(e["epoch"] for e in read_logs(first_dir) if e["event"] == "epoch_open")
-        wait_for(first_dir, lambda e: e["event"] == "epoch_open" and e["epoch"] >= now + 2)  # it goes on
+        wait_for(first_dir, lambda e: e["event"] == "epoch_open" and e["epoch"] >= now + 2, timeout=60)  # goes on
         stop = subprocess.run([*CLI, "stop", "--config", str(written)], capture_output=True, text=True, timeout=30)
         assert stop.returncode == 0, stop.stderr
         code, err = ended(proc)
@@ -205,7 +206,7 @@ def test_sighup_to_up_stops_the_run(tmp_path: Path, run_dir: Path) -> None:
     proc = start_up(cfg, tmp_path)
     pids: list[int] = []
     try:
-        wait_for(run_dir, lambda e: e["event"] == "epoch_open")
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open", timeout=60)
         pids = list(actor_pids(run_dir).values())
         proc.send_signal(signal.SIGHUP)
         code, err = ended(proc, 30.0)
