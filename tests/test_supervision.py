@@ -145,7 +145,7 @@ def test_a_second_up_on_bound_ports_cannot_touch_the_first_run(tmp_path: Path) -
     events = read_logs(first_dir)
     joins = [e["member"] for e in events if e["event"] == "member_join"]
     assert sorted(joins) == ["buffer", "publisher", "trainer", "worker-0", "worker-1"]  # each once, none of B's
-    assert not [e for e in events if e["event"] in ("member_leave", "stalled")]
+    assert not [e for e in events if e["event"] == "member_leave"]  # nobody's place was taken
 
 
 def test_a_trainer_that_cannot_load_its_checkpoint_ends_up_at_once(tmp_path: Path, run_dir: Path) -> None:
