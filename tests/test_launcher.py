@@ -80,6 +80,7 @@ def test_free_ports_are_picked_when_none_are_configured(tmp_path: Path) -> None:
     first = cfg.transport.base_port
     assert first is not None and first >= 27500 and (first - 27500) % 10 == 0
     with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds (TIME_WAIT is no obstacle)
         busy.bind(("127.0.0.1", first + 2))  # the buffer's port of that set
         busy.listen()
         with pytest.raises(RunFailed, match=rf"port {first + 2} on 127.0.0.1 \(buffer\) is in use"):
