@@ -57,67 +57,126 @@ def up(
     epochs: Annotated[int | None, typer.Option(help="Iteration-epochs (optimizer steps).", min=1)] = None,
     mode: Annotated[str | None, typer.Option(help="periodic (overlap) or sync (baseline).")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Logs, metrics, checkpoints go here.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint in the run dir.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --run-dir from its last intact checkpoint, with its own "
+            "RUN_DIR/config.yaml. --config/--set/--epochs/--workers may change only what is safe "
+            "(epochs, workers, ports, timeouts, threads, devices); anything else is refused.",
+        ),
+    ] = False,
     compose: Annotated[bool, typer.Option("--compose", help="Run the services with docker compose instead.")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Run every actor as a local process until the run completes (Ctrl-C stops all cleanly).
-    With --compose: as docker compose services instead (default config: configs/compose.yaml)."""
+    """Run every actor as a local process until the run completes.
+
+    With --compose: as docker compose services instead (default config: configs/compose.yaml).
+
+    Ctrl-C, SIGTERM or SIGHUP stop every actor (grace period, then SIGKILL).
+
+    Exit codes: 0 every epoch done; 1 an actor failed (its error is printed);
+
+    2 a bad command line or config; 3 stopped before the last epoch (--resume continues);
+
+    128+N stopped by signal N.
+    """
     if compose and config is None:
         from prl_actors.compose import DEFAULT_CONFIG
 
         config = DEFAULT_CONFIG
-    cfg = _config(
-        config,
-        set_,
-        {
-            "run.workers": workers,
-            "run.epochs": epochs,
-            "run.mode": mode,
-            "run.run_dir": str(run_dir) if run_dir else None,
-            "run.resume": resume or None,
-        },
-    )
+    flags = {
+        "run.workers": workers,
+        "run.epochs": epochs,
+        "run.mode": mode,
+        "run.run_dir": str(run_dir) if run_dir else None,
+    }
+    cfg = _resume_config(config, set_, flags) if resume else _config(config, set_, flags)
     if compose:
         from prl_actors.compose import compose_up
 
         raise typer.Exit(compose_up(cfg))
     if cfg.env is not None:
         _up_env(cfg)
-    from prl_actors.launcher import Launcher, RunFailed, summary
+    from prl_actors.rundir import RunDir, RunDirBusy
+
+    rd = RunDir(cfg.run.run_dir)
+    if rd.has_run() and not resume:
+        fail(f"run dir {rd.root} already holds a run; use another --run-dir, or --resume to continue it")
+    try:
+        with rd.lock():
+            code = _launch(cfg, rd)
+    except RunDirBusy as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The run's own RUN_DIR/config.yaml, changed only where --config/--set/flags change safe fields."""
+    from prl_actors.config import ConfigError, RunSection, check_resume, load_config, parse_override
     from prl_actors.rundir import RunDir
 
-    rd = Path(cfg.run.run_dir)
-    if RunDir(rd).has_run() and not cfg.run.resume:
-        fail(f"run dir {rd} already holds a run; use another --run-dir, or --resume to continue it")
-    rd.mkdir(parents=True, exist_ok=True)
-    cfg_path = RunDir(rd).config
-    cfg_path.write_text(cfg.dump())
+    try:
+        overrides = dict(parse_override(s) for s in sets or [])
+        overrides.update({k: v for k, v in flags.items() if v is not None})
+        default_dir = load_config(config).run.run_dir if config else RunSection().run_dir
+        rd = RunDir(overrides.setdefault("run.run_dir", default_dir))
+        overrides["run.resume"] = True
+        if not rd.config.is_file():
+            fail(f"nothing to resume in {rd.root}: no config.yaml (start a run there with `prl-actors up`)")
+        asked = load_config(config or rd.config, overrides)
+        check_resume(load_config(rd.config), asked)
+    except ConfigError as exc:
+        fail(str(exc))
+    if rd.metrics.exists() and not rd.has_checkpoint():
+        fail(f"nothing to resume in {rd.root}: it has trained epochs but no checkpoint (trainer.checkpoint_every 0?)")
+    return asked
+
+
+def _launch(cfg: Any, rd: Any) -> int:
+    """Pick or check the ports, write RUN_DIR/config.yaml, prepare the model, run the launcher."""
+    from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
+
+    try:
+        pick_ports(cfg)
+        check_ports(cfg)
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
-        typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
-        from prl_actors.config import ConfigError
-        from prl_actors.engines.registry import check_engine
-        from prl_actors.topology import model_dir
-
-        try:
-            directory = model_dir(cfg)
-            if cfg.run.workers:  # the workers `up` starts here need a working engine here
-                check_engine(cfg, directory, cfg.run.workers)
-        except ConfigError as exc:
-            fail(str(exc))
+        _prepare_model(cfg)
     typer.echo(
         f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
         f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
-        f"transport {cfg.transport.kind}, run dir {rd}",
+        f"coordinator {cfg.address('coordinator')}, run dir {rd.root}",
         err=True,
     )
     try:
-        code = Launcher(cfg, cfg_path, progress=sys.stderr.isatty()).run()
+        code = Launcher(cfg, rd.config, progress=sys.stderr.isatty()).run()
     except RunFailed as exc:
         fail(str(exc), code=1)
-    typer.echo(summary(rd, time.monotonic() - t0), err=True)
-    raise typer.Exit(code)
+    if code == 0:
+        typer.echo(summary(rd.root, time.monotonic() - t0), err=True)
+    return code
+
+
+def _prepare_model(cfg: Any) -> None:
+    """Build (or check) the model once, before any actor loads it; a bad model is one error line."""
+    typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
+    from prl_actors.actors.runtime import one_line
+    from prl_actors.config import ConfigError
+    from prl_actors.engines.registry import check_engine
+    from prl_actors.topology import model_dir
+
+    try:
+        directory = model_dir(cfg)
+        if cfg.run.workers:  # the workers `up` starts here need a working engine here
+            check_engine(cfg, directory, cfg.run.workers)
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:  # a broken model directory is the user's to fix: one line, no traceback
+        fail(f"cannot prepare the model: {one_line(exc)}", code=1)
 
 
 def _up_env(cfg: Any) -> None:
@@ -172,12 +231,14 @@ def actor(
         _discover(cfg, coordinator)
     if role == "coordinator":
         _claim_run_dir(cfg)
-    from prl_actors.process import ActorFailed, run_actor_process
+    from prl_actors.process import ActorFailed, exit_now, run_actor_process
 
     try:
-        raise typer.Exit(run_actor_process(name, cfg))
+        code = run_actor_process(name, cfg)
     except ActorFailed as exc:
-        fail(str(exc), code=1)
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        code = 1
+    exit_now(code)  # no waiting on a stuck thread or on slow finalizers
 
 
 def _env_actor(role: str, name: str | None, cfg: Any) -> None:

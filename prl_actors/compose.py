@@ -27,7 +27,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.config import Config
+from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
 
@@ -120,7 +120,8 @@ def compose_up(cfg: Config, compose_file: Path = COMPOSE_FILE) -> int:
         secret = Path(tmp) / "config.yaml"
         secret.write_text(run_cfg.dump())
         secret.chmod(0o644)  # the containers' non-root user reads it through the bind mount
-        return ComposeRun(cli, run_cfg, compose_file, secret, cfg.transport.base_port).run()
+        host_port = cfg.transport.base_port or DEFAULT_BASE_PORT
+        return ComposeRun(cli, run_cfg, compose_file, secret, host_port).run()
 
 
 class ComposeRun:

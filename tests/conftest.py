@@ -65,7 +65,10 @@ def wait_for(run_dir: Path, pred: Callable[[dict], bool], timeout: float = 20.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run_dir / "logs").exists():
-            found = next((e for e in read_logs(run_dir) if pred(e)), None)
+            try:
+                found = next((e for e in read_logs(run_dir) if pred(e)), None)
+            except json.JSONDecodeError:  # a line being written right now: read again
+                found = None
             if found is not None:
                 return found
         time.sleep(0.02)

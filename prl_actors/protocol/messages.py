@@ -117,7 +117,8 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 
 
 class Register(Msg, tag="register", kw_only=True):
-    """Join the run as a member of `role` (not operator). Reply: Welcome."""
+    """Join the run as a member of `role` (not operator). Reply: Welcome; Error (rejected) when a
+    live member of another process holds the name; Shutdown when the run is over."""
 
     role: Role
     pid: int = 0
