@@ -88,10 +88,12 @@ def up(
     if cfg.worker.engine != "sim":
         typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
         from prl_actors.config import ConfigError
+        from prl_actors.tasks import load_task
         from prl_actors.topology import model_dir
 
         try:
             model_dir(cfg)
+            load_task(cfg)  # bad rows, templates, a resume on changed data: refused before any actor starts
         except ConfigError as exc:
             fail(str(exc))
     typer.echo(
@@ -136,12 +138,15 @@ def actor(
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator)
+    from prl_actors.config import ConfigError
     from prl_actors.process import ActorFailed, run_actor_process
 
     try:
         raise typer.Exit(run_actor_process(name, cfg))
     except ActorFailed as exc:
         fail(str(exc), code=1)
+    except ConfigError as exc:  # e.g. a bad prompts file, found when the actor loads its task
+        fail(str(exc))
 
 
 def _discover(cfg: Any, coordinator: str) -> None:
