@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data]'
 	touch $(STAMP)
 
 install: $(STAMP)

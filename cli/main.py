@@ -143,6 +143,7 @@ def _launch(cfg: Any, rd: Any) -> int:
     except RunFailed as exc:
         fail(str(exc), code=1)
     rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
+    _check_task(cfg)
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
         _prepare_model(cfg)
@@ -159,6 +160,17 @@ def _launch(cfg: Any, rd: Any) -> int:
     if code == 0:
         typer.echo(summary(rd.root, time.monotonic() - t0), err=True)
     return code
+
+
+def _check_task(cfg: Any) -> None:
+    """Bad rows, templates, a resume on changed data: refused before any actor starts."""
+    from prl_actors.config import ConfigError
+    from prl_actors.tasks import load_task
+
+    try:
+        load_task(cfg)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def _prepare_model(cfg: Any) -> None:
@@ -231,11 +243,12 @@ def actor(
         _discover(cfg, coordinator)
     if role == "coordinator":
         _claim_run_dir(cfg)
+    from prl_actors.config import ConfigError
     from prl_actors.process import ActorFailed, exit_now, run_actor_process
 
     try:
         code = run_actor_process(name, cfg)
-    except ActorFailed as exc:
+    except (ActorFailed, ConfigError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         code = 1
     exit_now(code)  # no waiting on a stuck thread or on slow finalizers

@@ -197,10 +197,28 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = Field("add", description="Built-in task: add (a+b=), or `jsonl` with prompts_file.")
-    prompts_file: str | None = Field(None, description="JSONL with {prompt, answer} per line.")
+    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    prompts_file: str | None = Field(
+        None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
+    )
+    prompt_field: str | None = Field(
+        None, description="Column/key of the prompt (default: jsonl 'prompt', math 'question')."
+    )
+    answer_field: str = Field("answer", description="Column/key of the reference answer.")
+    split: str = Field("train", description="The split to read from a `datasets` directory holding several.")
+    chat_template: bool = Field(False, description="Wrap each prompt in the tokenizer's chat template (model.path).")
+    system_prompt: str | None = Field(None, description="System message of the chat template (needs chat_template).")
+    format_reward: float = Field(
+        0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
+    )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _system_needs_template(self) -> TaskSection:
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true (the system message goes into the template)")
+        return self
 
 
 class SimSection(_Section):

@@ -96,3 +96,11 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random-init Qwen2 / Llama / GPT-2 / Mistral checkpoints, built once per session."""
+    from prl_actors.model.tiny import build_all
+
+    return build_all(tmp_path_factory.mktemp("families"))

@@ -62,9 +62,11 @@ def test_up_refuses_to_overwrite_a_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_configs_are_valid(path: Path) -> None:
+def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
     """A shipped config loads, survives its own dump (what `up` writes to RUN_DIR/config.yaml), gives
-    every bound actor its own address, and its task serves a full epoch of valid prompts."""
+    every bound actor its own address, and its task serves a full epoch of valid prompts (a config
+    that needs a chat model gets the tiny Qwen2 its header suggests)."""
+    from prl_actors.model.tiny import build_family
     from prl_actors.tasks import load_task
     from prl_actors.topology import BINDS
 
@@ -75,6 +77,9 @@ def test_shipped_configs_are_valid(path: Path) -> None:
             if not isinstance(value, dict):
                 assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
     assert load_config(None, _flatten(yaml.safe_load(cfg.dump()))) == cfg
+    assert cfg.address("coordinator") not in {cfg.address(r) for r in BINDS if r != "coordinator"}
+    if cfg.task.chat_template and cfg.model.path is None:
+        cfg.model.path = str(build_family("qwen2", tmp_path / "tiny-qwen2"))
     addresses = [cfg.address(role) for role in sorted(BINDS)]
     assert len(set(addresses)) == len(addresses)
     prompts = load_task(cfg).prompts_for_epoch(0, cfg.coordinator.groups_per_epoch)
@@ -107,9 +112,15 @@ def test_a_busy_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
 
     from tests.conftest import port_base
 
-    base = port_base()
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", base))  # the coordinator's port
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT is no owner
+        for _ in range(20):  # a port some other process holds is no test of ours: take the next one
+            base = port_base()
+            try:
+                busy.bind(("127.0.0.1", base))  # the coordinator's port
+                break
+            except OSError:
+                continue
         busy.listen()
         argv = ["actor", "coordinator", "--set", "worker.engine=sim", "--set", "trainer.learner=sim"]
         argv += ["--set", f"transport.base_port={base}", "--set", f"run.run_dir={tmp_path}"]

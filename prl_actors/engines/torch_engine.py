@@ -24,7 +24,7 @@ from prl_actors.engines.base import Generated, GeneratedGroup
 from prl_actors.engines.sampling import sample, seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
-from prl_actors.model.tokenizer import load_tokenizer
+from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
 
@@ -56,6 +56,7 @@ class TorchEngine:
         self.model = load_model(model_dir, self.device, cfg.model.dtype)
         self.tokenizer = load_tokenizer(model_dir)
         self.sampling = cfg.worker.sampling
+        self.templated = cfg.task.chat_template
         self.seed = cfg.run.seed
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -83,7 +84,7 @@ class TorchEngine:
         """`group_size` samples for each prompt, all in one batch, with the loaded weights."""
         if not prompts:
             return []
-        prompt_ids = [self.tokenizer(p.prompt).input_ids for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         row_group = [g for g in range(len(prompts)) for _ in range(group_size)]
         s = self.sampling
