@@ -109,10 +109,14 @@ class LocalCluster:
         self.ctx = zmq.Context()
         self.hosts: dict[str, ActorHost] = {}
         self._next_worker = 0
-        for name in ("coordinator", "publisher", "buffer", "trainer"):
-            self.hosts[name] = start_actor(name, cfg, self.ctx, log_dir, quiet=True)
-        for _ in range(cfg.run.workers if workers is None else workers):
-            self.add_worker()
+        try:
+            for name in ("coordinator", "publisher", "buffer", "trainer"):
+                self.hosts[name] = start_actor(name, cfg, self.ctx, log_dir, quiet=True)
+            for _ in range(cfg.run.workers if workers is None else workers):
+                self.add_worker()
+        except BaseException:  # one actor failed to start: the ones already running must not leak
+            self.close()
+            raise
 
     def add_worker(self) -> str:
         name = f"worker-{self._next_worker}"
