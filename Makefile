@@ -6,20 +6,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-slow lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-slow test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/prl-actors up --config configs/demo.yaml --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+cartpole: $(STAMP)
+	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check prl_actors cli tests bench
@@ -31,6 +34,13 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+
+# Needs a Docker engine (DOCKER_HOST; on the dev VM ../shared/tools/local-docker.sh); skips without one.
+# Where local wheels stand in for the PyTorch index (/opt/wheels, as in the dev VM's base image), the
+# image is built without the extra index; elsewhere with the Dockerfile's default (PyTorch CPU index).
+test-compose: export PRL_TORCH_INDEX_URL ?= $(if $(wildcard /opt/wheels),,https://download.pytorch.org/whl/cpu)
+test-compose: $(STAMP)
+	$(BIN)/pytest -q -s -m compose
 
 bench: $(STAMP)
 	$(BIN)/prl-actors bench --out bench_out

@@ -33,7 +33,8 @@ def bench(
     only: Annotated[
         list[str] | None,
         typer.Option(
-            "--only", help="Run only these: pipeline, shared_prompt, weight_sync, control_plane (repeatable or a,b)."
+            "--only",
+            help="Run only these: pipeline, shared_prompt, weight_sync, control_plane, envs (repeatable or a,b).",
         ),
     ] = None,
     machine: Annotated[

@@ -12,8 +12,38 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
+from prl_actors.envs.settings import EnvSection
+
+ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
 VLLM_DTYPES = ("float32", "bfloat16")
+DEFAULT_BASE_PORT = 27500
+
+# What `up --resume` may change: where and how fast the run goes, never what it trains. A field is
+# safe when every epoch trained under the new value is the epoch the old value would have trained
+# (up to float summation order); a prefix ending in "." covers a section.
+SAFE_ON_RESUME = (
+    "run.name",
+    "run.epochs",
+    "run.workers",
+    "run.run_dir",
+    "run.resume",
+    "run.stop_grace_s",
+    "run.worker_restarts",
+    "transport.",
+    "coordinator.heartbeat_interval_s",
+    "coordinator.heartbeat_timeout_s",
+    "coordinator.max_groups_per_request",
+    "worker.prefetch",
+    "worker.threads",
+    "worker.device",
+    "worker.weight_fetch_timeout_s",
+    "buffer.",
+    "trainer.threads",
+    "trainer.device",
+    "trainer.credits",
+    "trainer.checkpoint_every",
+    "publisher.",
+)
 
 
 Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
@@ -43,19 +73,42 @@ class RunSection(_Section):
     workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
     run_dir: str = Field("runs/latest", description="Where logs, metrics, checkpoints go.")
     resume: bool = Field(False, description="Continue from the last checkpoint in run_dir.")
+    stop_grace_s: float = Field(
+        5.0,
+        gt=0,
+        description="Stopping: how long `up` waits for actors to exit after a stop request and again "
+        "after SIGTERM (then SIGKILL); how long an actor waits for its own thread after a signal.",
+    )
+    worker_restarts: int = Field(
+        3,
+        ge=0,
+        description="A worker that crashes before registering is restarted this many times in a row "
+        "(with back-off), then `up` fails with its error.",
+    )
 
 
 class TransportSection(_Section):
     kind: Literal["inproc", "ipc", "tcp"] = Field("tcp", description="ZeroMQ transport for every actor.")
     host: str = Field("127.0.0.1", description="tcp: the host actors bind to and connect to.")
-    base_port: int = Field(
-        27500, ge=1024, le=65500, description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3."
+    base_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65500,
+        description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3 (learner=+5, classic RL). "
+        "Not set: `up` picks the first free set from 27500 up and writes it to RUN_DIR/config.yaml; other "
+        "commands use 27500.",
     )
     addresses: dict[str, str] = Field(
         default_factory=dict, description="Explicit per-role addresses (override the derived ones)."
     )
     bind_all: bool = Field(False, description="tcp: bind on all interfaces (*), e.g. in containers.")
     request_timeout_s: float = Field(10.0, gt=0, description="Any request without reply fails after this.")
+    join_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A member gives up (exits with an error) when the coordinator does not answer its "
+        "register, or says nothing at all once it joined, for this long.",
+    )
 
 
 class CoordinatorSection(_Section):
@@ -168,10 +221,28 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = Field("add", description="Built-in task: add (a+b=), or `jsonl` with prompts_file.")
-    prompts_file: str | None = Field(None, description="JSONL with {prompt, answer} per line.")
+    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    prompts_file: str | None = Field(
+        None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
+    )
+    prompt_field: str | None = Field(
+        None, description="Column/key of the prompt (default: jsonl 'prompt', math 'question')."
+    )
+    answer_field: str = Field("answer", description="Column/key of the reference answer.")
+    split: str = Field("train", description="The split to read from a `datasets` directory holding several.")
+    chat_template: bool = Field(False, description="Wrap each prompt in the tokenizer's chat template (model.path).")
+    system_prompt: str | None = Field(None, description="System message of the chat template (needs chat_template).")
+    format_reward: float = Field(
+        0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
+    )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _system_needs_template(self) -> TaskSection:
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true (the system message goes into the template)")
+        return self
 
 
 class SimSection(_Section):
@@ -196,6 +267,9 @@ class Config(_Section):
     model: ModelSection = ModelSection()
     task: TaskSection = TaskSection()
     sim: SimSection = SimSection()
+    env: EnvSection | None = Field(
+        None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
+    )
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:
@@ -224,7 +298,8 @@ class Config(_Section):
         index = ROLES.index(role)
         kind = self.transport.kind
         if kind == "tcp":
-            return f"tcp://{self.transport.host}:{self.transport.base_port + index}"
+            base = DEFAULT_BASE_PORT if self.transport.base_port is None else self.transport.base_port
+            return f"tcp://{self.transport.host}:{base + index}"
         if kind == "ipc":
             return f"ipc://{Path(self.run.run_dir).resolve() / 'sockets' / role}"
         return f"inproc://prl-{self.run.name}-{role}"
@@ -238,6 +313,35 @@ class Config(_Section):
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def safe_on_resume(field: str) -> bool:
+    return any(field == safe or (safe.endswith(".") and field.startswith(safe)) for safe in SAFE_ON_RESUME)
+
+
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'run.epochs': 5, ...}: every field of a dumped config by its dotted name (a dict field, such
+    as transport.addresses, is one value)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and f"{prefix}{key}" != "transport.addresses":
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume(run: Config, asked: Config) -> None:
+    """Refuse (ConfigError, one line naming the fields) a resumed config that would train another
+    run than `run`, the one in RUN_DIR/config.yaml; SAFE_ON_RESUME lists what may change."""
+    old, new = leaves(run.model_dump(mode="json")), leaves(asked.model_dump(mode="json"))
+    changed = [k for k in old if old[k] != new.get(k) and not safe_on_resume(k)]
+    if changed:
+        what = ", ".join(f"{k} ({old[k]!r} -> {new.get(k)!r})" for k in changed)
+        raise ConfigError(
+            f"--resume continues the run in RUN_DIR/config.yaml and cannot change {what}; "
+            "safe to change: epochs, workers, ports and timeouts, threads, devices (README: Resume)"
+        )
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:

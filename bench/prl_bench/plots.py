@@ -25,6 +25,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("shared_prompt", _shared_prompt),
         ("weight_sync", _weight_sync),
         ("control_plane", _control_plane),
+        ("envs", _envs),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -157,4 +158,25 @@ def _e2e(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     b.set_xticks(list(xs), [e["name"].split(":")[0] for e in engine])
     b.set_ylabel("engine / HF generate (tokens/s)")
     b.set_title("Engine vs Hugging Face generate")
+    return fig
+
+
+def _envs(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Steps/s vs N (local, remote, bound); AAPS fetches per update and final return."""
+    steps = [e["raw"] for e in entries if "remote_steps_per_s" in e["raw"]]
+    aaps = [e["raw"] for e in entries if "threshold" in e["raw"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    ns = [r["n"] for r in steps]
+    for key, style in (("local_steps_per_s", "o-"), ("remote_steps_per_s", "s-"), ("bound", "k--")):
+        a.plot(ns, [r[key] for r in steps], style, label=key.replace("_steps_per_s", "").replace("_", " "))
+    a.set(xscale="log", yscale="log", xlabel="N envs", ylabel="env steps/s", title="remote env actors vs SyncVectorEnv")
+    a.legend(fontsize=8)
+    xs = range(len(aaps))
+    b.bar(xs, [r["fetches_per_update_per_actor"] for r in aaps], color="tab:blue", label="fetches/update/actor")
+    b.set_xticks(list(xs), [f"KL > {r['threshold']:g}" for r in aaps])
+    b.set_ylabel("weight fetches per update per actor")
+    r2 = b.twinx()
+    r2.plot(xs, [r["final_return"] or 0.0 for r in aaps], "ro", label="final return (100 ep.)")
+    r2.set_ylabel("final mean return")
+    b.set_title("AAPS: fetches and return by threshold")
     return fig

@@ -25,6 +25,7 @@ BENCHMARKS = {
     "shared_prompt": "prl_bench.shared_prompt",
     "weight_sync": "prl_bench.weight_sync",
     "control_plane": "prl_bench.control_plane",
+    "envs": "prl_bench.envs",
 }
 ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync", "loop": "e2e"}
 

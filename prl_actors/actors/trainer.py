@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from prl_actors.actors.runtime import Core, handles
@@ -66,8 +67,8 @@ class TrainerCore(Core):
         self.flush_queued = False
 
     def start(self, now: float) -> None:
-        if self.resume:
-            ckpt = self.sink.latest_checkpoint()
+        if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
+            ckpt = self.sink.latest_checkpoint(on_skip=self._checkpoint_skipped)
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
                 self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
@@ -75,6 +76,9 @@ class TrainerCore(Core):
         self.register()
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))
         self._upload()
+
+    def _checkpoint_skipped(self, path: Path, why: str) -> None:
+        self.log("checkpoint_skipped", path=str(path), reason=why)
 
     @handles(EpochStart)
     def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:

@@ -263,18 +263,25 @@ class WorkerCore(Core):
         except Exception as exc:  # engine failure: hand the groups back by registering anew
             self._engine_failed(exc)
             finished = []
-        for g in finished:
-            entry = self.assigned.pop(g.group_id, None)
-            if entry is not None:
-                self._send_group(
-                    GroupResult(epoch=entry[0].epoch, version=entry[0].version, group=self._score(g, entry[1])), 1
-                )
+        if finished:
+            self._finish(finished)
         if self.engine.busy:
             self.defer(self._step)
         else:
             self.stepping = False
             self.log("span_end", span="generate", seconds=round(time.monotonic() - self.busy_since, 6))
         self._next()
+
+    def _finish(self, finished: list[GeneratedGroup]) -> None:
+        """Score the groups that left the running batch and send each one on its own."""
+        self.log("span_begin", span="score", groups=[g.group_id for g in finished])
+        for g in finished:
+            entry = self.assigned.pop(g.group_id, None)
+            if entry is not None:
+                self._send_group(
+                    GroupResult(epoch=entry[0].epoch, version=entry[0].version, group=self._score(g, entry[1])), 1
+                )
+        self.log("span_end", span="score")
 
     def _engine_failed(self, exc: Exception) -> None:
         groups = sorted(self.assigned)

@@ -27,7 +27,7 @@ from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
-from prl_actors.model.tokenizer import load_tokenizer
+from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
 
@@ -58,15 +58,17 @@ class TorchEngine:
         self.device = resolve_device(cfg.worker.device)
         self.model = load_model(model_dir, self.device, cfg.model.dtype)
         self.tokenizer = load_tokenizer(model_dir)
+        self.templated = cfg.task.chat_template
         self.seed = cfg.run.seed
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
+        self.eos_ids = self._eos_ids()
         self.max_rows = max(cfg.worker.max_batch_rows, cfg.worker.group_size)
         s = cfg.worker.sampling
         self.batch = RunningBatch(
             self.model,
             max_rows=self.max_rows,
-            eos_ids=self._eos_ids(),
+            eos_ids=self.eos_ids,
             pad_id=self.pad_id,
             temperature=s.temperature,
             top_p=s.top_p,
@@ -110,7 +112,7 @@ class TorchEngine:
 
     def admit(self, prompts: list[Prompt], group_size: int) -> None:
         for p in prompts:
-            ids = list(self.tokenizer(p.prompt).input_ids)
+            ids = encode_prompt(self.tokenizer, p.prompt, self.templated)
             self.batch.add(p.group_id, ids, seed_for(self.seed, self.version, p.group_id), group_size, tag=p)
 
     def step(self) -> list[GeneratedGroup]:

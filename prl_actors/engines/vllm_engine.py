@@ -48,7 +48,7 @@ from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import state_mismatch, to_torch
 from prl_actors.engines.vllm_ext import EXTENSION, LOAD_METHOD
 from prl_actors.model.device import resolve_dtype
-from prl_actors.model.tokenizer import load_tokenizer
+from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
 MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"
@@ -165,6 +165,7 @@ class VllmEngine(OneCallStreaming):
             worker_extension_cls=EXTENSION,
         )
         self.tokenizer = load_tokenizer(model_dir)
+        self.templated = cfg.task.chat_template
         self.expected = hf_shapes(model_dir)
         self.dtype = resolve_dtype(cfg.model.dtype)
         self.sampling = w.sampling
@@ -203,7 +204,7 @@ class VllmEngine(OneCallStreaming):
         """`group_size` samples for each prompt, with the loaded weights (one vLLM call)."""
         if not prompts:
             return []
-        ids = [list(self.tokenizer(p.prompt).input_ids) for p in prompts]
+        ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
         requests = [{"prompt_token_ids": x} for x in ids]
         params = [self._params(p, group_size) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)

@@ -29,9 +29,11 @@ import torch
 from transformers import PreTrainedModel
 
 from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
+from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.protocol.messages import Group
+from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
@@ -123,6 +125,7 @@ class GRPOLearner:
         self.stats = EpochStats()
         self._pending: list[Group] = []
         self._pending_tokens = 0
+        self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
 
     @property
     def policy(self) -> PreTrainedModel:
@@ -220,6 +223,7 @@ class GRPOLearner:
 
     def save_checkpoint(self, path: Path) -> None:
         checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir)
+        position.save(Path(path), self.data_identity, self.version)
 
     def load_checkpoint(self, path: Path) -> None:
         self.version = checkpoint.load(Path(path), self.policy, self.optimizer)
