@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.coordinator import STALL_LOG_S, CoordinatorCore
+from prl_actors.actors.coordinator import FIRST_WEIGHTS_GRACE_S, STALL_LOG_S, CoordinatorCore
 from prl_actors.actors.runtime import Core
 from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
@@ -164,3 +164,21 @@ def test_weights_that_overtake_the_last_accepted_group_still_open_the_next_epoch
     out = drive(core, 0.3, m.GroupAccepted(epoch=0, version=0, group_id=B - 1, worker="worker-a"), "buffer")
     assert [(x.epoch, x.version) for _, x in out if isinstance(x, m.EpochOpen)] == [(1, 1)]
     assert core.phase.current == m.Phase.OPENING
+
+
+def test_a_live_trainer_loading_the_first_weights_is_no_stall() -> None:
+    """A normal start waits for the trainer's first weights while it loads the model: no `stalled:`
+    line for that wait (up to FIRST_WEIGHTS_GRACE_S); without a trainer it is a stall at once."""
+    core = coordinator()
+    core.s.request_timeout_s = core.s.heartbeat_timeout_s = 1000.0
+    drive(core, 0.0, m.Register(role=m.Role.TRAINER), "trainer")
+    tick(core, 1.0)
+    tick(core, 1.0 + 3 * STALL_LOG_S)
+    assert core.stall_reason == ""
+    tick(core, 1.0 + FIRST_WEIGHTS_GRACE_S + 0.5)
+    assert "waiting for the trainer's weights" in core.stall_reason
+    lone = coordinator()
+    lone.s.request_timeout_s = lone.s.heartbeat_timeout_s = 1000.0
+    tick(lone, 1.0)
+    tick(lone, 1.0 + STALL_LOG_S + 0.5)
+    assert "waiting for the trainer's weights" in lone.stall_reason

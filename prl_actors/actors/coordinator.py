@@ -57,6 +57,8 @@ from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 
 STALL_LOG_S = 10.0  # how often a stalled coordinator says why it waits
+# The first weights wait on the trainer loading (or building) the model: normal for a while, not a stall.
+FIRST_WEIGHTS_GRACE_S = 120.0
 
 
 @dataclass
@@ -118,7 +120,7 @@ class CoordinatorCore(Core):
         if progress != self._progress:
             self._progress, self._progress_at, self.stall_reason = progress, now, ""
             return
-        if self.phase.is_(Phase.DONE) or now - self._progress_at < STALL_LOG_S:
+        if self.phase.is_(Phase.DONE) or now - self._progress_at < self._stall_after():
             return
         self._progress_at = now
         reason = self._stall_reason()
@@ -126,6 +128,12 @@ class CoordinatorCore(Core):
             "stalled", reason=reason, state=self.phase.current, queued=len(self.work.queue), held=len(self.work.holder)
         )
         self.stall_reason = reason
+
+    def _stall_after(self) -> float:
+        """Seconds without progress before a stall is reported: longer while a live trainer prepares
+        the first weights (a model load), so a normal start prints no `stalled:` line."""
+        first = self.phase.is_(Phase.WAITING_WEIGHTS) and self.available_version < 0
+        return FIRST_WEIGHTS_GRACE_S if first and self.members.of_role(Role.TRAINER) else STALL_LOG_S
 
     def _stall_reason(self) -> str:
         if self.phase.is_(Phase.TRAINING):
