@@ -58,7 +58,7 @@ from prl_actors.transport.port import Dest, Inbound
 
 STALL_LOG_S = 10.0  # how often a stalled coordinator says why it waits
 # The first weights wait on the trainer loading (or building) the model: normal for a while, not a stall.
-FIRST_WEIGHTS_GRACE_S = 120.0
+FIRST_WEIGHTS_GRACE_S = 60.0
 
 
 @dataclass
@@ -130,10 +130,10 @@ class CoordinatorCore(Core):
         self.stall_reason = reason
 
     def _stall_after(self) -> float:
-        """Seconds without progress before a stall is reported: longer while a live trainer prepares
-        the first weights (a model load), so a normal start prints no `stalled:` line."""
+        """Seconds without progress before a stall is reported: longer for the first weights (the
+        trainer starts, imports torch and loads the model), so a normal start prints no `stalled:`."""
         first = self.phase.is_(Phase.WAITING_WEIGHTS) and self.available_version < 0
-        return FIRST_WEIGHTS_GRACE_S if first and self.members.of_role(Role.TRAINER) else STALL_LOG_S
+        return FIRST_WEIGHTS_GRACE_S if first else STALL_LOG_S
 
     def _stall_reason(self) -> str:
         if self.phase.is_(Phase.TRAINING):
@@ -142,6 +142,8 @@ class CoordinatorCore(Core):
                 f"(weights v{version_for(self.epoch + 1)}: publisher weights_available)"
             )
         if self.phase.is_(Phase.WAITING_WEIGHTS):
+            if not self.members.of_role(Role.TRAINER):
+                return "waiting for the trainer's weights: no trainer has registered"
             return "waiting for the trainer's weights (publisher: weights_available)"
         if self.phase.is_(Phase.OPENING):
             return "waiting for the buffer to ack epoch_open"
