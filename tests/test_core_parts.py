@@ -12,7 +12,7 @@ from prl_actors.actors.membership import Membership
 from prl_actors.actors.phase import IllegalTransition, PhaseMachine
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.trainer import TrainerCore
+from prl_actors.actors.trainer import ThreadPlan, TrainerCore
 from prl_actors.actors.transfer import Assembler, Snapshot, transfer_messages
 from prl_actors.config import load_config
 from prl_actors.logs import EventLog
@@ -262,3 +262,24 @@ def test_trainer_trains_groups_that_arrived_together_in_one_flush() -> None:
     feed(core, m.TrainGroup(epoch=0, version=0, seq=3, group=group(3, [4, 4])), "buffer")
     core.deferred.pop()(0.2)
     assert learner.flushes == [3, 1]
+
+
+def test_trainer_takes_every_core_once_the_epochs_last_group_arrived() -> None:
+    """threads auto under `up`: the trainer's share while workers generate, all cores from the
+    epoch's last group on (the workers wait for weights then), the share again at the next epoch."""
+    calls: list[int] = []
+    plan = ThreadPlan(1, 2, calls.append)
+    core = TrainerCore(
+        "trainer", EventLog("trainer", "trainer"), sim_learner(), MemorySink(), 4, 1 << 20, 5.0, threads=plan
+    )
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=3), "buffer")
+    assert calls == [1]
+    for gid in range(2):
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
+    feed(core, m.TrainGroup(epoch=0, version=1, seq=9, group=group(7, [4, 1])), "buffer")  # off-policy: not counted
+    assert calls == [1]
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=2, group=group(2, [4, 1])), "buffer")
+    assert calls == [1, 2]
+    feed(core, m.EpochComplete(epoch=0, groups=3), "buffer")
+    feed(core, m.EpochOpen(epoch=1, version=1, groups=3), "buffer")
+    assert calls == [1, 2, 1]

@@ -39,6 +39,27 @@ from prl_actors.transport.port import Dest, Inbound
 T = TypeVar("T")
 
 
+class ThreadPlan:
+    """The trainer's torch threads when it shares the host with generating workers (`threads: auto`
+    under `up`): its share of the cores while the epoch's groups are generated, every core once the
+    epoch's last group has arrived (the workers then wait for the next weights: strict on-policy)."""
+
+    def __init__(self, share: int, full: int, apply: Callable[[int], None]) -> None:
+        self.share, self.full, self.apply = share, full, apply
+        self.current = 0
+
+    def generating(self) -> None:
+        self._set(self.share)
+
+    def generated(self) -> None:
+        self._set(self.full)
+
+    def _set(self, n: int) -> None:
+        if n != self.current:
+            self.apply(n)
+            self.current = n
+
+
 class TrainerCore(Core):
     role = Role.TRAINER
 
@@ -53,13 +74,15 @@ class TrainerCore(Core):
         request_timeout_s: float,
         checkpoint_every: int = 1,
         resume: bool = False,
+        threads: ThreadPlan | None = None,
     ) -> None:
         super().__init__(name, log)
+        self.threads = threads
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
         self.resume = resume
-        self.consumed = 0
+        self.consumed = self.groups = 0
         self.t_open = 0.0
         self.train_s = 0.0
         self.t_upload = 0.0
@@ -92,8 +115,10 @@ class TrainerCore(Core):
         if msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
             self.log("train_rejected", reason="epoch version is not the learner's", msg_version=msg.version)
             return
-        self.epoch, self.consumed = msg.epoch, 0
+        self.epoch, self.consumed, self.groups = msg.epoch, 0, msg.groups
         self.t_open, self.train_s = now, 0.0
+        if self.threads is not None:
+            self.threads.generating()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.log("train_epoch_begin", groups=msg.groups)
 
@@ -105,6 +130,8 @@ class TrainerCore(Core):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
+        if self.threads is not None and self.consumed + 1 == self.groups:
+            self.threads.generated()  # the epoch's last group: this host's workers now wait for weights
         stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.consumed += 1
         self.log(
