@@ -7,7 +7,7 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -44,6 +44,9 @@ SAFE_ON_RESUME = (
     "trainer.checkpoint_every",
     "publisher.",
 )
+
+
+Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 class ConfigError(Exception):
@@ -112,7 +115,9 @@ class CoordinatorSection(_Section):
     groups_per_epoch: int = Field(8, ge=1, description="B: prompts (groups) per epoch.")
     heartbeat_interval_s: float = Field(0.2, gt=0, description="How often members heartbeat.")
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
-    max_groups_per_request: int = Field(1, ge=1, description="Upper bound of groups handed out per pull.")
+    max_groups_per_request: int = Field(
+        64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -132,8 +137,16 @@ class SamplingSection(_Section):
 
 
 class WorkerSection(_Section):
-    prefetch: int = Field(1, ge=0, le=8, description="Groups to ask for ahead while one generates (0 = none).")
-    threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
+    max_batch_rows: int = Field(
+        64,
+        ge=1,
+        description="Rows (samples) in the running batch (continuous batching). 64 suits a CPU with a "
+        "small model; on a GPU raise it to what the KV cache fits (a group of G needs G rows).",
+    )
+    prefetch: int = Field(
+        1, ge=0, le=64, description="Groups to hold queued beyond the running batch, so a freed row never waits."
+    )
+    threads: Threads = Field("auto", description="torch CPU threads in each worker process; auto: see trainer.threads.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
@@ -157,16 +170,28 @@ class BufferSection(_Section):
 
 
 class TrainerSection(_Section):
-    threads: int = Field(1, ge=1, description="torch CPU threads in the trainer process.")
+    threads: Threads = Field(
+        "auto",
+        description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
+        "are split between the trainer (half) and the local workers (the rest, evenly, at least 1 each) "
+        "while they generate, and the trainer takes every core once the epoch's last group has arrived "
+        "(the workers then wait for weights); an actor started on its own takes every core.",
+    )
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
     eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
     beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_groups: int = Field(1, ge=1, description="Groups per forward/backward micro-batch.")
+    micro_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Token budget of one forward/backward micro-batch (packed tokens: a group's prompt once plus "
+        "its responses). Groups that arrive while the trainer is busy are trained together up to this budget.",
+    )
+    micro_batch_groups: int = Field(256, ge=1, description="At most this many groups in one micro-batch.")
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
-    credits: int = Field(4, ge=1, description="Groups the trainer lets the buffer send ahead.")
+    credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
     device: str = Field("cpu")
 

@@ -20,6 +20,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         by.setdefault(e["benchmark"], []).append(e)
     written = []
     for name, fn in (
+        ("e2e", _e2e),
         ("pipeline", _pipeline),
         ("shared_prompt", _shared_prompt),
         ("weight_sync", _weight_sync),
@@ -136,6 +137,27 @@ def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-de
         lines = axes[1].get_legend_handles_labels()
         lines2 = ax2.get_legend_handles_labels()
         axes[1].legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower left")
+    return fig
+
+
+def _e2e(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Per shape: prl-actors over the single-process loop (and the CPU-aware bound); engine over HF."""
+    speed = [e for e in entries if "loop_samples_per_s" in e["raw"]]
+    engine = [e for e in entries if "engine_tokens_per_s" in e["raw"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = range(len(speed))
+    a.bar(xs, [e["measured"] for e in speed], color="tab:blue", label="prl-actors / loop (samples/s)")
+    a.plot(xs, [e["bound"] for e in speed], "k_", markersize=30, mew=2, label="CPU-aware bound")
+    a.axhline(1.0, color="grey", lw=0.8)
+    a.set_xticks(list(xs), [e["name"].split(":")[0] for e in speed])
+    a.set_title("End to end vs the single-process loop")
+    a.legend(fontsize=8)
+    xs = range(len(engine))
+    b.bar(xs, [e["ratio"] for e in engine], color="tab:green")
+    b.axhline(1.0, color="grey", lw=0.8)
+    b.set_xticks(list(xs), [e["name"].split(":")[0] for e in engine])
+    b.set_ylabel("engine / HF generate (tokens/s)")
+    b.set_title("Engine vs Hugging Face generate")
     return fig
 
 

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from prl_actors.config import Config, ConfigError
-from prl_actors.engines.base import Generated, GeneratedGroup
+from prl_actors.engines.base import Generated, GeneratedGroup, OneCallStreaming
 from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import state_mismatch, to_torch
 from prl_actors.engines.vllm_ext import EXTENSION, LOAD_METHOD
@@ -146,10 +146,11 @@ def write_weights(state: Mapping[str, torch.Tensor], dtype: torch.dtype, version
     return path
 
 
-class VllmEngine:
+class VllmEngine(OneCallStreaming):
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
     def __init__(self, cfg: Config, model_dir: Path | str) -> None:
+        super().__init__()
         check_vllm_setup(cfg, model_dir)
         self._vllm = import_vllm()
         w = cfg.worker
@@ -199,7 +200,7 @@ class VllmEngine:
             seed=seed_for(self.seed, self.version, prompt.group_id),
         )
 
-    def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
+    def generate_now(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         """`group_size` samples for each prompt, with the loaded weights (one vLLM call)."""
         if not prompts:
             return []

@@ -5,8 +5,9 @@ Invariants:
 * The loss is a *sum* over response tokens during accumulation; `step` divides the summed gradients
   by the epoch's total response-token count, so the update is the same whatever order (and whatever
   micro-batching) the groups arrived in, up to float summation order.
-* Groups are trained in arrival order, in micro-batches of `trainer.micro_batch_groups` (the last
-  partial micro-batch is flushed by `step`).
+* Groups are trained in arrival order, in micro-batches: `accumulate` queues, and the queue is trained
+  once it holds `trainer.micro_batch_tokens` packed tokens (or `micro_batch_groups` groups), or when
+  the trainer calls `flush` because nothing else waits (`step` flushes the rest first).
 * Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py), so the ratio is
   exactly 1 and clipping never activates (clip_frac is 0). Tokens are scored under the behaviour
   transform the engine sampled with (temperature, top-p: behaviour.py). The engine's log-probs are
@@ -123,6 +124,7 @@ class GRPOLearner:
         self.epoch = -1
         self.stats = EpochStats()
         self._pending: list[Group] = []
+        self._pending_tokens = 0
         self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
 
     @property
@@ -139,22 +141,39 @@ class GRPOLearner:
         """Start from zero gradients and empty stats (drops a half-accumulated epoch, if any)."""
         self.epoch = epoch
         self.stats = EpochStats()
-        self._pending = []
+        self._pending, self._pending_tokens = [], 0
         self.optimizer.zero_grad(set_to_none=True)
 
     def accumulate(self, group: Group) -> dict[str, float]:
-        """Queue `group`; run forward/backward once `micro_batch_groups` groups are queued."""
+        """Queue `group`; run forward/backward once the queue fills a micro-batch (tokens or groups)."""
         rewards = [s.reward for s in group.samples]
         self.stats.add_rewards(rewards)
         self._pending.append(group)
-        if len(self._pending) >= self.cfg.micro_batch_groups:
+        self._pending_tokens += self._cost(group)
+        if self._pending_tokens >= self.cfg.micro_batch_tokens or len(self._pending) >= self.cfg.micro_batch_groups:
             self._flush()
         tokens = sum(len(s.token_ids) for s in group.samples)
         return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
 
+    def _cost(self, group: Group) -> int:
+        """The tokens `group` adds to a forward: its prompt once (packed) or once per sample."""
+        responses = sum(len(s.token_ids) for s in group.samples)
+        prompts = len(group.prompt_ids) * (1 if self.cfg.shared_prompt else len(group.samples))
+        return prompts + responses
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> int:
+        """Train what is queued now (the trainer calls this when no other group waits)."""
+        n = len(self._pending)
+        self._flush()
+        return n
+
     def _flush(self) -> None:
         """Forward/backward the queued groups as one micro-batch; the summed loss adds to .grad."""
-        groups, self._pending = self._pending, []
+        groups, self._pending, self._pending_tokens = self._pending, [], 0
         if not groups:
             return
         pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
