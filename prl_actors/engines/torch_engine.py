@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from prl_actors.config import Config
-from prl_actors.engines.base import Generated, GeneratedGroup
+from prl_actors.engines.base import Generated, GeneratedGroup, IncompatibleWeights
 from prl_actors.engines.sampling import sample, seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
+from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
@@ -61,6 +62,7 @@ class TorchEngine:
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.eos_ids = self._eos_ids()
+        self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
 
     def _eos_ids(self) -> set[int]:
         ids = {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()
@@ -72,11 +74,17 @@ class TorchEngine:
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
         """Swap every parameter in place. Names and shapes must match the model's state dict exactly;
-        they are checked before anything is copied, so a bad update leaves the old version intact."""
+        they are checked before anything is copied, so a bad update leaves the old version intact.
+        A LoRA adapter (trainer.lora) is applied on top of the base weights instead (model/lora.py)."""
+        if is_adapter(tensors):
+            self.lora.load(version, tensors)
+            self.version = version
+            return
         state = {name: to_torch(t) for name, t in tensors.items()}
         problem = state_mismatch(self.model.state_dict(), state)
         if problem:
-            raise ValueError(f"weights of version {version} do not fit the engine's model: {problem}")
+            raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
+        self.lora.clear()
         self.model.load_state_dict(state, strict=True)
         self.version = version
 
