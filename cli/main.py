@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.bench_cmd import bench  # these two modules import only typer; their heavy imports are lazy
+from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
 
 app = typer.Typer(
@@ -183,6 +184,10 @@ def _prepare_model(cfg: Any) -> None:
 
     try:
         directory = model_dir(cfg)
+        if cfg.trainer.lora is not None:  # target layers the model lacks: refused before any actor starts
+            from prl_actors.training.lora import check_targets
+
+            check_targets(cfg.trainer.lora, directory)
         if cfg.run.workers:  # the workers `up` starts here need a working engine here
             check_engine(cfg, directory, cfg.run.workers)
     except ConfigError as exc:
@@ -401,6 +406,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
 
 app.command()(replay)
 app.command()(bench)
+app.command("export-merged")(export_merged)
 
 
 def main() -> None:

@@ -41,6 +41,13 @@ MERGED_DIR = "merged"
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
+def require_peft() -> None:
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise ConfigError("trainer.lora needs peft: pip install 'prl-actors[lora]' (make install has it)") from None
+
+
 def lora_targets(model: torch.nn.Module, targets: list[str]) -> list[str]:
     """The names of the modules `targets` select (peft's rule: the name, or a suffix after a dot).
     ConfigError when a target selects nothing, or something that is not a linear layer, or a layer
@@ -79,6 +86,7 @@ def _linears_hint(model: torch.nn.Module) -> str:
 def check_targets(cfg: LoraSection, model_dir: Path | str) -> None:
     """The target check on the model's architecture alone (meta device: no weights loaded), so `up`
     refuses a bad trainer.lora before any actor starts."""
+    require_peft()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
@@ -91,6 +99,7 @@ def wrap(base: PreTrainedModel, cfg: LoraSection, master: torch.dtype, model_dir
     (every learner of a run starts from the same adapter), B = 0 (the wrapped model computes exactly
     what `base` does). Eval mode except the adapter's dropout, if any. The adapter records
     `model_dir` (absolute) as its base, for `export_merged`."""
+    require_peft()
     from peft import LoraConfig, get_peft_model
 
     targets = lora_targets(base, cfg.target_modules)
