@@ -184,7 +184,7 @@ def _prepare_model(cfg: Any) -> None:
 
     try:
         directory = model_dir(cfg)
-        if cfg.trainer.lora is not None:  # target layers the model lacks: refused before any actor starts
+        if cfg.trainer.lora is not None and directory is not None:  # refused before any actor starts
             from prl_actors.training.lora import check_targets
 
             check_targets(cfg.trainer.lora, directory)
