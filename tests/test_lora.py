@@ -317,3 +317,34 @@ def test_families_train_and_apply_adapters(family: str, tmp_path: Path) -> None:
     sync(learner, engine)
     torch.testing.assert_close(scored(engine.model, groups), scored(learner.policy, groups), atol=1e-5, rtol=0)
     assert (scored(engine.model, groups) - base_lp).abs().max() > 1e-3
+
+
+# --- the vLLM engine's adapter directory (vLLM itself: tests/test_vllm_lora.py, `make test-vllm`) -
+
+
+def test_vllm_adapter_dir_is_a_peft_adapter_of_the_policy(rollouts, tmp_path: Path) -> None:
+    """What the vLLM engine hands vLLM's LoRA loader is a peft adapter directory: loaded by peft on
+    the base it computes the trainer's policy; a wrong base or shape is refused before writing."""
+    from peft import PeftModel
+
+    from prl_actors.engines.vllm_engine import check_adapter, hf_shapes, lora_options, write_adapter
+    from prl_actors.model.lora import base_fingerprint
+
+    cfg, model_dir, groups = rollouts
+    learner = train(cfg, model_dir, groups, epochs=2)
+    tensors = {k: v.float() for k, v in learner.weights().items() if k != META}
+    tensors[META] = learner.weights()[META]
+    adapter_ = parse(2, tensors)
+    check_adapter(adapter_, hf_shapes(model_dir), base_fingerprint(model_dir), model_dir)
+    path = write_adapter(tensors, adapter_, model_dir)
+    try:
+        served = PeftModel.from_pretrained(load_model(model_dir), str(path)).eval()
+        torch.testing.assert_close(scored(served, groups), scored(learner.policy, groups), atol=1e-5, rtol=0)
+    finally:
+        import shutil
+
+        shutil.rmtree(path)
+    with pytest.raises(IncompatibleWeights, match="another base model"):
+        check_adapter(adapter_, hf_shapes(model_dir), "0" * 16, model_dir)
+    assert lora_options(cfg) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1}  # r = 4 -> 8
+    assert lora_options(with_(cfg, "trainer", lora=None)) == {}

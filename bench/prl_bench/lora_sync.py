@@ -188,7 +188,7 @@ def measure(model_dir: Path, repeats: int) -> dict[str, dict]:  # type: ignore[t
 
 def run(ctx: BenchContext) -> list[Entry]:
     hidden, layers, vocab = ctx.size((1024, 8, 32000), (512, 4, 8000), (64, 2, 64))
-    repeats = ctx.size(3, 2, 1)
+    repeats = ctx.size(5, 2, 1)
     model_dir = build_checkpoint(ctx.work_dir / "qwen2", hidden, layers, vocab)
     res = measure(model_dir, repeats)
     full = res["full"]

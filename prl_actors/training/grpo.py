@@ -35,6 +35,7 @@ from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
 from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
+from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
@@ -127,6 +128,7 @@ class GRPOLearner:
             policy = lora.wrap(
                 load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
             )
+        self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
         self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
         trained = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=cfg.trainer.lr, weight_decay=0.0)
@@ -208,7 +210,7 @@ class GRPOLearner:
         """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype
         (the engines' dtype): safe to serialise while training. With LoRA: the adapter only."""
         if self.lora is not None:
-            return lora.published(self.policy, self.lora, self.model_dir, self.dtype)
+            return lora.published(self.policy, self.lora, self.base_fingerprint, self.dtype)
         return {name: self._published(t) for name, t in self.policy.state_dict().items()}
 
     def _published(self, t: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from prl_actors.config import ConfigError, LoraSection
 from prl_actors.model.builtin import from_pretrained, quiet_progress
-from prl_actors.model.lora import META, base_fingerprint, linear_shape, meta_tensor
+from prl_actors.model.lora import META, linear_shape, meta_tensor
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -139,11 +139,12 @@ def adapter_state(policy: Any) -> dict[str, torch.Tensor]:
     return dict(get_peft_model_state_dict(policy))
 
 
-def published(policy: Any, cfg: LoraSection, model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """What the workers get: CPU copies of the adapter in `dtype` plus its description (model/lora.py)."""
+def published(policy: Any, cfg: LoraSection, base: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What the workers get: CPU copies of the adapter in `dtype` plus its description (model/lora.py;
+    `base`: the base checkpoint's `base_fingerprint`)."""
     out = {name: t.detach().to("cpu", dtype=dtype, copy=True) for name, t in adapter_state(policy).items()}
     targets = list(policy.peft_config["default"].target_modules)
-    out[META] = meta_tensor(cfg.r, cfg.alpha, base_fingerprint(model_dir), sorted(targets))
+    out[META] = meta_tensor(cfg.r, cfg.alpha, base, sorted(targets))
     return out
 
 
