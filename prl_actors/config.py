@@ -350,9 +350,10 @@ def check_resume(run: Config, asked: Config) -> None:
     """Refuse (ConfigError, one line naming the fields) a resumed config that would train another
     run than `run`, the one in RUN_DIR/config.yaml; SAFE_ON_RESUME lists what may change."""
     old, new = leaves(run.model_dump(mode="json")), leaves(asked.model_dump(mode="json"))
-    changed = [k for k in old if old[k] != new.get(k) and not safe_on_resume(k)]
+    keys = list(old) + [k for k in new if k not in old]  # a section set or unset (trainer.lora) changes keys
+    changed = [k for k in keys if old.get(k) != new.get(k) and not safe_on_resume(k)]
     if changed:
-        what = ", ".join(f"{k} ({old[k]!r} -> {new.get(k)!r})" for k in changed)
+        what = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed)
         raise ConfigError(
             f"--resume continues the run in RUN_DIR/config.yaml and cannot change {what}; "
             "safe to change: epochs, workers, ports and timeouts, threads, devices (README: Resume)"

@@ -348,3 +348,20 @@ def test_vllm_adapter_dir_is_a_peft_adapter_of_the_policy(rollouts, tmp_path: Pa
         check_adapter(adapter_, hf_shapes(model_dir), "0" * 16, model_dir)
     assert lora_options(cfg) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1}  # r = 4 -> 8
     assert lora_options(with_(cfg, "trainer", lora=None)) == {}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "words"),
+    [
+        (None, {"r": 8}, "trainer.lora.r (None -> 8)"),
+        ({"r": 8}, None, "trainer.lora.r (8 -> None)"),
+        ({"r": 8}, {"r": 16}, "trainer.lora.r (8 -> 16)"),
+    ],
+)
+def test_resume_refuses_a_changed_lora(before: object, after: object, words: str) -> None:
+    from prl_actors.config import check_resume
+
+    run, asked = load_config(None, {"trainer.lora": before}), load_config(None, {"trainer.lora": after})
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        check_resume(run, asked)
+    check_resume(run, load_config(None, {"trainer.lora": before, "run.epochs": 9}))  # a safe change passes
