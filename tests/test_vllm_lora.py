@@ -63,3 +63,44 @@ def test_an_adapter_of_another_base_is_refused(setup, tmp_path: Path) -> None:  
     with pytest.raises(IncompatibleWeights, match="another base model"):
         engine.load_weights(99, GRPOLearner(cfg, other).weights())
     assert engine.lora_request is before
+
+
+def test_up_trains_a_lora_adapter_with_the_vllm_engine(tmp_path: Path) -> None:
+    """`prl-actors up` with worker.engine vllm and trainer.lora, real OS processes: every published
+    adapter version is served, the engine's log-probs stay those of the trainer's policy."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import assert_invariants, port_base, read_logs
+
+    ckpt = make_checkpoint(vllm_config(tmp_path), tmp_path / "ckpt")
+    run_dir, epochs = tmp_path / "run", 3
+    sets = {
+        "run.epochs": epochs,
+        "run.workers": 1,
+        "transport.base_port": port_base(),
+        "coordinator.groups_per_epoch": 4,
+        "coordinator.heartbeat_interval_s": 0.5,
+        "coordinator.heartbeat_timeout_s": 30.0,
+        "worker.engine": "vllm",
+        "worker.group_size": 8,
+        "worker.gpu_memory_utilization": 0.1,
+        "worker.weight_fetch_timeout_s": 120.0,
+        "worker.sampling.max_new_tokens": 4,
+        "task.reward": "tests.vllm_utils:digit_share",
+        "model.path": str(ckpt),
+        "model.warm_start_steps": 0,
+    }
+    argv = [sys.executable, "-m", "cli.main", "up", "--config", "configs/lora.yaml", "--run-dir", str(run_dir)]
+    for key, value in sets.items():
+        argv += ["--set", f"{key}={value}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=420, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_invariants(run_dir, epochs=epochs, groups=4)
+    loaded = [e for e in read_logs(run_dir) if e["event"] == "span_end" and e.get("span") == "weight_sync"]
+    assert {e["new_version"] for e in loaded} == set(range(epochs))
+    assert all(e["bytes"] < 200_000 for e in loaded)  # adapters, not the model
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print([{k: r[k] for k in ("epoch", "reward_mean", "kl", "logprob_diff_max")} for r in rows])
+    assert all(r["logprob_diff_max"] < TOL for r in rows) and rows[-1]["kl"] > 0
