@@ -10,7 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.bench_cmd import bench  # these two modules import only typer; their heavy imports are lazy
+from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
 
 app = typer.Typer(
@@ -211,6 +212,10 @@ def _prepare_model(cfg: Any) -> None:
     try:
         with warm_start_progress("warm start of the built-in model") as on_step:
             directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+        if cfg.trainer.lora is not None:  # refused before any actor starts
+            from prl_actors.training.lora import check_targets
+
+            check_targets(cfg.trainer.lora, directory)
         if cfg.run.workers:  # the workers `up` starts here need a working engine here
             check_engine(cfg, directory, cfg.run.workers)
     except ConfigError as exc:
@@ -408,6 +413,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
 
 app.command()(replay)
 app.command()(bench)
+app.command("export-merged")(export_merged)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,7 @@ from prl_actors.envs.settings import EnvSection
 ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
 VLLM_DTYPES = ("float32", "bfloat16")
 DEFAULT_BASE_PORT = 27500
+LORA_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 # What `up --resume` may change: where and how fast the run goes, never what it trains. A field is
 # safe when every epoch trained under the new value is the epoch the old value would have trained
@@ -169,6 +171,34 @@ class BufferSection(_Section):
     max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
 
 
+class LoraSection(_Section):
+    """LoRA on the policy (peft): only the adapter trains and travels to the workers (docs/LORA.md)."""
+
+    r: int = Field(16, ge=1, le=1024, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha: the update is (alpha / r) * B @ A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names (or name suffixes) of the linear layers to adapt, e.g. q_proj, v_proj, gate_proj.",
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the adapter's input while training (0: deterministic updates)."
+    )
+    export_merged: bool = Field(
+        False, description="Also write a merged plain HF model into each checkpoint (CKPT/merged)."
+    )
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraSection:
+        bad = [t for t in self.target_modules if not LORA_TARGET.fullmatch(t)]
+        if not self.target_modules or bad:
+            raise ValueError(
+                f"target_modules must list module names such as q_proj or mlp.down_proj, got {self.target_modules!r}"
+            )
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"target_modules lists a name twice: {self.target_modules!r}")
+        return self
+
+
 class TrainerSection(_Section):
     threads: Threads = Field(
         "auto",
@@ -194,6 +224,9 @@ class TrainerSection(_Section):
     credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
     device: str = Field("cpu")
+    lora: LoraSection | None = Field(
+        None, description="LoRA (r, alpha, target_modules, dropout); absent or null = full fine-tuning."
+    )
 
 
 class PublisherSection(_Section):
@@ -285,6 +318,12 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_needs_grpo(self) -> Config:
+        if self.trainer.lora is not None and self.trainer.learner != "grpo":
+            raise ValueError("trainer.lora needs trainer.learner 'grpo' (the sim learner has no model to adapt)")
+        return self
+
+    @model_validator(mode="after")
     def _vllm_dtype(self) -> Config:
         if self.worker.engine == "vllm" and self.model.dtype not in VLLM_DTYPES:
             raise ValueError(
@@ -336,9 +375,10 @@ def check_resume(run: Config, asked: Config) -> None:
     """Refuse (ConfigError, one line naming the fields) a resumed config that would train another
     run than `run`, the one in RUN_DIR/config.yaml; SAFE_ON_RESUME lists what may change."""
     old, new = leaves(run.model_dump(mode="json")), leaves(asked.model_dump(mode="json"))
-    changed = [k for k in old if old[k] != new.get(k) and not safe_on_resume(k)]
+    keys = list(old) + [k for k in new if k not in old]  # a section set or unset (trainer.lora) changes keys
+    changed = [k for k in keys if old.get(k) != new.get(k) and not safe_on_resume(k)]
     if changed:
-        what = ", ".join(f"{k} ({old[k]!r} -> {new.get(k)!r})" for k in changed)
+        what = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed)
         raise ConfigError(
             f"--resume continues the run in RUN_DIR/config.yaml and cannot change {what}; "
             "safe to change: epochs, workers, ports and timeouts, threads, devices (README: Resume)"

@@ -24,6 +24,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("pipeline", _pipeline),
         ("shared_prompt", _shared_prompt),
         ("weight_sync", _weight_sync),
+        ("lora_sync", _lora_sync),
         ("control_plane", _control_plane),
         ("envs", _envs),
     ):
@@ -100,6 +101,27 @@ def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_title(f"Weight sync of {mb:.0f} MiB")
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
+    return fig
+
+
+def _lora_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Per setup (full, LoRA ...): the sync time split into its steps, and the bytes on the wire."""
+    setups = entries[0]["raw"]["setups"]
+    names = list(setups)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(names)
+    for step in ("snapshot_s", "upload_s", "fetch_s", "apply_s"):
+        ms = [setups[n][step] * 1e3 for n in names]
+        ax.bar(names, ms, bottom=bottom, label=step.removesuffix("_s"))
+        bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
+    ax.set_ylabel("ms per weight sync")
+    ax.set_yscale("log")
+    ax.set_title("One weight sync: trainer -> publisher -> worker engine")
+    ax.legend(fontsize=8)
+    bx.bar(names, [setups[n]["bytes"] / 1e6 for n in names], color="tab:gray")
+    bx.set_yscale("log")
+    bx.set_ylabel("MB on the wire")
+    bx.set_title("Bytes per weight sync")
     return fig
 
 

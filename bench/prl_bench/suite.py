@@ -24,10 +24,17 @@ BENCHMARKS = {
     "pipeline": "prl_bench.pipeline",
     "shared_prompt": "prl_bench.shared_prompt",
     "weight_sync": "prl_bench.weight_sync",
+    "lora_sync": "prl_bench.lora_sync",
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
 }
-ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync", "loop": "e2e"}
+ALIASES = {
+    "packing": "shared_prompt",
+    "control": "control_plane",
+    "weights": "weight_sync",
+    "loop": "e2e",
+    "lora": "lora_sync",
+}
 
 
 class UnknownBenchmark(ValueError):

@@ -19,7 +19,7 @@ import msgspec
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, TransferError
-from prl_actors.engines.base import Engine, GeneratedGroup
+from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     EpochStart,
@@ -200,7 +200,11 @@ class WorkerCore(Core):
             self.retry_at = now + 0.1
             return
         self._drop_running("weights swap")
-        self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
+        try:
+            self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
+        except IncompatibleWeights as exc:  # another model than the trainer's: no fetch can fix that
+            self.fail(f"cannot load the published weights: {exc}")
+            return
         self.version = snap.version
         self.fetch_sent = 0.0
         self.log(

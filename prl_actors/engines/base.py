@@ -20,6 +20,12 @@ from typing import Any, Protocol
 from prl_actors.protocol.messages import Prompt
 
 
+class IncompatibleWeights(ValueError):
+    """Weights that cannot be this engine's next version (names, shapes, or a LoRA adapter trained on
+    another base model): `load_weights` raises it before changing anything, and the worker stops with
+    it as its one-line error (retrying the same fetch could never succeed)."""
+
+
 @dataclass
 class Generated:
     """One response: token ids (response only), per-token behaviour log-probs (see

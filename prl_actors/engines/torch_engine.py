@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from prl_actors.config import Config, SamplingSection
-from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
+from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, IncompatibleWeights, generate_all
 from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
+from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
@@ -75,6 +76,7 @@ class TorchEngine:
             max_new_tokens=s.max_new_tokens,
         )
         self._sampling = s
+        self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
 
     @property
     def sampling(self) -> SamplingSection:
@@ -98,13 +100,19 @@ class TorchEngine:
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
         """Swap every parameter in place. Names and shapes must match the model's state dict exactly;
-        they are checked before anything is copied, so a bad update leaves the old version intact."""
+        they are checked before anything is copied, so a bad update leaves the old version intact.
+        A LoRA adapter (trainer.lora) is applied on top of the base weights instead (model/lora.py)."""
         if self.busy:
             raise EngineBusy(f"cannot load version {version} while {self.rows} rows of v{self.version} generate")
+        if is_adapter(tensors):
+            self.lora.load(version, tensors)
+            self.version = version
+            return
         state = {name: to_torch(t) for name, t in tensors.items()}
         problem = state_mismatch(self.model.state_dict(), state)
         if problem:
-            raise ValueError(f"weights of version {version} do not fit the engine's model: {problem}")
+            raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
+        self.lora.clear()
         self.model.load_state_dict(state, strict=True)
         self.version = version
 

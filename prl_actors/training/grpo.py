@@ -16,6 +16,10 @@ Invariants:
 * Precision: master weights, gradients and AdamW state are float32 (float64 if model.dtype is
   float64) whatever `model.dtype`; with bfloat16 the forward runs under torch.autocast in bfloat16.
   `weights()` (what workers get) is cast to `model.dtype`; checkpoints keep the master weights.
+* LoRA (`trainer.lora`, training/lora.py): the base is frozen in `model.dtype` and only the adapter
+  trains (float32 master, the only parameters the optimizer holds); the reference is the base with
+  the adapter disabled; `weights()` is the adapter alone (cast to `model.dtype`) plus its
+  description, and checkpoints hold the adapter.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
 from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
+from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
-from prl_actors.training import checkpoint
+from prl_actors.training import checkpoint, lora
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
 from prl_actors.training.trimodel import TriModel
@@ -117,9 +122,17 @@ class GRPOLearner:
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = resolve_dtype(cfg.model.dtype)  # compute dtype, and the dtype workers get
         master = torch.promote_types(self.dtype, torch.float32)
-        policy = load_model(model_dir, self.device, master)
+        self.lora = cfg.trainer.lora
+        if self.lora is None:
+            policy = load_model(model_dir, self.device, master)
+        else:  # the frozen base in the compute dtype, the adapter in the master dtype
+            policy = lora.wrap(
+                load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
+            )
+        self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
         self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, weight_decay=0.0)
+        trained = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=cfg.trainer.lr, weight_decay=0.0)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
@@ -214,7 +227,9 @@ class GRPOLearner:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype
-        (the engines' dtype): safe to serialise while training."""
+        (the engines' dtype): safe to serialise while training. With LoRA: the adapter only."""
+        if self.lora is not None:
+            return lora.published(self.policy, self.lora, self.base_fingerprint, self.dtype)
         return {name: self._published(t) for name, t in self.policy.state_dict().items()}
 
     def _published(self, t: torch.Tensor) -> torch.Tensor:
@@ -222,7 +237,8 @@ class GRPOLearner:
         return t.detach().to("cpu", dtype=dtype, copy=True)
 
     def save_checkpoint(self, path: Path) -> None:
-        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir)
+        merged = self.lora is not None and self.lora.export_merged
+        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir, merged)
         position.save(Path(path), self.data_identity, self.version)
 
     def load_checkpoint(self, path: Path) -> None:
