@@ -79,10 +79,11 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     if role == "buffer":
         return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
     if role == "trainer":
-        return TrainerCore(
+        learner = _make_learner(cfg)
+        core = TrainerCore(
             name,
             log,
-            _make_learner(cfg),
+            learner,
             RunDir(run_dir, echo=not quiet),
             credits=cfg.trainer.credits,
             chunk_bytes=cfg.publisher.chunk_bytes,
@@ -90,6 +91,9 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             checkpoint_every=cfg.trainer.checkpoint_every,
             resume=cfg.run.resume,
         )
+        if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
+            learner.on_fatal = core.fail
+        return core
     if role == "worker":
         from prl_actors.tasks import load_task
 
@@ -112,6 +116,10 @@ def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
         from prl_actors.training.sim import SimLearner
 
         return SimLearner(cfg)
+    if cfg.trainer.strategy != "single":  # rank 0 of a torch.distributed group (docs/DISTRIBUTED.md)
+        from prl_actors.training.distributed import start_distributed
+
+        return start_distributed(cfg, model_dir(cfg))
     from prl_actors.training.grpo import GRPOLearner
 
     return GRPOLearner(cfg, model_dir(cfg))
