@@ -20,6 +20,7 @@ PRL_RANK_CONFIG); `prl-actors actor trainer` under torchrun runs it for RANK > 0
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -34,14 +35,14 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training.rank_group import (
     RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
-    Channel,
     Command,
+    Joined,
     RankEnv,
     RankGroupError,
     check_world,
-    init_group,
-    launch_local_ranks,
+    join_group,
     rank_log_dir,
+    start_local_group,
 )
 from prl_actors.training.rank_learner import RankLearner, partition
 
@@ -53,14 +54,14 @@ def _no_fatal(reason: str) -> None:
 class DistributedLearner:
     """Learner protocol on rank 0 of the trainer group (strategy ddp or fsdp2)."""
 
-    def __init__(self, cfg: Config, model_dir: Path | None, env: RankEnv, procs: list[subprocess.Popen[bytes]]) -> None:
-        self.env, self.procs = env, procs
+    def __init__(
+        self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[subprocess.Popen[bytes]]
+    ) -> None:
+        self.env, self.procs, self.channel = joined.env, procs, joined.channel
         self.closed = False
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
-        self.round_size = env.world_size * cfg.trainer.micro_batch_groups
-        group = self._guard(lambda: init_group(cfg, env), "join the trainer group")
-        self.channel = Channel(group, cfg.trainer.dist_timeout_s)
-        self.local = self._guard(lambda: RankLearner(cfg, model_dir, env), "start rank 0")
+        self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
+        self.local = self._guard(lambda: RankLearner(cfg, model_dir, joined), "start rank 0")
         self.pending: list[Group] = []
 
     @property
@@ -148,15 +149,18 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
     env = RankEnv.from_environ()
     procs: list[subprocess.Popen[bytes]] = []
     if env is None:
-        env, procs = launch_local_ranks(cfg)
-    check_world(cfg, env)
-    if env.rank != 0:
-        raise ConfigError(f"the trainer actor is rank 0; RANK={env.rank} runs `prl-actors actor trainer` as a follower")
+        joined, procs = start_local_group(cfg)
+    else:
+        check_world(cfg, env)
+        if env.rank != 0:
+            raise ConfigError(f"the trainer actor is rank 0; RANK={env.rank} runs as a follower (`actor trainer`)")
+        joined = join_group(cfg, env)
     try:
-        return DistributedLearner(cfg, model_dir, env, procs)
+        return DistributedLearner(cfg, model_dir, joined, procs)
     except BaseException:
         for p in procs:
             _reap(p, 0.0)
+        _destroy_group()
         raise
 
 
@@ -168,8 +172,9 @@ def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
     raises with the cause (the caller logs it and exits 1)."""
     from prl_actors.topology import model_dir
 
-    channel = Channel(init_group(cfg, env), cfg.trainer.dist_timeout_s)
-    learner = RankLearner(cfg, model_dir(cfg), env)
+    joined = join_group(cfg, env)
+    learner = RankLearner(cfg, model_dir(cfg), joined)
+    channel = joined.channel
     log("rank_ready", rank=env.rank, world_size=env.world_size, pid=os.getpid())
     while True:
         cmd = channel.recv()
@@ -256,7 +261,9 @@ def _exit_text(code: int | None) -> str:
 
 
 def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    """One line; without gloo's source location and sign-off."""
+    text = re.sub(r"\[[^\]]*\.cc:\d+\] ", "", " ".join(str(exc).split())).replace(" GLHF! 🏖️", "")
+    text = text or type(exc).__name__
     return text if len(text) < 400 else text[:400] + " ..."
 
 

@@ -1,16 +1,19 @@
 """The trainer's torch.distributed group: where each rank comes from, and how rank 0 drives the others.
 
 Ranks read torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK). Without it
-the trainer actor is rank 0 and starts ranks 1..N-1 on its own host (`launch_local_ranks`), with the
+the trainer actor is rank 0 and starts ranks 1..N-1 on its own host (`start_local_group`), with the
 same variables set, so both launches run the same code (docs/DISTRIBUTED.md).
 
 Two process groups, one job each:
-* the default group (timeout `trainer.dist_timeout_s`) carries the training collectives: gradient
-  all-reduce (ddp), FSDP2's all-gather / reduce-scatter, stats, state gathering. A rank that does not
-  join one in time fails it on every other rank: a loud error, never a silent hang.
-* the command group carries rank 0's commands (`Channel`). Rank 0 waits at most `dist_timeout_s` for
-  each; the other ranks wait for the next command as long as the run lasts (an epoch's generation
-  can take long), and see at once when rank 0's process is gone (its sockets close).
+* the compute group (timeout `trainer.dist_timeout_s`; nccl on cuda, else gloo) carries the training
+  collectives: gradient all-reduce (ddp), FSDP2's all-gather / reduce-scatter, stats. A rank that
+  does not join one in time fails it on every other rank: a loud error, never a silent hang.
+* the default group (gloo) carries rank 0's commands (`Channel`) and checkpoint coordination. Rank 0
+  waits at most `dist_timeout_s` for each command; the other ranks wait for the next one as long as
+  the run lasts (an epoch's generation can take long), and see at once when rank 0's process is gone
+  (its sockets close).
+Ranks count in through the rendezvous store first (within `transport.join_timeout_s`): a rank that
+exits before it joined is reported at once, not after a timeout.
 Commands are msgspec MessagePack (never pickle), sent as uint8 tensors by broadcast from rank 0.
 """
 
@@ -18,9 +21,9 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,50 +87,95 @@ def check_world(cfg: Config, env: RankEnv) -> None:
         raise ConfigError(f"RANK={env.rank} is outside 0..{env.world_size - 1}")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def rank_log_dir(cfg: Config) -> Path:
     return Path(cfg.run.run_dir) / "logs" / "ranks"
 
 
-def launch_local_ranks(cfg: Config) -> tuple[RankEnv, list[subprocess.Popen[bytes]]]:
-    """Rank 0's environment, and ranks 1..N-1 started as processes of this host (stdout and stderr
-    to RUN_DIR/logs/ranks/rank<r>.log). They are in this process's process group, so `up`'s signals
-    reach them, and they exit when this process is gone."""
-    env0 = RankEnv(0, cfg.trainer.world_size, 0, "127.0.0.1", free_port())
+@dataclass
+class Joined:
+    """This rank's place in the group: rank 0's commands, and the group the training collectives use."""
+
+    env: RankEnv
+    channel: Channel
+    compute: Any  # torch.distributed ProcessGroup (timeout trainer.dist_timeout_s)
+
+
+def start_local_group(cfg: Config) -> tuple[Joined, list[subprocess.Popen[bytes]]]:
+    """Rank 0 of a group on this host: serve the rendezvous store (a port the OS picks), start ranks
+    1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is gone),
+    wait until each has joined (one that exits first is reported at once), join."""
+    import torch.distributed as dist
+
+    n = cfg.trainer.world_size
+    store = dist.TCPStore("127.0.0.1", 0, n, True, _startup(cfg), wait_for_workers=False)
+    env0 = RankEnv(0, n, 0, "127.0.0.1", int(store.port))
+    procs = [_spawn_rank(cfg, RankEnv(r, n, r, env0.master_addr, env0.master_port)) for r in range(1, n)]
+    try:
+        return _join(cfg, env0, store, procs, rank_log_dir(cfg)), procs
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+
+
+def _spawn_rank(cfg: Config, env: RankEnv) -> subprocess.Popen[bytes]:
     logs = rank_log_dir(cfg)
     logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for rank in range(1, env0.world_size):
-        env = {**os.environ, **RankEnv(rank, env0.world_size, rank, env0.master_addr, env0.master_port).variables()}
-        env.update({RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())})
-        with open(logs / f"rank{rank}.log", "ab") as out:
-            cmd = [sys.executable, "-m", "prl_actors.training.distributed"]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
-    return env0, procs
+    variables = {**os.environ, **env.variables(), RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())}
+    with open(logs / f"rank{env.rank}.log", "ab") as out:
+        cmd = [sys.executable, "-m", "prl_actors.training.distributed"]
+        return subprocess.Popen(cmd, env=variables, stdout=out, stderr=subprocess.STDOUT)
+
+
+def join_group(cfg: Config, env: RankEnv) -> Joined:
+    """Any rank of a launch made elsewhere (torchrun, or rank 0 for the ranks it started). Rank 0
+    serves the store unless torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE)."""
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    master = env.rank == 0 and not agent
+    host, port, n = env.master_addr, env.master_port, env.world_size
+    store = dist.TCPStore(host, port, n, master, _startup(cfg), wait_for_workers=False)
+    return _join(cfg, env, store, [], rank_log_dir(cfg))
+
+
+def _startup(cfg: Config) -> datetime.timedelta:
+    return datetime.timedelta(seconds=cfg.transport.join_timeout_s)
+
+
+def _join(cfg: Config, env: RankEnv, store: Any, procs: list[subprocess.Popen[bytes]], logs: Path) -> Joined:
+    """Count in through the store (rank 0 waits for the others, watching the ones it started), then
+    form the command group (the default one, gloo) and the compute group."""
+    import torch.distributed as dist
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"prl-trainer-{restart}/", store)  # a torchrun restart starts a new count
+    if env.rank == 0:
+        _wait_joined(store, env.world_size - 1, procs, cfg.transport.join_timeout_s, logs)
+    else:
+        store.add("joined", 1)
+    dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=IDLE_TIMEOUT)
+    timeout = datetime.timedelta(seconds=cfg.trainer.dist_timeout_s)
+    compute = dist.new_group(backend=backend_for(cfg.trainer.device), timeout=timeout)
+    return Joined(env, Channel(dist.group.WORLD, cfg.trainer.dist_timeout_s), compute)
+
+
+def _wait_joined(store: Any, others: int, procs: list[subprocess.Popen[bytes]], timeout_s: float, logs: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (joined := int(store.add("joined", 0))) < others:
+        for r, p in enumerate(procs, start=1):
+            if p.poll() is not None:
+                raise RankGroupError(
+                    f"trainer rank {r} exited with code {p.returncode} before joining (see {logs / f'rank{r}.log'})"
+                )
+        if time.monotonic() > deadline:
+            raise RankGroupError(f"{joined} of {others} trainer ranks joined within {timeout_s:g}s")
+        time.sleep(0.05)
 
 
 def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
-
-
-def init_group(cfg: Config, env: RankEnv) -> Any:
-    """Join the default group (training collectives) and create the command group; returns the latter."""
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=cfg.trainer.dist_timeout_s)
-    dist.init_process_group(
-        backend_for(cfg.trainer.device),
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timeout,
-    )
-    return dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
 
 class Command(msgspec.Struct, kw_only=True):

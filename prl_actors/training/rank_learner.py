@@ -31,10 +31,11 @@ import torch.distributed as dist
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.data import position
+from prl_actors.model.builtin import quiet_progress
 from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
 from prl_actors.training.grpo import EpochStats, GRPOLearner
-from prl_actors.training.rank_group import RankEnv
+from prl_actors.training.rank_group import Joined, RankEnv
 
 SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
@@ -68,18 +69,18 @@ def on_rank_device(cfg: Config, env: RankEnv) -> Config:
     return cfg.model_copy(update={"trainer": trainer})
 
 
-def all_reduce_stats(stats: EpochStats) -> None:
+def all_reduce_stats(stats: EpochStats, group: Any = None) -> None:
     """Sum every running sum of `stats` over the group (and the max of diff_max), in place."""
     sums = torch.tensor([float(getattr(stats, k)) for k in SUMS], dtype=torch.float64)  # [len(SUMS)]
-    dist.all_reduce(sums)
+    dist.all_reduce(sums, group=group)
     peak = torch.tensor([stats.diff_max], dtype=torch.float64)  # [1]
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     for key, value in zip(SUMS, sums.tolist(), strict=True):
         setattr(stats, key, value if isinstance(getattr(stats, key), float) else round(value))
     stats.diff_max = float(peak.item())
 
 
-def all_reduce_grads(params: list[torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> None:
+def all_reduce_grads(params: list[torch.Tensor], group: Any = None, bucket_bytes: int = BUCKET_BYTES) -> None:
     """Sum every parameter's gradient over the group (a missing one counts as zeros), in flat buckets."""
     for p in params:
         if p.grad is None:
@@ -87,20 +88,20 @@ def all_reduce_grads(params: list[torch.Tensor], bucket_bytes: int = BUCKET_BYTE
     bucket: list[torch.Tensor] = []
     for p in params:
         if bucket and (bucket[0].dtype != p.grad.dtype or _nbytes(bucket) >= bucket_bytes):  # type: ignore[union-attr]
-            _reduce_bucket(bucket)
+            _reduce_bucket(bucket, group)
             bucket = []
         bucket.append(p.grad)  # type: ignore[arg-type]
     if bucket:
-        _reduce_bucket(bucket)
+        _reduce_bucket(bucket, group)
 
 
 def _nbytes(ts: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
-def _reduce_bucket(grads: list[torch.Tensor]) -> None:
+def _reduce_bucket(grads: list[torch.Tensor], group: Any) -> None:
     flat = torch.cat([g.reshape(-1) for g in grads])  # [sum of numels]
-    dist.all_reduce(flat)
+    dist.all_reduce(flat, group=group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -111,9 +112,9 @@ class RankLearner(GRPOLearner):
     """GRPOLearner on one rank of the trainer's group (`strategy` ddp or fsdp2); rank 0's commands
     drive it (training/distributed.py)."""
 
-    def __init__(self, cfg: Config, model_dir: Path | str | None, env: RankEnv) -> None:
-        super().__init__(on_rank_device(cfg, env), model_dir)
-        self.rank, self.world_size = env.rank, env.world_size
+    def __init__(self, cfg: Config, model_dir: Path | str | None, joined: Joined) -> None:
+        super().__init__(on_rank_device(cfg, joined.env), model_dir)
+        self.rank, self.world_size, self.group = joined.env.rank, joined.env.world_size, joined.compute
         self.strategy = cfg.trainer.strategy
         if self.strategy not in ("ddp", "fsdp2"):
             raise ConfigError(f"a trainer rank needs strategy ddp or fsdp2, not {self.strategy}")
@@ -124,7 +125,7 @@ class RankLearner(GRPOLearner):
     def _broadcast_initial(self) -> None:
         """Every rank starts from rank 0's weights (a model built on each host may differ in the last bit)."""
         for t in self.policy.state_dict().values():
-            dist.broadcast(t.data, src=0)
+            dist.broadcast(t.data, src=0, group=self.group)
         if self.tri.reference is not None:
             self.tri.reference.load_state_dict(self.policy.state_dict())
 
@@ -132,14 +133,13 @@ class RankLearner(GRPOLearner):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        world = dist.group.WORLD
-        assert world is not None, "join the group first (rank_group.init_group)"
-        mesh = DeviceMesh.from_group(world, self.device.type)
+        mesh = DeviceMesh.from_group(self.group, self.device.type)
         units = [*decoder_layers(self.policy), self.policy]
         for unit in units:
             fully_shard(unit, mesh=mesh)
-        for unit in units:  # per unit (the root's setting does not reach its children): sums, not means
+        for unit in units:  # per unit (the root's setting does not reach its children): sums, not means,
             unit.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+            unit.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # as plain SUM (gloo: no PREMUL_SUM)
         self.optimizer = _rebuilt(self.optimizer, self.policy.parameters())  # type: ignore[assignment]
 
     # --- the epoch -----------------------------------------------------------------------------
@@ -162,9 +162,9 @@ class RankLearner(GRPOLearner):
         (logits.float().sum() * 0.0).backward()
 
     def _synchronise(self) -> None:
-        all_reduce_stats(self.stats)
+        all_reduce_stats(self.stats, self.group)
         if self.strategy == "ddp":
-            all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad])
+            all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad], self.group)
 
     # --- state out and in ------------------------------------------------------------------------
 
@@ -205,7 +205,8 @@ class RankLearner(GRPOLearner):
 
     def _export(self, path: Path, full: dict[str, torch.Tensor]) -> None:
         (path / checkpoint.STATE_FILE).unlink(missing_ok=True)
-        self.policy.save_pretrained(path / checkpoint.MODEL_DIR, state_dict=full)
+        with quiet_progress():
+            self.policy.save_pretrained(path / checkpoint.MODEL_DIR, state_dict=full)
         for name in checkpoint._COPY:
             if (self.model_dir / name).is_file():
                 shutil.copy2(self.model_dir / name, path / checkpoint.MODEL_DIR / name)
