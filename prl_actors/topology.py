@@ -75,7 +75,10 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":
-        return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s)
+        from prl_actors.weights_shm import ShmPublisher
+
+        shm = ShmPublisher() if cfg.publisher.shm else None
+        return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
         return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
     if role == "trainer":
@@ -96,6 +99,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         return core
     if role == "worker":
         from prl_actors.tasks import load_task
+        from prl_actors.weights_shm import ShmReader
 
         return WorkerCore(
             name,
@@ -107,6 +111,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             as_torch=cfg.worker.engine != "sim",
             prefetch=cfg.worker.prefetch,
+            shm=ShmReader() if cfg.worker.shm else None,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

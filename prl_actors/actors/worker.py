@@ -15,7 +15,7 @@ from collections import deque
 import msgspec
 
 from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.transfer import Assembler, TransferError
+from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
@@ -45,6 +45,7 @@ from prl_actors.protocol.versions import on_policy
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
+from prl_actors.weights_shm import ShmReader, ShmRefused
 
 MAX_SEND_ATTEMPTS = 3
 
@@ -63,6 +64,7 @@ class WorkerCore(Core):
         request_timeout_s: float,
         as_torch: bool = True,
         prefetch: int = 1,
+        shm: ShmReader | None = None,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -77,6 +79,8 @@ class WorkerCore(Core):
         self.prefetch = prefetch
         self.assigned: deque[WorkAssign] = deque()  # assignments waiting for the engine
         self.generating = False
+        self.shm = shm  # same-host snapshots (weights_shm.py); None: chunks only
+        self.run_id = ""
 
     def start(self, now: float) -> None:
         self.register()
@@ -96,6 +100,7 @@ class WorkerCore(Core):
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         super().on_welcome(now, inbound)
+        self.run_id = inbound.msg.run_id
         self._learn_target(inbound.msg.version)
 
     @handles(EpochStart)
@@ -150,10 +155,14 @@ class WorkerCore(Core):
     def _fetch(self) -> None:
         self.log("span_begin", span="weight_sync", target=self.target)
         self.fetch_sent = self.now
-        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version))
+        proof = self.shm.proof(self.run_id) if self.shm is not None else ""
+        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version, host_proof=proof))
 
     @handles(WeightsBegin)
     def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
+        if inbound.msg.shm_path:
+            self._load_shared(now, inbound.msg)
+            return
         try:
             self.fetching = Assembler(inbound.msg, now)
         except TransferError as exc:
@@ -180,16 +189,27 @@ class WorkerCore(Core):
             self.log("weight_sync_failed", reason=str(exc))
             self.retry_at = now + 0.1
             return
+        self._install(snap, fetching.started, via="chunks")
+
+    def _load_shared(self, now: float, begin: WeightsBegin) -> None:
+        """A same-host snapshot: validated and mapped, never trusted (a refusal means chunks from now on)."""
+        try:
+            if self.shm is None:
+                raise ShmRefused("a shared-memory reply to a fetch that offered no host proof")
+            data = self.shm.open(self.run_id, begin)
+        except ShmRefused as exc:
+            self.count("shm_refused")
+            self.log("weight_sync_failed", reason=f"shared memory: {exc}; fetching chunks instead")
+            self.shm, self.fetch_sent, self.retry_at = None, 0.0, now + 0.01
+            return
+        self._install(Snapshot(begin.version, begin.tensors, data), now, via="shm")
+
+    def _install(self, snap: Snapshot, started: float, via: str) -> None:
         self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
         self.version = snap.version
         self.fetch_sent = 0.0
-        self.log(
-            "span_end",
-            span="weight_sync",
-            new_version=snap.version,
-            bytes=snap.nbytes,
-            seconds=round(time.monotonic() - fetching.started, 6),
-        )
+        seconds = round(time.monotonic() - started, 6)
+        self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes, seconds=seconds, via=via)
         self._next()
 
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
