@@ -64,7 +64,9 @@ def sync_group(backend: str, host: str, port: int, rank: int, world_size: int, t
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.PrefixStore("prl-weights/", dist.TCPStore(host, port, world_size, rank == 0, timeout))
     if backend == "nccl":  # unverified: no GPU here
-        return dist.ProcessGroupNCCL(store, rank, world_size)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
