@@ -25,8 +25,9 @@ BENCHMARKS = {
     "weight_sync": "prl_bench.weight_sync",
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
+    "dist_step": "prl_bench.dist_step",
 }
-ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync"}
+ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync", "dist": "dist_step"}
 
 
 class UnknownBenchmark(ValueError):
