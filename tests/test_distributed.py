@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
 from prl_actors.protocol.messages import Group, Sample
 from prl_actors.training.rank_group import RankEnv
 from prl_actors.training.rank_learner import group_cost, partition
@@ -84,3 +84,14 @@ def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
     assert two.version == 2
+
+
+def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:
+    """ddp and single write the same checkpoint and fsdp2's sharded one reshards on load (tested in
+    test_distributed_slow.py), so world_size may change on --resume; strategy may not."""
+    assert safe_on_resume("trainer.world_size") and safe_on_resume("trainer.dist_timeout_s")
+    assert not safe_on_resume("trainer.strategy")
+    run = load_config(None, {"trainer.world_size": 2, "trainer.strategy": "fsdp2"})
+    check_resume(run, load_config(None, {"trainer.world_size": 4, "trainer.strategy": "fsdp2"}))
+    with pytest.raises(ConfigError, match=r"trainer\.strategy \('fsdp2' -> 'ddp'\)"):
+        check_resume(run, load_config(None, {"trainer.world_size": 2, "trainer.strategy": "ddp"}))
