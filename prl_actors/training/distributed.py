@@ -58,6 +58,7 @@ class DistributedLearner:
         self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[subprocess.Popen[bytes]]
     ) -> None:
         self.env, self.procs, self.channel = joined.env, procs, joined.channel
+        self.logs = rank_log_dir(cfg)
         self.closed = False
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
         self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
@@ -127,7 +128,10 @@ class DistributedLearner:
     def _ranks_state(self) -> str:
         """Which ranks rank 0 started have exited, and how (the likely cause), as a prefix."""
         gone = [(r, p) for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
-        return "".join(f"rank {r} (pid {p.pid}) exited with {_exit_text(p.returncode)}; " for r, p in gone)
+        return "".join(
+            f"rank {r} (pid {p.pid}) exited with {_exit_text(p.returncode)}{_last_error(self.logs, r)}; "
+            for r, p in gone
+        )
 
     def close(self, graceful: bool = True) -> None:
         """Tell the ranks to exit (graceful), wait for those rank 0 started, leave the group."""
@@ -254,6 +258,16 @@ def _reap(p: subprocess.Popen[bytes], wait_s: float) -> None:
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait(5.0)
+
+
+def _last_error(logs: Path, rank: int) -> str:
+    """The rank's own last `error:` line (its stderr log), in brackets, if it wrote one."""
+    try:
+        lines = (logs / f"rank{rank}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line for line in lines if line.startswith("error:")]
+    return f" [{errors[-1][:300]}]" if errors else ""
 
 
 def _exit_text(code: int | None) -> str:

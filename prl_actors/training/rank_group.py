@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -98,20 +99,28 @@ class Joined:
     env: RankEnv
     channel: Channel
     compute: Any  # torch.distributed ProcessGroup (timeout trainer.dist_timeout_s)
+    listener: socket.socket | None = None  # rank 0 of a local group: the store's socket
 
 
 def start_local_group(cfg: Config) -> tuple[Joined, list[subprocess.Popen[bytes]]]:
-    """Rank 0 of a group on this host: serve the rendezvous store (a port the OS picks), start ranks
-    1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is gone),
-    wait until each has joined (one that exits first is reported at once), join."""
+    """Rank 0 of a group on this host: serve the rendezvous store (a loopback port the OS picks), start
+    ranks 1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is
+    gone), wait until each has joined (one that exits first is reported at once), join. Everything
+    listens on loopback only: the store (its own socket) and gloo (GLOO_SOCKET_IFNAME=lo, unless set)."""
     import torch.distributed as dist
 
     n = cfg.trainer.world_size
-    store = dist.TCPStore("127.0.0.1", 0, n, True, _startup(cfg), wait_for_workers=False)
-    env0 = RankEnv(0, n, 0, "127.0.0.1", int(store.port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # this process and the ranks it starts
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = int(listener.getsockname()[1])
+    store = dist.TCPStore("127.0.0.1", port, n, True, _startup(cfg), False, master_listen_fd=listener.fileno())
+    env0 = RankEnv(0, n, 0, "127.0.0.1", port)
     procs = [_spawn_rank(cfg, RankEnv(r, n, r, env0.master_addr, env0.master_port)) for r in range(1, n)]
     try:
-        return _join(cfg, env0, store, procs, rank_log_dir(cfg)), procs
+        joined = _join(cfg, env0, store, procs, rank_log_dir(cfg))
+        joined.listener = listener  # the store serves on this socket: keep it open
+        return joined, procs
     except BaseException:
         for p in procs:
             p.kill()
