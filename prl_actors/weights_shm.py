@@ -1,7 +1,8 @@
 """Same-host weight transfer: one /dev/shm file per version per host, read by every worker there.
 
 Publisher side (`ShmPublisher`): once it knows the run id (its Welcome), it writes a *host file*
-`/dev/shm/prl-<tag>.host` holding a random token (mode 0600); each stored version is written once to
+`/dev/shm/prl-<tag>.host` holding a random token (mode 0600) and an owner file (its pid namespace and
+pid, so a later publisher can remove the files of one that was killed); each stored version is written once to
 `/dev/shm/prl-<tag>-v<version>.weights` (written under a temporary name, then renamed: a reader never
 sees half a file) and the previous version's file is unlinked (a worker still reading it keeps its
 inode until it is done). `<tag>` is derived from the run id (hex), so runs never share files.
@@ -68,11 +69,14 @@ class ShmPublisher:
         self.published: dict[int, Path] = {}
 
     def open_run(self, run_id: str) -> None:
-        """Write this run's host file (a fresh token); files of an earlier run id are removed."""
+        """Write this run's host file (a fresh token) and owner file; files of an earlier run id are
+        removed, and so are the files of publishers that died without removing theirs."""
         if run_id == self.run_id:
             return
         self.close()
+        reap_stale(self.root)
         token = secrets.token_hex(TOKEN_CHARS // 2)
+        _write_file(owner_file(self.root, run_id), memoryview(_owner_id().encode()))
         _write_file(host_file(self.root, run_id), memoryview(token.encode()))
         self.run_id, self.token = run_id, token
 
@@ -111,7 +115,47 @@ class ShmPublisher:
         self.published = {}
         if self.run_id:
             host_file(self.root, self.run_id).unlink(missing_ok=True)
+            owner_file(self.root, self.run_id).unlink(missing_ok=True)
         self.run_id, self.token = "", ""
+
+
+def owner_file(root: Path, run_id: str) -> Path:
+    return root / f"prl-{run_tag(run_id)}.owner"
+
+
+def _owner_id() -> str:
+    """This process as `<pid namespace> <pid>`: whether it still runs can be told only from its namespace."""
+    return f"{os.readlink('/proc/self/ns/pid')} {os.getpid()}"
+
+
+def reap_stale(root: Path) -> list[str]:
+    """Remove the files of publishers of this user that are gone (SIGKILLed: no `close`), told by
+    their owner file: same pid namespace and no such process. Returns the run tags removed."""
+    removed = []
+    for owner in root.glob("prl-*.owner"):
+        try:
+            if owner.lstat().st_uid != os.getuid() or not _dead(owner.read_text()):
+                continue
+        except (OSError, ValueError):
+            continue
+        tag = owner.name.removesuffix(".owner")
+        for f in [*root.glob(f"{tag}-v*.weights"), root / f"{tag}.host", owner]:
+            f.unlink(missing_ok=True)
+        removed.append(tag)
+    return removed
+
+
+def _dead(owner_id: str) -> bool:
+    namespace, pid = owner_id.rsplit(" ", 1)
+    if namespace != os.readlink("/proc/self/ns/pid"):
+        return False  # another container's: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 class ShmReader:

@@ -5,6 +5,7 @@ refused falls back to chunks. Cores are driven without sockets; one LocalCluster
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from prl_actors.weights_shm import (
     ShmRefused,
     ShmUnavailable,
     host_file,
+    owner_file,
+    reap_stale,
     snapshot_file,
 )
 from tests.conftest import read_logs, sim_config
@@ -111,11 +114,29 @@ def test_one_file_per_version_and_host_readers_keep_theirs(tmp_path: Path) -> No
     held = reader.open(RUN, begin_for(pub.path(1), s1))
     pub.publish(2, s2.data)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [host_file(tmp_path, RUN).name, snapshot_file(tmp_path, RUN, 2).name]
+        [host_file(tmp_path, RUN).name, owner_file(tmp_path, RUN).name, snapshot_file(tmp_path, RUN, 2).name]
     )
     assert bytes(held) == bytes(s1.data)  # unlinked, still intact for the worker that maps it
     pub.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_files_of_a_killed_publisher_are_removed_by_the_next(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    namespace = os.readlink("/proc/self/ns/pid")
+    for run, owner in (("dead", f"{namespace} {gone.pid}"), ("alive", f"{namespace} {os.getpid()}"),
+                       ("elsewhere", f"pid:[1] {gone.pid}")):  # fmt: skip
+        owner_file(tmp_path, run).write_text(owner)
+        snapshot_file(tmp_path, run, 3).write_bytes(b"x")
+        host_file(tmp_path, run).write_bytes(b"0" * 64)
+    ShmPublisher(tmp_path).open_run(RUN)  # a new publisher on this host
+    left = {p.name for p in tmp_path.iterdir()}
+    assert not any(p.name in left for p in (owner_file(tmp_path, "dead"), snapshot_file(tmp_path, "dead", 3)))
+    assert host_file(tmp_path, "dead").name not in left
+    for run in ("alive", "elsewhere"):  # a live publisher, or one in another pid namespace: not ours to judge
+        assert snapshot_file(tmp_path, run, 3).name in left and owner_file(tmp_path, run).name in left
+    assert reap_stale(tmp_path) == []
 
 
 def test_no_space_or_no_run_means_no_shared_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,8 +244,11 @@ def test_a_worker_loads_from_shared_memory_and_falls_back_to_chunks_when_refused
     assert engine.version == 1 and engine.loaded["b"].tolist() == [1, 1, 1]
 
 
-def test_a_local_run_serves_same_host_workers_from_shared_memory(tmp_path: Path) -> None:
-    cfg = sim_config(tmp_path / "run", run__epochs=2, run__workers=2)
+@pytest.mark.parametrize("worker_shm", [True, False], ids=["shm", "chunks-from-the-mapping"])
+def test_a_local_run_serves_same_host_workers_from_shared_memory(tmp_path: Path, worker_shm: bool) -> None:
+    """With worker.shm off the workers prove nothing and get chunks, sent (zero-copy) from the
+    publisher's read-only mapping of the same file."""
+    cfg = sim_config(tmp_path / "run", run__epochs=2, run__workers=2, worker__shm=worker_shm)
     cluster = LocalCluster(cfg, log_dir=tmp_path / "run" / "logs")
     try:
         assert cluster.wait(60)
@@ -233,7 +257,8 @@ def test_a_local_run_serves_same_host_workers_from_shared_memory(tmp_path: Path)
     events = read_logs(tmp_path / "run")
     served = [e["via"] for e in events if e["event"] == "weights_served"]
     synced = [e["via"] for e in events if e["event"] == "span_end" and e.get("span") == "weight_sync"]
-    assert served and set(served) == {"shm"} and set(synced) == {"shm"}
+    via = {"shm" if worker_shm else "chunks"}
+    assert served and set(served) == via and set(synced) == via
     paths = {e["path"] for e in events if e["event"] == "shm_published"}
     assert paths and all(p.startswith("/dev/shm/prl-") for p in paths)
     assert not any(Path(p).exists() for p in paths)  # removed when the publisher stopped
