@@ -84,6 +84,7 @@ def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
     assert two.version == 2
+    assert two.pending == 0 and two.flush() == 0  # the Learner interface's flush: nothing queued
 
 
 def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:

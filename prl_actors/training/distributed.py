@@ -63,32 +63,43 @@ class DistributedLearner:
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
         self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
         self.local = self._guard(lambda: RankLearner(cfg, model_dir, joined), "start rank 0")
-        self.pending: list[Group] = []
+        self.pending_groups: list[Group] = []
 
     @property
     def version(self) -> int:
         return self.local.version
 
     def begin_epoch(self, epoch: int, n_groups: int) -> None:
-        self.pending = []
+        self.pending_groups = []
         self._everywhere(Command(op="begin", epoch=epoch), lambda: self.local.begin_epoch(epoch, n_groups))
 
     def accumulate(self, group: Group) -> dict[str, float]:
         """Queue `group`; a full round goes out to the ranks at once."""
-        self.pending.append(group)
-        if len(self.pending) >= self.round_size:
+        self.pending_groups.append(group)
+        if len(self.pending_groups) >= self.round_size:
             self._round()
         rewards = [s.reward for s in group.samples]
         tokens = sum(len(s.token_ids) for s in group.samples)
         return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
 
+    @property
+    def pending(self) -> int:
+        """Groups queued for the next round."""
+        return len(self.pending_groups)
+
+    def flush(self) -> int:
+        """Train what is queued now, as a (possibly partial) round; returns how many groups."""
+        n = len(self.pending_groups)
+        if n:
+            self._round()
+        return n
+
     def _round(self) -> None:
-        shares, self.pending = partition(self.pending, self.env.world_size), []
+        shares, self.pending_groups = partition(self.pending_groups, self.env.world_size), []
         self._everywhere(Command(op="round", shares=shares), lambda: self.local.run_round(shares[0]))
 
     def step(self) -> dict[str, float]:
-        if self.pending:
-            self._round()
+        self.flush()
         metrics: dict[str, float] = self._everywhere(Command(op="step"), self.local.step)
         return metrics
 
