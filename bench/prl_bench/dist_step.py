@@ -112,7 +112,7 @@ def paired(cfg: Any, model_dir: Path, groups: list[Any], epochs: int, strategy: 
         "one_s": statistics.median(p[0] for p in pairs),
         "epoch_s": statistics.median(p[1] for p in pairs),
         "speedup": statistics.median(p[0] / p[1] for p in pairs),
-        "pairs_s": pairs,
+        "pairs_s": [list(p) for p in pairs],
     }
 
 
