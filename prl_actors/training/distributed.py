@@ -19,6 +19,7 @@ PRL_RANK_CONFIG); `prl-actors actor trainer` under torchrun runs it for RANK > 0
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -137,7 +138,12 @@ class DistributedLearner:
             raise RankGroupError(reason) from exc
 
     def _ranks_state(self) -> str:
-        """Which ranks rank 0 started have exited, and how (the likely cause), as a prefix."""
+        """Which ranks rank 0 started have exited, and how (the likely cause), as a prefix. A rank
+        killed a moment ago may still be exiting when its closed socket is seen: wait a little."""
+        deadline = time.monotonic() + 1.0
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
         gone = [(r, p) for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
         return "".join(
             f"rank {r} (pid {p.pid}) exited with {_exit_text(p.returncode)}{_last_error(self.logs, r)}; "
