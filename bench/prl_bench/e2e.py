@@ -1,11 +1,11 @@
 """Benchmark: prl-actors end to end against the loop a user would write instead, at equal work.
 
 The baseline is one process (the faster of: every core, one thread): per iteration it generates the
-whole batch (B prompts x G samples) in one batch with the same engine code, scores it, trains it (the same GRPO learner: one
-accumulate per group, one optimizer step) and generates the next batch with the updated model, which
-it shares (no weight copy). prl-actors runs the same config through `prl-actors up` (periodic, one
-worker, threads split between trainer and worker). Both report samples/s of steady-state
-iterations, side by side in one run, at three model shapes.
+whole batch (B prompts x G samples) in one batch with the same engine code, scores it, trains it (the
+same GRPO learner: one accumulate per group, one optimizer step) and generates the next batch with
+the updated model, which it shares (no weight copy). prl-actors runs the same config through
+`prl-actors up` (periodic, one worker, threads split between trainer and worker). Both report
+samples/s of steady-state iterations, side by side in one run, at three model shapes.
 
 The CPU-aware bound (docs/BENCHMARKS.md): no schedule of the same work on C cores can take less than
 
