@@ -4,7 +4,8 @@ The launcher starts coordinator, publisher, buffer, trainer and N workers (`prl-
 polls the coordinator's Status to show progress and to follow `prl-actors scale` (it starts or stops
 worker processes to match the wanted count; a worker that crashes or is killed is replaced, one that
 exits cleanly is not), and stops everything on Ctrl-C (RequestStop, then SIGTERM, then SIGKILL).
-A core actor that dies ends the run with an error.
+A core actor that dies ends the run with an error. It speaks to the coordinator with the run's
+operator key (RUN_DIR/keys, created by `up`); the actors it starts find their keys there too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prl_actors.config import Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
+from prl_actors.transport.auth import KeyStore
 
 CORE = ("coordinator", "publisher", "buffer", "trainer")
 
@@ -37,6 +39,7 @@ class Launcher:
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
 
     def spawn(self, name: str) -> None:
         role = name.split("-", 1)[0]
@@ -101,7 +104,7 @@ class Launcher:
 
     def _poll_status(self) -> None:
         try:
-            st = request(self.cfg.address("coordinator"), StatusRequest(), timeout_s=1.0)
+            st = request(self.cfg.address("coordinator"), StatusRequest(), timeout_s=1.0, keys=self.keys)
         except RequestFailed:
             return
         if not isinstance(st, Status):
@@ -130,7 +133,7 @@ class Launcher:
 
     def _stop_all(self, reason: str) -> None:
         with contextlib.suppress(RequestFailed):
-            request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0)
+            request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
             time.sleep(0.05)

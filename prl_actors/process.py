@@ -13,6 +13,7 @@ import zmq
 from prl_actors.actors.runtime import ActorHost, StopRequest
 from prl_actors.config import Config
 from prl_actors.topology import role_of, start_actor
+from prl_actors.transport.auth import close_context, create_keys, run_key_names
 
 
 class ActorFailed(Exception):
@@ -33,12 +34,12 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     try:
         while not host.done.wait(0.1):
-            if stop.is_set():
+            if stop.is_set() or host.error:  # error: the port thread died; the actor is stopping
                 _request_stop(host, "signal")
                 host.done.wait(5.0)
                 break
     finally:
-        ctx.destroy(linger=0)
+        close_context(ctx)
     if host.error:
         raise ActorFailed(f"{name}: {host.error}")
     return 0
@@ -66,6 +67,8 @@ class LocalCluster:
     def __init__(self, cfg: Config, workers: int | None = None, log_dir: Path | None = None) -> None:
         self.cfg, self.log_dir = cfg, log_dir
         self.ctx = zmq.Context()
+        if cfg.authenticated():  # the run's keys, as `prl-actors up` makes them
+            create_keys(cfg.keys_path(), run_key_names())
         self.hosts: dict[str, ActorHost] = {}
         self._next_worker = 0
         for name in ("coordinator", "publisher", "buffer", "trainer"):
@@ -98,4 +101,4 @@ class LocalCluster:
                 host.actor_ref.stop(block=False)
         for host in self.hosts.values():
             host.done.wait(5.0)
-        self.ctx.destroy(linger=0)
+        close_context(self.ctx)

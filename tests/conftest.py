@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import zmq
 
 from prl_actors.config import Config, load_config
 from prl_actors.protocol.versions import on_policy
+from prl_actors.transport.auth import KeyStore, Security
 
 # Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
 _ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
@@ -83,6 +85,18 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
     for e in trained:  # some worker generated it with the very version it was trained under
         key = (e["msg_epoch"], e["group_id"])
         assert (*key, e["msg_version"]) in sent or key in external, f"no worker sent {key} at v{e['msg_version']}"
+
+
+def dealer(ctx: zmq.Context, cfg: Config, actor: str, name: str, keys: Path | None = None) -> zmq.Socket:
+    """A hand-driven DEALER to `actor`'s bound socket, speaking as `name` with the run's key that
+    covers it (or the keys in `keys`); without authentication (inproc, auth none) a plain one."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, name.encode())
+    if cfg.authenticated():
+        Security(KeyStore(keys or cfg.keys_path()), name).connect(sock, actor)
+    sock.connect(cfg.address(actor))
+    return sock
 
 
 @pytest.fixture

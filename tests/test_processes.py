@@ -62,13 +62,19 @@ def test_remote_worker_joins_and_scale_and_status(tmp_path: Path, run_dir: Path)
     proc = start_up(cfg, tmp_path)
     coord = cfg.address("coordinator")
     wait_for(run_dir, lambda e: e["event"] == "epoch_open")
-    status = subprocess.run([*CLI, "status", "--coordinator", coord], capture_output=True, text=True, timeout=20)
+    keys = ["--keys", str(run_dir / "keys")]  # the operator's: the run's key directory
+    status = subprocess.run([*CLI, "status", "--coordinator", coord, *keys], capture_output=True, text=True, timeout=20)
     assert status.returncode == 0 and "state" in status.stdout and "worker-0" in status.stdout
+    bundle = tmp_path / "joiner-keys"  # what a worker on another host gets: its secret + public keys
+    exported = subprocess.run([*CLI, "keys", "export", "worker", "--out", str(bundle), "--run-dir", str(run_dir)])
+    assert exported.returncode == 0 and not (bundle / "operator.key_secret").exists()
     extra = subprocess.Popen(
         [*CLI, "actor", "worker", "--config", str(tmp_path / "cfg.yaml"), "--name", "worker-remote",
-         "--coordinator", coord],
+         "--coordinator", coord, "--keys", str(bundle)],
     )  # fmt: skip
-    scaled = subprocess.run([*CLI, "scale", "--workers", "2", "--coordinator", coord], capture_output=True, text=True)
+    scaled = subprocess.run(
+        [*CLI, "scale", "--workers", "2", "--coordinator", coord, *keys], capture_output=True, text=True
+    )
     assert scaled.returncode == 0, scaled.stderr
     err = finish(proc)
     assert extra.wait(20) == 0

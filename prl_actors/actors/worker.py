@@ -84,7 +84,9 @@ class WorkerCore(Core):
     def heartbeat(self) -> Heartbeat | None:
         if not self.registered:
             return None
-        return Heartbeat(epoch=self.epoch, version=self.engine.version, busy_groups=list(self.busy))
+        return Heartbeat(
+            epoch=self.epoch, version=self.engine.version, busy_groups=list(self.busy), refused=self.refused
+        )
 
     def request_stop(self, reason: str) -> None:
         """Graceful leave: the coordinator requeues whatever we held."""
@@ -255,7 +257,8 @@ class WorkerCore(Core):
         prompts = {p.group_id: p for p in msg.prompts}
         for g in generated:
             group = self._score(g, prompts[g.group_id], gen_s / max(1, len(generated)))
-            self._send_group(GroupResult(epoch=msg.epoch, version=msg.version, group=group), attempt=1)
+            out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompts[g.group_id].ticket)
+            self._send_group(out, attempt=1)
         self.log("span_end", span="score")
         self.busy = []
 

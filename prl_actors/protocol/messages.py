@@ -59,10 +59,7 @@ class ErrorCode(DocEnum):
     UNKNOWN_TYPE = "unknown_type", "type tag not in this protocol"
     UNEXPECTED = "unexpected", "valid message, but not one this actor handles"
     REJECTED = "rejected", "valid and handled, but refused (see detail)"
-    FORBIDDEN = "forbidden", (
-        "the sender's authenticated identity may not send this: wrong role, a `sender` or routing id "
-        "its key does not cover, or a group the coordinator did not assign to it"
-    )
+    FORBIDDEN = "forbidden", "the sender's key may not send this (role, a name it does not cover, unassigned)"
     OVER_LIMIT = "over_limit", "exceeds a configured limit (e.g. `scale` above run.max_workers)"
 
 
