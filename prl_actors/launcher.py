@@ -22,6 +22,7 @@ from prl_actors.config import Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
+from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
 
 CORE = ("coordinator", "publisher", "buffer", "trainer")
@@ -47,6 +48,7 @@ class Launcher:
         self.procs[name] = subprocess.Popen(cmd)
 
     def add_worker(self) -> None:
+        ensure_key(f"worker-{self.next_worker}", self.cfg)  # its own key: no other worker can speak as it
         self.spawn(f"worker-{self.next_worker}")
         self.next_worker += 1
 

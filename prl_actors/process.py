@@ -12,7 +12,7 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StopRequest
 from prl_actors.config import Config
-from prl_actors.topology import role_of, start_actor
+from prl_actors.topology import ensure_key, role_of, start_actor
 from prl_actors.transport.auth import close_context, create_keys, run_key_names
 
 
@@ -79,6 +79,7 @@ class LocalCluster:
     def add_worker(self) -> str:
         name = f"worker-{self._next_worker}"
         self._next_worker += 1
+        ensure_key(name, self.cfg)
         self.hosts[name] = start_actor(name, self.cfg, self.ctx, self.log_dir, quiet=True)
         return name
 

@@ -87,14 +87,17 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
         assert (*key, e["msg_version"]) in sent or key in external, f"no worker sent {key} at v{e['msg_version']}"
 
 
-def dealer(ctx: zmq.Context, cfg: Config, actor: str, name: str, keys: Path | None = None) -> zmq.Socket:
-    """A hand-driven DEALER to `actor`'s bound socket, speaking as `name` with the run's key that
-    covers it (or the keys in `keys`); without authentication (inproc, auth none) a plain one."""
+def dealer(
+    ctx: zmq.Context, cfg: Config, actor: str, name: str, keys: Path | None = None, key: str | None = None
+) -> zmq.Socket:
+    """A hand-driven DEALER to `actor`'s bound socket with routing id `name`, holding the key `key`
+    (default: the one that covers `name`) from the run's keys (or from `keys`); without
+    authentication (inproc, auth none) a plain one."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, name.encode())
     if cfg.authenticated():
-        Security(KeyStore(keys or cfg.keys_path()), name).connect(sock, actor)
+        Security(KeyStore(keys or cfg.keys_path()), key or name).connect(sock, actor)
     sock.connect(cfg.address(actor))
     return sock
 

@@ -57,7 +57,7 @@ from prl_actors.protocol.messages import (
 )
 from prl_actors.protocol.routes import receivable, senders_of
 from prl_actors.transport.auth import Security, role_of_name, speaks_for
-from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port
+from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port, name_of_id
 
 M = TypeVar("M", bound=Msg)
 C = TypeVar("C", bound="Core")
@@ -235,8 +235,8 @@ class Core:
         if inbound.peer is None:  # on our bound socket: names must be ones the sender's key covers
             if not speaks_for(who, msg.sender):
                 return f"sender {msg.sender!r} is not a name the key {who!r} may use"
-            if inbound.identity and not speaks_for(who, inbound.identity.decode(errors="replace")):
-                return f"routing id {inbound.identity!r} is not a name the key {who!r} may use"
+            if inbound.identity and not speaks_for(who, name_of_id(inbound.identity)):
+                return f"routing id {name_of_id(inbound.identity)!r} is not a name the key {who!r} may use"
         if isinstance(msg, Register) and msg.role != role:
             return f"the key {who!r} may register only as a {role}, not as a {msg.role}"
         return ""
@@ -400,7 +400,13 @@ class ActorHost(pykka.ThreadingActor):
             security=security,
             on_auth_failed=lambda where, why: self._tell(AuthFailed(where, why)),
             on_crash=self._port_crashed,
+            backlog=self._backlog,
         )
+
+    def _backlog(self) -> int:
+        """Items waiting in the actor's inbox (a queue.Queue in a ThreadingActor); port thread."""
+        inbox: Any = self.actor_inbox
+        return int(inbox.qsize())
 
     def _tell(self, message: object) -> None:
         """From the port thread; after the actor stopped there is nobody to tell (shutdown race)."""

@@ -144,7 +144,8 @@ def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     if reply_to in ids:
         msg = msgspec.structs.replace(msg, reply_to=ids[reply_to])  # type: ignore[call-arg]
     identity = bytes.fromhex(str(e.get("identity", "")))
-    return Inbound(msg, [], None, identity)  # type: ignore[arg-type]
+    principal = str(e.get("principal", ""))  # the authenticated sender, so refusals replay as refusals
+    return Inbound(msg, [], None, identity, principal=principal)  # type: ignore[arg-type]
 
 
 def feed(core: Any, step: Step, ids: dict[str, str]) -> None:

@@ -1,7 +1,9 @@
 """ZeroMQ behind a small interface: one `Port` per actor owns all of that actor's sockets.
 
 Topology: an actor that serves others binds one ROUTER (`bind`); it reaches its peers through one
-DEALER per peer (`peers`), whose routing id is the actor's name, so a ROUTER sees who is talking.
+DEALER per peer (`peers`), whose routing id is "<actor name>#<64 random bits>": the name for the logs,
+the random part so that no other peer can take over the connection by guessing its routing id (with
+ROUTER_HANDOVER a newcomer with the same id would receive its replies). Logs show the name only.
 
 Hazards, and what this module does about them:
 - ZeroMQ sockets are not thread-safe. Only the port thread touches them; other threads hand frames
@@ -18,7 +20,9 @@ Hazards, and what this module does about them:
   `on_send_failed` (logged as `send_failed`). Nothing waits forever; the protocol's timeouts and retries
   (work requests, group acks, weight fetches) recover what was dropped. A peer that is gone
   (EHOSTUNREACH) is reported at once. On the receive side a full queue stops reading from that
-  connection, which pushes back on the sender's own high-water mark.
+  connection, which pushes back on the sender's own high-water mark; and while more than
+  `max_backlog` messages wait in the actor's inbox (`backlog`), the port reads no peer socket at all,
+  so a flood fills the sockets' bounded queues, never the process's memory.
 - Sockets close with linger 0 in a `finally`, so a dead peer never keeps a process alive.
 - Message size: every socket has ZMQ_MAXMSGSIZE (`Limits.max_msg_bytes`, or `bulk_msg_bytes` for the
   sockets that carry weight chunks), so a peer that sends a bigger frame is disconnected by ZeroMQ
@@ -36,6 +40,7 @@ Hazards, and what this module does about them:
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
 import traceback
@@ -77,7 +82,7 @@ class Inbound(Generic[M_co]):
 
     @property
     def who(self) -> str:
-        return self.principal or self.peer or self.identity.decode(errors="replace")
+        return self.principal or self.peer or name_of_id(self.identity)
 
 
 @dataclass
@@ -98,6 +103,7 @@ class Limits:
     max_msg_bytes: int = 0  # ZMQ_MAXMSGSIZE per frame of every socket (0 = unbounded)
     bulk_msg_bytes: int = 0  # ... of the sockets in `bulk`, which carry weight chunks
     bulk: frozenset[str] = frozenset()  # peer names, and ROUTER for the bound socket
+    max_backlog: int = 10_000  # inbox items of the actor above which the port stops reading peers
 
     def max_bytes(self, socket_name: str) -> int:
         return self.bulk_msg_bytes if socket_name in self.bulk else self.max_msg_bytes
@@ -120,7 +126,12 @@ class Dest:
         return cls(identity=identity)
 
     def __repr__(self) -> str:
-        return f"peer:{self.name}" if self.name else f"id:{self.identity.decode(errors='replace')}"
+        return f"peer:{self.name}" if self.name else f"id:{name_of_id(self.identity)}"
+
+
+def name_of_id(identity: bytes) -> str:
+    """The actor name in a routing id ("worker-3#9f2c..." -> "worker-3")."""
+    return identity.split(b"#", 1)[0].decode(errors="replace")
 
 
 @dataclass
@@ -154,6 +165,7 @@ class Port:
         security: Security | None = None,
         on_auth_failed: Callable[[str, str], None] | None = None,
         on_crash: Callable[[str], None] | None = None,
+        backlog: Callable[[], int] | None = None,
     ) -> None:
         self.ctx, self.name, self.bind, self.peers = ctx, name, bind, dict(peers)
         self.on_message, self.on_bad_frame = on_message, on_bad_frame
@@ -161,8 +173,10 @@ class Port:
         self.on_send_failed = on_send_failed or (lambda dest, why: None)
         self.on_auth_failed = on_auth_failed or (lambda where, why: None)
         self.on_crash = on_crash or (lambda error: None)
+        self.backlog = backlog or (lambda: 0)
         self.limits, self.security = limits, security
         self._monitors: dict[zmq.Socket, str] = {}  # type: ignore[type-arg]
+        self.routing_id = f"{name}#{secrets.token_hex(8)}".encode()
         self._outbox_addr = f"inproc://outbox-{name}-{next(_outbox_ids)}"
         self._local = threading.local()
         self._pushers: list[zmq.Socket] = []  # type: ignore[type-arg]
@@ -236,7 +250,7 @@ class Port:
             d = self._bounded(zmq.DEALER, peer)
             if self.security is not None:
                 self.security.connect(d, peer)
-            d.setsockopt(zmq.ROUTING_ID, self.name.encode())
+            d.setsockopt(zmq.ROUTING_ID, self.routing_id)
             d.setsockopt(zmq.RECONNECT_IVL, 50)
             d.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
             d.connect(addr)
@@ -270,15 +284,20 @@ class Port:
             s.close(linger=0)
 
     def _loop(self, outbox: zmq.Socket, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
-        poller = zmq.Poller()
+        full, lean = zmq.Poller(), zmq.Poller()  # lean: while the actor is behind, read no peer
         for s in [outbox, *([router] if router else []), *dealers.values(), *self._monitors]:
-            poller.register(s, zmq.POLLIN)
+            full.register(s, zmq.POLLIN)
+        for s in [outbox, *self._monitors]:
+            lean.register(s, zmq.POLLIN)
         by_socket = {d: name for name, d in dealers.items()}
         next_timer = time.monotonic()
         while not self._stop.is_set():
             timeout_ms = max(0, int((next_timer - time.monotonic()) * 1000)) if self.on_timer else 100
             if self._parked:
                 timeout_ms = min(timeout_ms, 2)
+            poller = full
+            if self.backlog() > self.limits.max_backlog:
+                poller, timeout_ms = lean, min(timeout_ms, 5)
             for sock, _ in poller.poll(min(timeout_ms, 100)):
                 self._drain(sock, outbox, router, dealers, by_socket)
             now = time.monotonic()
@@ -318,7 +337,7 @@ class Port:
     def _principal(self, frame: zmq.Frame, identity: bytes) -> str:
         """The ROUTER peer's key name (CURVE), or its routing id when nothing is authenticated."""
         if self.security is None:
-            return identity.decode(errors="replace")
+            return name_of_id(identity)
         try:
             return str(frame.get("User-Id"))
         except zmq.ZMQError:  # no ZAP label: not authenticated, refused by the core
