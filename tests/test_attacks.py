@@ -184,7 +184,10 @@ def test_fake_progress_is_refused(run_dir: Path, reference: list[float]) -> None
     def attack(ctx: zmq.Context, cfg: Config) -> list[m.Msg | None]:  # type: ignore[type-arg]
         sock = insider(ctx, cfg, "coordinator")
         fakes: list[m.Msg] = [
-            *(m.GroupAccepted(sender="worker-evil", epoch=1, version=1, group_id=g, worker="worker-0") for g in range(B)),
+            *(
+                m.GroupAccepted(sender="worker-evil", epoch=1, version=1, group_id=g, worker="worker-0")
+                for g in range(B)
+            ),
             m.WeightsAvailable(sender="worker-evil", version=EPOCHS + 5),
             m.StepDone(sender="worker-evil", epoch=1, version=2, metrics={"reward_mean": 1000.0}),
             m.Ack(sender="worker-evil", reply_to="anything"),

@@ -152,10 +152,11 @@ def rounded(d: dict[str, Any], digits: int = 6) -> dict[str, Any]:
     return {k: round(v, digits) if isinstance(v, float) and math.isfinite(v) else v for k, v in d.items()}
 
 
-def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str]) -> Any:
-    """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object."""
+def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str], security: Any = None) -> Any:
+    """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object.
+    `security` (transport.auth.Security): CurveZMQ on its sockets, as in a run."""
     from prl_actors.actors.runtime import ActorHost
 
-    host = ActorHost.start(core, zctx, bind, peers)._actor_weakref()  # type: ignore[attr-defined]
+    host = ActorHost.start(core, zctx, bind, peers, security=security)._actor_weakref()  # type: ignore[attr-defined]
     assert host is not None, "the actor stopped while starting"
     return host

@@ -3,7 +3,8 @@ and the epoch turnaround.
 
   core     CoordinatorCore driven directly (no sockets): a realistic mix per group of WorkRequest,
            GroupAccepted and a Heartbeat, epochs closing and reopening; logging to a real file.
-  zmq      the coordinator in its real ActorHost, bound on tcp; one other OS process holds N DEALER
+  zmq      the coordinator in its real ActorHost, bound on tcp with CurveZMQ as in a run (every
+           member authenticates with the run's keys); one other OS process holds N DEALER
            members (swarm.py): join, heartbeats every 0.2 s with a work-request prober (assignment
            latency p50/p99 under that load), a heartbeat flood (messages/s), leave.
   turnaround  from the logs of a `prl-actors up` sim run (one process per actor, tcp): last group
@@ -120,14 +121,16 @@ def core_direct(ctx: BenchContext, log_dir: Path) -> dict[str, Any]:
     return {"mix_msgs_per_s": mix, "heartbeat_msgs_per_s": hb_rate, "workers": workers, "groups": groups}
 
 
-def start_coordinator(addr: str, log_path: Path, groups: int):  # type: ignore[no-untyped-def]
+def start_coordinator(addr: str, log_path: Path, groups: int, keys: Path):  # type: ignore[no-untyped-def]
     import zmq
 
     from prl_actors.bench.common import start_host
+    from prl_actors.transport.auth import KeyStore, Security, create_keys, run_key_names
 
+    create_keys(keys, run_key_names())
     zctx = zmq.Context()
     core = make_coordinator(log_path, groups, epochs=1, timeout_s=3.0)  # 15 heartbeat intervals
-    host = start_host(core, zctx, addr, {})
+    host = start_host(core, zctx, addr, {}, security=Security(KeyStore(keys), "coordinator"))
     return zctx, host
 
 
@@ -162,10 +165,11 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
 
     seconds = ctx.size(4.0, 2.0, 0.5)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    zctx, host = start_coordinator(addr, log_dir / f"coordinator-{n}.jsonl", groups=200_000)
+    keys = log_dir / "keys"
+    zctx, host = start_coordinator(addr, log_dir / f"coordinator-{n}.jsonl", groups=200_000, keys=keys)
     out: dict[str, Any] = {}
     try:
-        swarm("start", addr)
+        swarm("start", addr, str(keys))
         swarm("open_epoch")
         idle = swarm("steady", seconds / 2, 0.2, 0.005)
         out.update(idle_assign_p50_ms=idle["assign_p50_ms"], idle_assign_p99_ms=idle["assign_p99_ms"])
@@ -183,9 +187,11 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
         out["members_left_in_coordinator"] = len(host.core.members.of_role(Role.WORKER)) - 1  # prober
         out["false_timeouts"] = _timeouts(log_dir / f"coordinator-{n}.jsonl")
     finally:
+        from prl_actors.transport.auth import close_context
+
         host.actor_ref.stop(block=False)
         host.done.wait(10.0)
-        zctx.destroy(linger=0)
+        close_context(zctx)
     return rounded(out, 4)
 
 
@@ -331,7 +337,8 @@ def _entries(core: dict, scale: list[dict], turn: dict, med: float) -> list[Entr
             float(top["false_timeouts"]),
             0.0,
             "<=",
-            note=f"join {top['join_s']:.2f}s, leave {top['leave_s']:.2f}s, hb p99 {top['steady_hb_rtt_p99_ms']:.1f} ms",
+            note=f"connect {top['connect_s']:.2f}s, join {top['join_s']:.2f}s, leave {top['leave_s']:.2f}s, "
+            f"hb p99 {top['steady_hb_rtt_p99_ms']:.1f} ms",
         ),
         Entry(
             e,
