@@ -42,7 +42,7 @@ def request(
     sock = ctx.socket(zmq.DEALER)
     monitor = sock.get_monitor_socket(_FAILED)
     try:
-        _setup(sock, name, keys, server)
+        _setup(sock, name, keys, server, as_)
         msg.sender = name
         sock.connect(address)
         sock.send_multipart(encode(msg))
@@ -55,12 +55,12 @@ def request(
             ctx.term()
 
 
-def _setup(sock: zmq.Socket, name: str, keys: KeyStore | None, server: str) -> None:  # type: ignore[type-arg]
+def _setup(sock: zmq.Socket, name: str, keys: KeyStore | None, server: str, as_: str) -> None:  # type: ignore[type-arg]
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, name.encode())
     if keys is not None:
         try:
-            Security(keys, name).connect(sock, server)
+            Security(keys, as_).connect(sock, server)
         except KeysError as exc:
             raise RequestFailed(str(exc)) from None
 

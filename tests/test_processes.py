@@ -93,3 +93,34 @@ def test_up_writes_run_directory(tmp_path: Path, run_dir: Path) -> None:
     assert names == ["buffer", "coordinator", "publisher", "trainer", "worker-0", "worker-1"]
     for e in read_logs(run_dir):
         assert {"event", "actor", "role", "epoch", "version", "t_mono", "t_wall"} <= e.keys()
+
+
+def test_stop_and_scale_need_the_operator_key_and_status_shows_refusals(tmp_path: Path, run_dir: Path) -> None:
+    """`up` over tcp with its keys: the CLI without them is refused at the handshake (a clear error,
+    counted in `status`); with the operator key `scale` is bounded by run.max_workers and `stop` works."""
+    cfg = sim_config(run_dir, transport="tcp", run__epochs=100, run__max_workers=3, sim__gen_s_per_token=0.01)
+    proc = start_up(cfg, tmp_path)
+    coord = ["--coordinator", cfg.address("coordinator")]
+    keys = ["--keys", str(run_dir / "keys")]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    try:
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open", timeout=60)
+        nokey = cli("stop", *coord)  # no --keys, and no runs/latest here: a plain client
+        assert nokey.returncode == 1 and "refused our handshake" in nokey.stderr, nokey.stderr
+        too_many = cli("scale", "--workers", "4", *coord, *keys)
+        assert too_many.returncode == 1 and "over_limit" in too_many.stderr, too_many.stderr
+        status = cli("status", *coord, *keys)
+        assert status.returncode == 0 and "coordinator refused: auth_refused" in status.stdout, status.stdout
+        stopped = cli("stop", *coord, *keys)
+        assert stopped.returncode == 0, stopped.stderr
+        err = finish(proc)
+    finally:
+        if proc.poll() is None:  # a failed assertion: stop the run (and its actors) like Ctrl-C
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    assert "done: 100 epochs" not in err
+    done = [e for e in read_logs(run_dir) if e["event"] == "run_done"]
+    assert done and done[0]["reason"] == "stop requested: prl-actors stop"
