@@ -140,8 +140,10 @@ def actor(
     keys: KeysOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Run one actor in this process (what compose services and remote hosts run). It authenticates
-    with its own key (or its role's) from --keys (default RUN_DIR/keys)."""
+    """Run one actor in this process (what compose services and remote hosts run).
+
+    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
+    """
     import os
 
     from prl_actors.topology import PEERS
@@ -242,7 +244,9 @@ def scale(
     keys: KeysOpt = None,
 ) -> None:
     """Change the worker count of a running `prl-actors up` (it starts or stops workers to match).
-    Needs the operator key; at most run.max_workers."""
+
+    Needs the operator key; at most run.max_workers.
+    """
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import Scale
 
@@ -256,7 +260,10 @@ def scale(
 
 @app.command()
 def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt = None) -> None:
-    """Stop a running run cleanly (every actor gets Shutdown). Needs the operator key."""
+    """Stop a running run cleanly (every actor gets Shutdown).
+
+    Needs the operator key.
+    """
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import RequestStop
 

@@ -158,6 +158,9 @@ def start_actor(
     peers = {p: cfg.address(p) for p in PEERS[role]}
     heartbeat = None if role == "coordinator" else cfg.coordinator.heartbeat_interval_s
     security = Security(KeyStore(cfg.keys_path()), name) if cfg.authenticated() else None
+    if security is not None:  # a missing key file is a clear error here, not later in the port thread
+        for peer in peers:
+            security.store.public(peer)
     if not cfg.authenticated() and cfg.transport.kind != "inproc":
         log("auth_disabled", warning="transport.auth is none: any local process can act as any actor")
     limits = socket_limits(role, cfg)
