@@ -94,7 +94,7 @@ def test_an_exception_in_the_port_thread_crashes_the_actor_loudly(run_dir: Path,
     monkeypatch.setattr(Port, "_retry_parked", broken)
     host = ActorHost.start(core, ctx, None, {"coordinator": "inproc://nobody"})._actor_weakref()
     try:
-        assert host is not None and host.done.wait(5.0), "the actor lives on without its port thread"
+        assert host is not None and host.done.wait(30.0), "the actor lives on without its port thread"
         assert host.error is not None and "boom in the port thread" in host.error
     finally:
         ctx.destroy(linger=0)

@@ -85,7 +85,7 @@ class BufferCore(Core):
         group = msg.group
         why = self._not_assigned(msg)
         if why:
-            self.refuse(inbound, why, ErrorCode.FORBIDDEN)
+            self.refuse(inbound, why, ErrorCode.FORBIDDEN, quiet=True)
             return
         reason = self._reject_reason(msg.epoch, msg.version, group.group_id, len(group.samples))
         fields = dict(group_id=group.group_id, worker=group.worker, msg_id=msg.id, msg_epoch=msg.epoch)

@@ -9,8 +9,9 @@ Invariants it keeps:
 - every group of the epoch is queued, held by exactly one live worker, or done (accepted by the
   buffer); a leaving or silent worker's held groups go back to the queue; a done group is never handed
   out again.
-Every input (message or effective tick) is logged as `coord_input` with the message in full, so
-`prl-actors replay` can feed a run's inputs back into this class and compare its decisions.
+Every input (a message its sender may send, or an effective tick) is logged as `coord_input` with the
+message in full, so `prl-actors replay` can feed a run's inputs back into this class and compare its
+decisions.
 Trust (docs/SECURITY.md): who may send what is checked before any handler runs (runtime.Core); on
 top of that `scale` is bounded by `max_workers`, and every assigned group carries a ticket
 (tickets.py) without which the buffer refuses the group.
@@ -101,7 +102,8 @@ class CoordinatorCore(Core):
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def handle(self, now: float, inbound: Inbound[Msg]) -> None:
+    def admitted(self, now: float, inbound: Inbound[Msg]) -> None:
+        """An input its sender may send (refused ones change nothing, so replay needs none of them)."""
         self.log(
             "coord_input",
             now=now,
@@ -109,10 +111,7 @@ class CoordinatorCore(Core):
             principal=inbound.who,
             msg=msgspec.to_builtins(inbound.msg),
         )
-        super().handle(now, inbound)
-
-    def admitted(self, now: float, inbound: Inbound[Msg]) -> None:
-        self.members.seen(inbound.msg.sender, now)  # only a message its sender may send keeps it alive
+        self.members.seen(inbound.msg.sender, now)
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)

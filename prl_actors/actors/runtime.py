@@ -215,14 +215,28 @@ class Core:
         """Where a reply to `inbound` goes."""
         return Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
 
-    def refuse(self, inbound: Inbound[Msg], detail: str, code: ErrorCode = ErrorCode.REJECTED) -> None:
-        """Answer `inbound` with an Error (the uniform refusal), counted and logged."""
+    def refuse(
+        self, inbound: Inbound[Msg], detail: str, code: ErrorCode = ErrorCode.REJECTED, quiet: bool = False
+    ) -> None:
+        """Answer `inbound` with an Error (the uniform refusal), counted and logged (rate-limited).
+        `quiet`: log the answer's `send` only with its `refused` event (a flood cannot fill the disk)."""
+        loud = self._note_refusal(inbound, "refused", f"refused.{code}", code, detail)
+        self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud or not quiet)
+
+    def _note_refusal(self, inbound: Inbound[Msg], event: str, key: str, code: ErrorCode, detail: str) -> bool:
         msg = inbound.msg
-        key = f"refused.{code}"
-        if self.count_loud(key):
+        loud = self.count_loud(key)
+        if loud:
             fields = dict(type=tag_of(msg), msg_id=msg.id, sender=msg.sender, principal=inbound.who)
-            self.log("refused", code=code, detail=detail, count=self.counters[key], **fields)
-        self.reply(inbound, Error(reply_to=msg.id, code=code, detail=detail))
+            self.log(event, code=code, detail=detail, count=self.counters[key], **fields)
+        return loud
+
+    def _refuse_early(self, inbound: Inbound[Msg], event: str, code: ErrorCode, detail: str) -> None:
+        """Refused before any handler (unexpected, forbidden): nothing changes, nothing is logged as
+        received; the refusal is counted and logged rate-limited, its answer logged only with it."""
+        key = "unexpected" if code == ErrorCode.UNEXPECTED else f"refused.{code}"
+        loud = self._note_refusal(inbound, event, key, code, detail)
+        self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud)
 
     def forbidden(self, inbound: Inbound[Msg]) -> str:
         """Why the authenticated sender may not send this message here ("" when it may)."""
@@ -258,6 +272,17 @@ class Core:
     def handle(self, now: float, inbound: Inbound[Msg]) -> None:
         msg = inbound.msg
         tag = tag_of(msg)
+        name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
+        if name is None:
+            self._refuse_early(
+                inbound, "unexpected_message", ErrorCode.UNEXPECTED, f"{self.role} does not handle {tag!r}"
+            )
+            return
+        why = self.forbidden(inbound)
+        if why:
+            self._refuse_early(inbound, "forbidden_message", ErrorCode.FORBIDDEN, why)
+            return
+        self.admitted(now, inbound)
         reply_to = getattr(msg, "reply_to", "")
         if reply_to:
             self._pending.pop(reply_to, None)
@@ -271,22 +296,10 @@ class Core:
                 msg_epoch=msg.epoch,
                 msg_version=msg.version,
             )
-        name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
-        if name is None:
-            if self.count_loud("unexpected"):
-                self.log("unexpected_message", type=tag, msg_id=msg.id, sender=msg.sender, principal=inbound.who)
-            detail = f"{self.role} does not handle {tag!r}"
-            self.reply(inbound, Error(reply_to=msg.id, code=ErrorCode.UNEXPECTED, detail=detail))
-            return
-        why = self.forbidden(inbound)
-        if why:
-            self.refuse(inbound, why, ErrorCode.FORBIDDEN)
-            return
-        self.admitted(now, inbound)
         getattr(self, name)(now, inbound)
 
     def admitted(self, now: float, inbound: Inbound[Msg]) -> None:  # noqa: B027 - optional hook
-        """Called for every message that passed the checks, before its handler."""
+        """Called for every message that passed the checks, before it is logged as received and handled."""
 
     def bad_frame(self, now: float, bad: BadFrame) -> None:
         """A frame that failed decoding: log it, count it, answer with an Error; keep running."""

@@ -13,7 +13,8 @@ after that input:
 Message ids are fresh in the replay, so the ids of recorded sends map onto the replayed ones and the
 replies that come back as later inputs are rewritten (the buffer's Ack of epoch_open clears the
 right pending request). A restarted coordinator (a second `actor_start`) restarts the replay.
-Events after a `bad_frame`, `send_failed` or `stop_requested` belong to no input and are skipped.
+Events after a `bad_frame`, `unexpected_message`, `forbidden_message`, `send_failed` or
+`stop_requested` belong to no input and are skipped.
 """
 
 from __future__ import annotations
@@ -45,12 +46,21 @@ DECISION_EVENTS = frozenset(
         "request_timeout",
         "run_done",
         "scale",
-        "unexpected_message",
         "handler_error",
     }
 )
 VOLATILE = frozenset({"event", "actor", "role", "t_mono", "t_wall", "t", "where", "_seq", "msg_id", "trace"})
-NOT_AN_INPUT = frozenset({"bad_frame", "send_failed", "stop_requested", "actor_stopped", "actor_crashed"})
+NOT_AN_INPUT = frozenset(
+    {
+        "bad_frame",
+        "unexpected_message",
+        "forbidden_message",
+        "send_failed",
+        "stop_requested",
+        "actor_stopped",
+        "actor_crashed",
+    }
+)  # refused before any handler (no coord_input): nothing to replay
 
 
 class CaptureLog(EventLog):
