@@ -108,7 +108,7 @@ class CoordinatorCore(Core):
             "coord_input",
             now=now,
             identity=inbound.identity.hex(),
-            principal=inbound.who,
+            principal=inbound.principal,  # "" when the transport authenticates nothing (see Inbound.who)
             msg=msgspec.to_builtins(inbound.msg),
         )
         self.members.seen(inbound.msg.sender, now)

@@ -67,6 +67,7 @@ HandlerFn = Callable[[C, float, Inbound[M]], None]
 QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
 REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
 LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
+VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
 
 
 def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
@@ -160,6 +161,7 @@ class Core:
         self.refused = 0  # the sum of the REFUSALS counters (sent in heartbeats)
         self._pending: dict[str, _Pending] = {}
         self._senders = {t: senders_of(t, self.role) for t in self.receives}
+        self._verdicts: dict[tuple[object, ...], str] = {}
 
     # epoch/version live on the log so every event carries them
     @property
@@ -239,7 +241,20 @@ class Core:
         self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud)
 
     def forbidden(self, inbound: Inbound[Msg]) -> str:
-        """Why the authenticated sender may not send this message here ("" when it may)."""
+        """Why the authenticated sender may not send this message here ("" when it may). The verdict
+        depends only on the key below, so it is remembered (bounded: a flood of new names clears it)."""
+        msg = inbound.msg
+        if type(msg) is Register:  # its verdict also depends on the role it claims (and it is rare)
+            return self._judge(inbound)
+        key = (type(msg), inbound.principal, inbound.peer, inbound.identity, msg.sender)
+        why = self._verdicts.get(key)
+        if why is None:
+            if len(self._verdicts) >= VERDICTS_KEPT:
+                self._verdicts.clear()
+            why = self._verdicts[key] = self._judge(inbound)
+        return why
+
+    def _judge(self, inbound: Inbound[Msg]) -> str:
         msg, who = inbound.msg, inbound.who
         role = role_of_name(who)
         allowed = self._senders.get(type(msg), frozenset())
