@@ -2,8 +2,9 @@
 
 `decode` turns raw ZeroMQ frames into a typed message or raises `ProtocolError` with an
 `ErrorCode`; nothing untyped travels past it, and nothing else escapes it: whatever bytes a peer sends,
-the caller gets a message or a `ProtocolError` (a fuzz test holds it to that). The header is checked
-first, so a peer speaking another protocol version gets `bad_protocol` (not a confusing field error).
+the caller gets a message or a `ProtocolError` (a fuzz test holds it to that). A frame that fails is
+then read as a bare header, so a peer speaking another protocol version gets `bad_protocol` (not a
+confusing field error) and an unknown type `unknown_type`.
 
 Limits (what one frame can cost the receiver):
 - size: frame 0 at most `max_bytes` (the socket's ZMQ_MAXMSGSIZE already disconnects a peer that
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from prl_actors.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, ErrorCode, Message, Msg
+from prl_actors.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, ErrorCode, Message, Msg, tag_of
 
 Frame = bytes | memoryview
 
@@ -91,32 +92,44 @@ def _field(raw: msgspec.Raw, decoder: msgspec.msgpack.Decoder[int] | msgspec.msg
 
 
 def decode(frames: Sequence[Frame], max_bytes: int = 0) -> tuple[Message, list[Frame]]:
-    """(message, payload frames) or ProtocolError. `max_bytes` > 0 bounds frame 0."""
+    """(message, payload frames) or ProtocolError. `max_bytes` > 0 bounds frame 0. A well-formed
+    message costs one typed decode; only a failure is analysed further, for its precise code."""
     if not frames:
         raise ProtocolError(ErrorCode.MALFORMED, "empty multipart message")
     head = frames[0]
     if max_bytes and len(head) > max_bytes:
         raise ProtocolError(ErrorCode.MALFORMED, f"frame 0 has {len(head)} bytes (limit {max_bytes})")
     try:
-        header = _header_decoder.decode(head)
+        msg: Message = _decoder.decode(head)
     except _DECODE_ERRORS as exc:
-        raise ProtocolError(ErrorCode.MALFORMED, f"frame 0 is not a MessagePack map: {echo(str(exc))}") from None
+        raise _diagnose(head, exc) from None
+    if msg.proto != PROTOCOL_VERSION:
+        raise _bad_protocol(msg.proto, echo(msg.id), echo(msg.sender))
+    if len(frames) > 1 and len(frames) - 1 > PAYLOAD_FRAMES.get(tag_of(msg), 0):
+        tag = tag_of(msg)
+        detail = f"{tag!r} carries {len(frames) - 1} raw frames (at most {PAYLOAD_FRAMES.get(tag, 0)})"
+        raise ProtocolError(ErrorCode.MALFORMED, detail, echo(msg.id), echo(msg.sender))
+    return msg, list(frames[1:])
+
+
+def _bad_protocol(proto: object, msg_id: str, sender: str) -> ProtocolError:
+    detail = f"protocol version {echo(proto)} is not supported (this peer speaks {PROTOCOL_VERSION})"
+    return ProtocolError(ErrorCode.BAD_PROTOCOL, detail, msg_id, sender)
+
+
+def _diagnose(head: Frame, exc: Exception) -> ProtocolError:
+    """Why frame 0 is not a message: not a map, another protocol, an unknown type, or bad fields."""
+    try:
+        header = _header_decoder.decode(head)
+    except _DECODE_ERRORS as err:
+        return ProtocolError(ErrorCode.MALFORMED, f"frame 0 is not a MessagePack map: {echo(str(err))}")
     msg_id, sender = _field(header.id, _str), _field(header.sender, _str)
     msg_id = echo(msg_id) if isinstance(msg_id, str) else ""
     sender = echo(sender) if isinstance(sender, str) else ""
     proto = _field(header.proto, _int)
     if proto != PROTOCOL_VERSION:
-        detail = f"protocol version {echo(proto)} is not supported (this peer speaks {PROTOCOL_VERSION})"
-        raise ProtocolError(ErrorCode.BAD_PROTOCOL, detail, msg_id, sender)
+        return _bad_protocol(proto, msg_id, sender)
     tag = _field(header.type, _str)
     if tag not in MESSAGE_TYPES:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {echo(tag)}", msg_id, sender)
-    assert isinstance(tag, str)
-    if len(frames) - 1 > PAYLOAD_FRAMES.get(tag, 0):
-        detail = f"{tag!r} carries {len(frames) - 1} raw frames (at most {PAYLOAD_FRAMES.get(tag, 0)})"
-        raise ProtocolError(ErrorCode.MALFORMED, detail, msg_id, sender)
-    try:
-        msg = _decoder.decode(head)
-    except _DECODE_ERRORS as exc:
-        raise ProtocolError(ErrorCode.MALFORMED, f"invalid {tag!r} message: {echo(str(exc))}", msg_id, sender) from None
-    return msg, list(frames[1:])
+        return ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {echo(tag)}", msg_id, sender)
+    return ProtocolError(ErrorCode.MALFORMED, f"invalid {tag!r} message: {echo(str(exc))}", msg_id, sender)
