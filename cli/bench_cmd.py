@@ -1,45 +1,76 @@
-"""`prl-actors bench`: the benchmark suite (speed-ups against their physical limits)."""
+"""`prl-actors bench`: the benchmark suite (speed-ups against their physical limits).
+
+The suite is the `prl_bench` package (bench/prl_bench in the repository), imported inside the command
+so `prl-actors --help` stays fast and an install without it still runs everything else.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+
+NOT_INSTALLED = (
+    "the benchmark suite (package prl_bench, from the repository's bench/ folder) is not installed here: "
+    "install prl-actors from a source checkout (make install, or pip install '.[plots]')"
+)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
 
 
 def bench(
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for results.json, results.md and the PNG plots.")
+        Path,
+        typer.Option(
+            "--out", help="Directory for results.json, results.md and the PNG plots (plots need the `plots` extra)."
+        ),
     ] = Path("bench_out"),
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes: the whole suite in a few minutes.")] = False,
     only: Annotated[
         list[str] | None,
         typer.Option(
-            "--only", help="Run only these: pipeline, shared_prompt, weight_sync, control_plane (repeatable or a,b)."
+            "--only",
+            help="Run only these: pipeline, shared_prompt, weight_sync, control_plane, envs (repeatable or a,b).",
         ),
     ] = None,
     machine: Annotated[
         str,
         typer.Option("--machine", envvar="PRL_BENCH_MACHINE", help="A label for this machine in the results."),
     ] = "",
+    auth: Annotated[
+        str,
+        typer.Option(
+            "--auth",
+            help="transport.auth of the control-plane runs and sockets: curve (as a run, the default) or none.",
+        ),
+    ] = "curve",
     keep_work: Annotated[
         bool, typer.Option("--keep-work", help="Keep the benchmark runs' logs under OUT/work (default: deleted).")
     ] = False,
 ) -> None:
     """Run the benchmarks; every ratio is measured side by side in one run on this machine."""
-    from prl_actors.bench.suite import UnknownBenchmark, resolve, run_suite
+    try:
+        from prl_bench.suite import UnknownBenchmark, resolve, run_suite
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "prl_bench":
+            raise
+        _fail(NOT_INSTALLED)
 
     try:
         resolve(only)
     except UnknownBenchmark as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        _fail(str(exc))
 
     def say(line: str) -> None:
         typer.echo(line, err=True)
 
-    results = run_suite(out, quick=quick, only=only, label=machine, keep_work=keep_work, say=say)
+    if auth not in ("curve", "none"):
+        _fail(f"--auth {auth!r}: expected curve or none")
+    results = run_suite(out, quick=quick, only=only, label=machine, keep_work=keep_work, say=say, auth=auth)
     missed = [e["name"] for e in results["entries"] if e["passed"] is False]
     failed = [b["name"] for b in results["benchmarks"] if b.get("error")]
     typer.echo(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,37 +67,118 @@ def up(
     epochs: Annotated[int | None, typer.Option(help="Iteration-epochs (optimizer steps).", min=1)] = None,
     mode: Annotated[str | None, typer.Option(help="periodic (overlap) or sync (baseline).")] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Logs, metrics, checkpoints go here.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint in the run dir.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --run-dir from its last intact checkpoint, with its own "
+            "RUN_DIR/config.yaml. --config/--set/--epochs/--workers may change only what is safe "
+            "(epochs, workers, ports, timeouts, threads, devices); anything else is refused.",
+        ),
+    ] = False,
     compose: Annotated[bool, typer.Option("--compose", help="Run the services with docker compose instead.")] = False,
     set_: SetOpt = None,
 ) -> None:
-    """Run every actor as a local process until the run completes (Ctrl-C stops all cleanly)."""
-    cfg = _config(
-        config,
-        set_,
-        {
-            "run.workers": workers,
-            "run.epochs": epochs,
-            "run.mode": mode,
-            "run.run_dir": str(run_dir) if run_dir else None,
-            "run.resume": resume or None,
-        },
-    )
+    """Run every actor as a local process until the run completes.
+
+    With --compose: as docker compose services instead (default config: configs/compose.yaml).
+
+    Ctrl-C, SIGTERM or SIGHUP stop every actor (grace period, then SIGKILL).
+
+    Exit codes: 0 every epoch done; 1 an actor failed (its error is printed);
+
+    2 a bad command line or config; 3 stopped before the last epoch (--resume continues);
+
+    128+N stopped by signal N.
+    """
+    if compose and config is None:
+        from prl_actors.compose import DEFAULT_CONFIG
+
+        config = DEFAULT_CONFIG
+    flags = {
+        "run.workers": workers,
+        "run.epochs": epochs,
+        "run.mode": mode,
+        "run.run_dir": str(run_dir) if run_dir else None,
+    }
+    cfg = _resume_config(config, set_, flags) if resume else _config(config, set_, flags)
     if compose:
         from prl_actors.compose import compose_up
 
-        raise typer.Exit(compose_up(cfg, config))
-    from prl_actors.launcher import Launcher, RunFailed, summary
+        raise typer.Exit(compose_up(cfg))
+    if cfg.env is not None:
+        _up_env(cfg)
+    from prl_actors.rundir import RunDir, RunDirBusy
+
+    rd = RunDir(cfg.run.run_dir)
+    if rd.has_run() and not resume:
+        fail(f"run dir {rd.root} already holds a run; use another --run-dir, or --resume to continue it")
+    try:
+        with rd.lock():
+            code = _launch(cfg, rd)
+    except RunDirBusy as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The run's own RUN_DIR/config.yaml, changed only where --config/--set/flags change safe fields."""
+    from prl_actors.config import ConfigError, RunSection, check_resume, load_config, parse_override
     from prl_actors.rundir import RunDir
+
+    try:
+        overrides = dict(parse_override(s) for s in sets or [])
+        overrides.update({k: v for k, v in flags.items() if v is not None})
+        default_dir = load_config(config).run.run_dir if config else RunSection().run_dir
+        rd = RunDir(overrides.setdefault("run.run_dir", default_dir))
+        overrides["run.resume"] = True
+        if not rd.config.is_file():
+            fail(f"nothing to resume in {rd.root}: no config.yaml (start a run there with `prl-actors up`)")
+        asked = load_config(config or rd.config, overrides)
+        check_resume(load_config(rd.config), asked)
+    except ConfigError as exc:
+        fail(str(exc))
+    if rd.metrics.exists() and not rd.has_checkpoint():
+        fail(f"nothing to resume in {rd.root}: it has trained epochs but no checkpoint (trainer.checkpoint_every 0?)")
+    return asked
+
+
+def _launch(cfg: Any, rd: Any) -> int:
+    """Pick or check the ports, write RUN_DIR/config.yaml, prepare the model, run the launcher."""
+    from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
+
+    try:
+        pick_ports(cfg)
+        check_ports(cfg)
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
+    _check_task(cfg)
+    _run_keys(cfg)
+    t0 = time.monotonic()
+    if cfg.worker.engine != "sim":
+        _prepare_model(cfg)
+    typer.echo(
+        f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
+        f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
+        f"transport {cfg.transport.kind} (auth {cfg.transport.auth if cfg.transport.kind != 'inproc' else 'none'}), "
+        f"coordinator {cfg.address('coordinator')}, run dir {rd.root}",
+        err=True,
+    )
+    try:
+        code = Launcher(cfg, rd.config, progress=sys.stderr.isatty()).run()
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    if code == 0:
+        typer.echo(summary(rd.root, time.monotonic() - t0), err=True)
+    return code
+
+
+def _run_keys(cfg: Any) -> None:
+    """The run's keys (RUN_DIR/keys, kept on --resume): every actor started here reads its own there."""
     from prl_actors.transport.auth import create_keys, run_key_names
 
-    rd = Path(cfg.run.run_dir)
-    if RunDir(rd).has_run() and not cfg.run.resume:
-        fail(f"run dir {rd} already holds a run; use another --run-dir, or --resume to continue it")
-    rd.mkdir(parents=True, exist_ok=True)
-    cfg_path = RunDir(rd).config
-    cfg_path.write_text(cfg.dump())
-    if cfg.authenticated():  # the run's keys: every actor started here reads its own from RUN_DIR/keys
+    if cfg.authenticated():
         create_keys(cfg.keys_path(), run_key_names())
     elif cfg.transport.kind != "inproc":
         typer.secho(
@@ -104,34 +186,62 @@ def up(
             fg=typer.colors.YELLOW,
             err=True,
         )
-    t0 = time.monotonic()
-    if cfg.worker.engine != "sim":
-        typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
-        from prl_actors.config import ConfigError
-        from prl_actors.topology import model_dir
 
-        try:
-            model_dir(cfg)
-        except ConfigError as exc:
-            fail(str(exc))
+
+def _check_task(cfg: Any) -> None:
+    """Bad rows, templates, a resume on changed data: refused before any actor starts."""
+    from prl_actors.config import ConfigError
+    from prl_actors.tasks import load_task
+
+    try:
+        load_task(cfg)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _prepare_model(cfg: Any) -> None:
+    """Build (or check) the model once, before any actor loads it; a bad model is one error line."""
+    typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
+    from prl_actors.actors.runtime import one_line
+    from prl_actors.config import ConfigError
+    from prl_actors.engines.registry import check_engine
+    from prl_actors.topology import model_dir
+
+    try:
+        directory = model_dir(cfg)
+        if cfg.run.workers:  # the workers `up` starts here need a working engine here
+            check_engine(cfg, directory, cfg.run.workers)
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:  # a broken model directory is the user's to fix: one line, no traceback
+        fail(f"cannot prepare the model: {one_line(exc)}", code=1)
+
+
+def _up_env(cfg: Any) -> None:
+    """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
+    from prl_actors.envs.run import EnvLauncher
+    from prl_actors.rundir import RunDir
+
+    rd = Path(cfg.run.run_dir)
+    if RunDir(rd).has_run():
+        fail(f"run dir {rd} already holds a run; use another --run-dir")
+    rd.mkdir(parents=True, exist_ok=True)
+    RunDir(rd).config.write_text(cfg.dump())
+    env = cfg.env
     typer.echo(
-        f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
-        f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
-        f"transport {cfg.transport.kind} (auth {cfg.transport.auth if cfg.transport.kind != 'inproc' else 'none'}), "
-        f"run dir {rd}",
+        f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
+        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind}, run dir {rd}",
         err=True,
     )
-    try:
-        code = Launcher(cfg, cfg_path, progress=sys.stderr.isatty()).run()
-    except RunFailed as exc:
-        fail(str(exc), code=1)
-    typer.echo(summary(rd, time.monotonic() - t0), err=True)
+    t0 = time.monotonic()
+    code = EnvLauncher(cfg, RunDir(rd).config).run()
+    typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {RunDir(rd).metrics}", err=True)
     raise typer.Exit(code)
 
 
 @app.command()
 def actor(
-    role: Annotated[str, typer.Argument(help="coordinator, publisher, buffer, trainer or worker.")],
+    role: Annotated[str, typer.Argument(help="coordinator, publisher, buffer, trainer, worker; learner or env.")],
     config: ConfigOpt = None,
     name: Annotated[
         str | None, typer.Option(help="Unique actor name (default: the role; worker-<host>-<pid>).")
@@ -144,18 +254,18 @@ def actor(
 
     It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
     """
-    import os
-
     from prl_actors.topology import PEERS
 
-    if role not in PEERS:
-        fail(f"unknown role {role!r}; expected one of {', '.join(PEERS)}")
+    if role not in (*PEERS, "learner", "env"):
+        fail(f"unknown role {role!r}; expected one of {', '.join((*PEERS, 'learner', 'env'))}")
     extra: dict[str, Any] = {}
     if coordinator:
         extra["transport.addresses.coordinator"] = coordinator
     if keys:
         extra["transport.keys_dir"] = str(keys)
     cfg = _config(config, set_, extra)
+    if role in ("learner", "env"):
+        _env_actor(role, name, cfg)
     import socket
 
     name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
@@ -163,13 +273,53 @@ def actor(
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator, name)
-    from prl_actors.process import ActorFailed, run_actor_process
+    if role == "coordinator":
+        _claim_run_dir(cfg)
+    from prl_actors.config import ConfigError
+    from prl_actors.process import ActorFailed, exit_now, run_actor_process
     from prl_actors.transport.auth import KeysError
 
     try:
-        raise typer.Exit(run_actor_process(name, cfg))
-    except (ActorFailed, KeysError) as exc:
+        code = run_actor_process(name, cfg)
+    except (ActorFailed, ConfigError, KeysError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        code = 1
+    exit_now(code)  # no waiting on a stuck thread or on slow finalizers
+
+
+def _env_actor(role: str, name: str | None, cfg: Any) -> None:
+    """The classic-RL roles: the learner process, or one env actor (it connects to the learner)."""
+    import os
+    import socket
+
+    if cfg.env is None:
+        fail("the learner and env roles need a config with an `env` section (see configs/cartpole.yaml)")
+    name = name or (f"env-{socket.gethostname()}-{os.getpid()}" if role == "env" else role)
+    if name.split("-", 1)[0] != role:
+        fail(f"actor name {name!r} must start with its role {role!r}")
+    from prl_actors.envs.hub import EnvUnavailable
+    from prl_actors.envs.run import run_env_actor, run_learner
+
+    try:
+        raise typer.Exit(run_learner(cfg) if role == "learner" else run_env_actor(name, cfg))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except EnvUnavailable as exc:
         fail(str(exc), code=1)
+
+
+def _claim_run_dir(cfg: Any) -> None:
+    """A coordinator started on its own (compose, another host) refuses a finished run's directory
+    unless resuming, and leaves the resolved config there for `prl-actors replay` (as `up` does)."""
+    rd = Path(cfg.run.run_dir)
+    if (rd / "metrics.jsonl").exists() and not cfg.run.resume:
+        fail(f"run dir {rd} already holds a run; use another run.run_dir, or run.resume to continue it")
+    rd.mkdir(parents=True, exist_ok=True)
+    text, path = cfg.dump(), rd / "config.yaml"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(path)  # atomic: an actor reading the config never sees half of it
 
 
 def _discover(cfg: Any, coordinator: str, name: str) -> None:
@@ -237,13 +387,46 @@ def status(
 
 
 @app.command()
+def health(
+    config: ConfigOpt = None,
+    coordinator: CoordOpt = None,
+    keys: KeysOpt = None,
+    member: Annotated[
+        str | None, typer.Option(help="Also require this member (or name prefix, e.g. worker-HOST) to be registered.")
+    ] = None,
+    max_age: Annotated[
+        float | None, typer.Option(help="Seconds since last seen (default: coordinator.heartbeat_timeout_s).")
+    ] = None,
+) -> None:
+    """Exit 0 when the coordinator answers (and MEMBER is registered and recently seen): a healthcheck.
+
+    It asks with MEMBER's key (or its role's), else the operator key, from --keys (default RUN_DIR/keys).
+    """
+    from prl_actors.client import RequestFailed, request
+    from prl_actors.compose import health_problem
+    from prl_actors.protocol.messages import StatusRequest
+
+    cfg = _config(config, None)
+    addr, store = _target(config, coordinator, keys)
+    try:
+        st: Any = request(addr, StatusRequest(), timeout_s=5.0, keys=store, as_=member or "operator")
+    except RequestFailed as exc:
+        fail(str(exc), code=1)
+    problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
+    if problem:
+        fail(problem, code=1)
+    typer.echo(f"healthy: {member or 'coordinator'} (state {st.state}, epoch {st.epoch})")
+
+
+@app.command()
 def scale(
     workers: Annotated[int, typer.Option(help="Wanted number of inference workers.", min=0)],
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
     keys: KeysOpt = None,
 ) -> None:
-    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match).
+    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match;
+    under `up --compose` it scales the inference service).
 
     Needs the operator key; at most run.max_workers.
     """

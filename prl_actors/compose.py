@@ -1,32 +1,300 @@
-"""`prl-actors up --compose`: the same run as docker compose services (docker-compose.yml)."""
+"""`prl-actors up --compose`: the run as docker compose services (docker-compose.yml), supervised.
+
+What `up --compose` does, with `docker compose` (v2) or `docker-compose` (v1), whichever answers:
+1. resolves the user's config and rewrites what containers need (`compose_config`): tcp, every actor
+   bound on all interfaces of its container, addresses by service name, the run directory on the
+   `runs` volume; writes it to a private file that compose mounts as the secret /run/secrets/prl_config;
+2. builds the image, starts the services with `--scale inference=N`, streams the core services' output
+   (the trainer's per-epoch lines);
+3. follows the coordinator's Status through its published port (127.0.0.1:PORT): `prl-actors scale`
+   asks the coordinator, and this loop scales the `inference` service to match;
+4. ends with the coordinator's exit status (not the first service's to exit); a core service that dies
+   ends the run with an error; Ctrl-C (or SIGTERM) asks the coordinator to stop, then tears down.
+The volume (the run directory) is kept; `compose down` removes the containers and the network.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
 import shutil
+import signal
 import subprocess
-from pathlib import Path
+import tempfile
+import threading
+import time
+from pathlib import Path, PurePosixPath
 
-from prl_actors.config import Config
+from prl_actors.client import RequestFailed, request
+from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
+from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
 
-COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DEFAULT_CONFIG = ROOT / "configs" / "compose.yaml"
+SECRET_PATH = "/run/secrets/prl_config"
+RUNS_MOUNT = PurePosixPath("/runs")
+SERVICES = {"coordinator": 27500, "publisher": 27501, "buffer": 27502, "trainer": 27503}
+CORE = tuple(SERVICES)
+DEFAULT_PROJECT = "prl-actors"
 
 
-def compose_command(cfg: Config, compose_file: Path = COMPOSE_FILE) -> list[str]:
-    return [
-        "docker", "compose", "-f", str(compose_file), "up", "--build",
-        "--scale", f"inference={cfg.run.workers}", "--exit-code-from", "coordinator",
-    ]  # fmt: skip
+class ComposeError(Exception):
+    """Something the user must fix (no compose CLI, no engine, a bad run dir); the message says what."""
 
 
-def compose_up(cfg: Config, config_path: Path | None) -> int:
-    """Run docker compose; one clear line when docker (or its engine) is missing."""
-    if config_path is not None:
-        console("note: compose services read configs/compose.yaml inside the image; --config is not passed")
-    if shutil.which("docker") is None:
-        console("error: `docker` is not installed; use `prl-actors up` for local processes")
+def compose_cli(env: dict[str, str] | None = None) -> list[str]:
+    """`docker compose` (v2 plugin) if it answers, else `docker-compose` (v1, or v2 standalone).
+    PRL_COMPOSE (e.g. "docker-compose") overrides the detection."""
+    env = dict(os.environ if env is None else env)
+    if env.get("PRL_COMPOSE"):
+        return shlex.split(env["PRL_COMPOSE"])
+    if shutil.which("docker") and _ok(["docker", "compose", "version"], env):
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise ComposeError(
+        "neither `docker compose` nor `docker-compose` is installed; `prl-actors up` runs local processes"
+    )
+
+
+def _ok(argv: list[str], env: dict[str, str]) -> bool:
+    try:
+        return subprocess.run(argv, capture_output=True, env=env, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def container_run_dir(run_dir: str) -> str:
+    """Where the run directory lives on the volume: /runs/X stays; a relative runs/X or X -> /runs/X."""
+    p = PurePosixPath(run_dir)
+    parts = p.parts[2:] if p.is_absolute() and p.parts[:2] == ("/", "runs") else p.parts
+    if p.is_absolute() and p.parts[:2] != ("/", "runs"):
+        raise ComposeError(f"run dir {run_dir!r}: with --compose the run directory is on the volume, under /runs")
+    if parts[:1] == ("runs",) and not p.is_absolute():
+        parts = parts[1:]
+    if not parts or ".." in parts:
+        raise ComposeError(f"run dir {run_dir!r}: name a directory under /runs (e.g. runs/my-run)")
+    return str(RUNS_MOUNT.joinpath(*parts))
+
+
+def compose_config(cfg: Config) -> Config:
+    """The user's config as the services need it (every other setting is passed on unchanged)."""
+    out = cfg.model_copy(deep=True)
+    out.transport.kind = "tcp"
+    out.transport.bind_all = True
+    out.transport.addresses = {svc: f"tcp://{svc}:{port}" for svc, port in SERVICES.items()}
+    out.run.run_dir = container_run_dir(cfg.run.run_dir)
+    return out
+
+
+def health_problem(status: Status, member: str | None, max_age_s: float) -> str:
+    """Why `member` is not healthy ('' when it is): it must be registered and seen within `max_age_s`.
+    `member` is a name or a name prefix (worker-HOST matches worker-HOST-PID)."""
+    if not member:
+        return ""
+    found = [m for m in status.members if m.name == member or m.name.startswith(member + "-")]
+    if not found:
+        return f"{member} is not registered with the coordinator (state {status.state})"
+    best = min(found, key=lambda m: m.last_seen_s)
+    if best.last_seen_s > max_age_s:
+        return f"{best.name} was last seen {best.last_seen_s:.1f}s ago (more than {max_age_s:g}s)"
+    return ""
+
+
+def compose_up(cfg: Config, compose_file: Path = COMPOSE_FILE) -> int:
+    """Run `cfg` as compose services until the coordinator exits; returns its exit status."""
+    try:
+        if shutil.which("docker") is None:
+            raise ComposeError("the `docker` CLI is not installed; `prl-actors up` runs local processes")
+        cli = compose_cli()
+        if not _ok(["docker", "info"], dict(os.environ)):
+            raise ComposeError("no Docker engine is reachable (`docker info` failed); is DOCKER_HOST right?")
+        run_cfg = compose_config(cfg)
+    except ComposeError as exc:
+        console(f"error: {exc}")
         return 2
-    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        console("error: no Docker engine is reachable (`docker info` failed); use `prl-actors up` instead")
-        return 2
-    return subprocess.call(compose_command(cfg))
+    with tempfile.TemporaryDirectory(prefix="prl-compose-") as tmp:
+        secret = Path(tmp) / "config.yaml"
+        secret.write_text(run_cfg.dump())
+        secret.chmod(0o644)  # the containers' non-root user reads it through the bind mount
+        host_port = cfg.transport.base_port or DEFAULT_BASE_PORT
+        return ComposeRun(cli, run_cfg, compose_file, secret, host_port).run()
+
+
+class ComposeRun:
+    def __init__(self, cli: list[str], cfg: Config, compose_file: Path, secret: Path, host_port: int) -> None:
+        self.cfg, self.desired = cfg, cfg.run.workers
+        self.project = os.environ.get("COMPOSE_PROJECT_NAME") or DEFAULT_PROJECT
+        self.base = [*cli, "-f", str(compose_file), "-p", self.project]
+        port = int(os.environ.get("PRL_COORDINATOR_PORT") or host_port)
+        self.env = {**os.environ, "PRL_CONFIG_FILE": str(secret), "PRL_COORDINATOR_PORT": str(port)}
+        self.coordinator = f"tcp://127.0.0.1:{port}"
+        self.ids: dict[str, str] = {}
+        self.followers: list[threading.Thread] = []
+        self.t0 = time.monotonic()
+        self.last_stall = ""
+
+    def compose(self, *args: str, quiet: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.PIPE if quiet else None
+        return subprocess.run([*self.base, *args], env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    def run(self) -> int:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self.build()
+            self.start()
+            return self.supervise()
+        except KeyboardInterrupt:
+            console("\ninterrupted: stopping the run ...")
+            self.stop_run("interrupted by user")
+            return 130
+        except ComposeError as exc:
+            console(f"error: {exc}")
+            return 1
+        finally:
+            self.teardown()
+            signal.signal(signal.SIGTERM, previous)
+
+    def build(self) -> None:
+        console(f"compose: building the image with {shlex.join(self.base[: self.base.index('-f')])} ...")
+        t0 = time.monotonic()
+        done = self.compose("build", "coordinator")
+        if done.returncode != 0:
+            raise ComposeError("image build failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
+        console(f"compose: image built in {time.monotonic() - t0:.0f}s")
+
+    def start(self) -> None:
+        c = self.cfg
+        console(
+            f"compose up: {self.desired} inference replicas, {c.run.epochs} epochs, mode {c.run.mode}, "
+            f"engine {c.worker.engine}, run dir {c.run.run_dir} on volume {self.project}_runs, "
+            f"coordinator {self.coordinator}"
+        )
+        done = self.compose("up", "-d", "--no-build", "--scale", f"inference={self.desired}")
+        if done.returncode != 0:
+            raise ComposeError("compose up failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
+        self.ids = self.container_ids()
+        missing = [svc for svc in CORE if svc not in self.ids]
+        if missing:
+            raise ComposeError(f"no container for {', '.join(missing)} after compose up")
+        for svc in CORE:
+            self.follow(svc)
+
+    def container_ids(self) -> dict[str, str]:
+        """service -> container id of the core services (labels set by both compose versions)."""
+        fmt = '{{.ID}} {{.Label "com.docker.compose.service"}}'
+        argv = ["docker", "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}", "--format", fmt]
+        out = subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout
+        pairs = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+        return {svc: cid for cid, svc in pairs if svc in CORE}
+
+    def follow(self, service: str) -> None:
+        """Stream a core container's output: the trainer's lines as they are, others tagged."""
+        proc = subprocess.Popen(
+            ["docker", "logs", "-f", self.ids[service]], env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        tag = "" if service == "trainer" else f"[{service}] "
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                console(tag + line.rstrip("\n"))
+
+        t = threading.Thread(target=pump, name=f"logs-{service}", daemon=True)
+        t.start()
+        self.followers.append(t)
+
+    def states(self) -> dict[str, tuple[str, int]]:
+        argv = ["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", *self.ids.values()]
+        out = subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout.split()
+        if len(out) != 2 * len(self.ids):
+            raise ComposeError("the core containers disappeared (removed from outside?)")
+        return {svc: (out[2 * i], int(out[2 * i + 1])) for i, svc in enumerate(self.ids)}
+
+    def supervise(self) -> int:
+        while True:
+            states = self.states()
+            status, code = states["coordinator"]
+            if status in ("exited", "dead"):
+                if code != 0:
+                    console(f"error: the coordinator exited with code {code} (its lines are above)")
+                    return code
+                self.wait_exited(CORE, 20.0)
+                self.summary()
+                return code
+            for svc in CORE[1:]:
+                if states[svc][0] in ("exited", "dead") and states[svc][1] != 0:
+                    self.stop_run(f"{svc} died")
+                    raise ComposeError(f"{svc} exited with code {states[svc][1]}; see the lines above")
+            self.poll_status()
+            time.sleep(1.0)
+
+    def poll_status(self) -> None:
+        try:
+            st = request(self.coordinator, StatusRequest(), timeout_s=1.0)
+        except RequestFailed:
+            return
+        if not isinstance(st, Status):
+            return
+        if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
+            self.scale(st.desired_workers)
+        if st.waiting_for and st.waiting_for != self.last_stall:
+            console(f"stalled: {st.waiting_for}")
+        self.last_stall = st.waiting_for
+
+    def scale(self, n: int) -> None:
+        console(f"scaling inference {self.desired} -> {n}")
+        self.desired = n
+        scale = ("--scale", f"inference={n}", "inference")
+        done = self.compose("up", "-d", "--no-build", "--no-recreate", "--no-deps", *scale)
+        if done.returncode != 0:
+            console("scale failed:\n" + "\n".join(done.stdout.splitlines()[-10:]))
+
+    def wait_exited(self, services: tuple[str, ...], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ComposeError):
+                if all(s in ("exited", "dead") for s, _ in (self.states()[svc] for svc in services)):
+                    return
+            time.sleep(0.5)
+
+    def stop_run(self, reason: str) -> None:
+        """Ask the coordinator to stop the run (every actor shuts down cleanly), wait for it to exit."""
+        with contextlib.suppress(RequestFailed):
+            request(self.coordinator, RequestStop(reason=reason), timeout_s=3.0)
+        if self.ids:
+            self.wait_exited(("coordinator",), 15.0)
+
+    def summary(self) -> None:
+        from prl_actors.launcher import summary
+
+        with tempfile.TemporaryDirectory(prefix="prl-metrics-") as tmp:
+            src = f"{self.ids['trainer']}:{self.cfg.run.run_dir}/metrics.jsonl"
+            subprocess.run(["docker", "cp", src, tmp], env=self.env, capture_output=True)
+            lines = summary(Path(tmp), time.monotonic() - self.t0).splitlines()
+        console(lines[0])
+        console(
+            f"run dir: {self.cfg.run.run_dir} on the volume {self.project}_runs; check it with\n"
+            f"  {shlex.join(self.base)} run --rm --no-deps coordinator "
+            f"prl-actors replay {self.cfg.run.run_dir} --check"
+        )
+
+    def teardown(self) -> None:
+        """Remove the containers and the network (not the volume); Ctrl-C cannot cut this short."""
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            done = self.compose("down", "--remove-orphans", "-t", "15")
+            if done.returncode != 0:
+                console("compose down failed:\n" + "\n".join(done.stdout.splitlines()[-10:]))
+            for t in self.followers:
+                t.join(5.0)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt

@@ -13,13 +13,51 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker")
-BINDS = ("coordinator", "publisher", "buffer")  # the roles that bind a socket
+from prl_actors.envs.settings import EnvSection
+
+ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
+BINDS = ("coordinator", "publisher", "buffer", "learner")  # the roles that bind a socket (learner: classic RL)
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
+VLLM_DTYPES = ("float32", "bfloat16")
+DEFAULT_BASE_PORT = 27500
+
+# What `up --resume` may change: where and how fast the run goes, never what it trains. A field is
+# safe when every epoch trained under the new value is the epoch the old value would have trained
+# (up to float summation order); a prefix ending in "." covers a section.
+SAFE_ON_RESUME = (
+    "run.name",
+    "run.epochs",
+    "run.workers",
+    "run.max_workers",
+    "run.run_dir",
+    "run.resume",
+    "run.stop_grace_s",
+    "run.worker_restarts",
+    "transport.",
+    "coordinator.heartbeat_interval_s",
+    "coordinator.heartbeat_timeout_s",
+    "coordinator.max_groups_per_request",
+    "worker.prefetch",
+    "worker.threads",
+    "worker.device",
+    "worker.weight_fetch_timeout_s",
+    "buffer.",
+    "trainer.threads",
+    "trainer.device",
+    "trainer.credits",
+    "trainer.checkpoint_every",
+    "publisher.",
+)
 
 
 class ConfigError(Exception):
     """A bad config file or override; the message is meant for the user as is."""
+
+
+GREEDY_REFUSED = (
+    "worker.sampling.temperature 0 (greedy) cannot be trained with GRPO: every sample of a group would "
+    "be the same, so every advantage is 0 and nothing is learned; use a temperature > 0 (e.g. 1.0)"
+)
 
 
 class _Section(BaseModel):
@@ -37,13 +75,30 @@ class RunSection(_Section):
     max_workers: int = Field(64, ge=0, description="Upper bound of `prl-actors scale` (more is refused).")
     run_dir: str = Field("runs/latest", description="Where logs, metrics, checkpoints go.")
     resume: bool = Field(False, description="Continue from the last checkpoint in run_dir.")
+    stop_grace_s: float = Field(
+        5.0,
+        gt=0,
+        description="Stopping: how long `up` waits for actors to exit after a stop request and again "
+        "after SIGTERM (then SIGKILL); how long an actor waits for its own thread after a signal.",
+    )
+    worker_restarts: int = Field(
+        3,
+        ge=0,
+        description="A worker that crashes before registering is restarted this many times in a row "
+        "(with back-off), then `up` fails with its error.",
+    )
 
 
 class TransportSection(_Section):
     kind: Literal["inproc", "ipc", "tcp"] = Field("tcp", description="ZeroMQ transport for every actor.")
     host: str = Field("127.0.0.1", description="tcp: the host actors bind to and connect to.")
-    base_port: int = Field(
-        27500, ge=1024, le=65500, description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3."
+    base_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65500,
+        description="tcp: coordinator=base, publisher=+1, buffer=+2, trainer=+3 (learner=+5, classic RL). "
+        "Not set: `up` picks the first free set from 27500 up and writes it to RUN_DIR/config.yaml; other "
+        "commands use 27500.",
     )
     addresses: dict[str, str] = Field(
         default_factory=dict, description="Explicit per-role addresses (override the derived ones)."
@@ -64,6 +119,12 @@ class TransportSection(_Section):
         "peer); 0 = derived from worker.group_size and sampling.max_new_tokens. Weight sockets accept "
         "publisher.chunk_bytes + 64 KiB.",
     )
+    join_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A member gives up (exits with an error) when the coordinator does not answer its "
+        "register, or says nothing at all once it joined, for this long.",
+    )
 
 
 class CoordinatorSection(_Section):
@@ -80,8 +141,12 @@ class CoordinatorSection(_Section):
 
 
 class SamplingSection(_Section):
-    temperature: float = Field(1.0, ge=0, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature; 0 = greedy (refused for GRPO training: no group variance)."
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
+    )
     max_new_tokens: int = Field(8, ge=1)
 
 
@@ -90,9 +155,20 @@ class WorkerSection(_Section):
     threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
-    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine).")
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
     sampling: SamplingSection = SamplingSection()
     weight_fetch_timeout_s: float = Field(30.0, gt=0)
+    gpu_memory_utilization: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="vllm: share of the device's memory each worker's vLLM reserves (weights, activations, "
+        "KV cache); on vLLM's CPU build the share of RAM. Workers on one host x share must fit.",
+    )
+    enforce_eager: bool = Field(True, description="vllm: no CUDA graphs / torch.compile (faster start).")
+    max_model_len: int | None = Field(
+        None, ge=1, description="vllm: context length (prompt + response); None = the model's own."
+    )
 
 
 class BufferSection(_Section):
@@ -140,10 +216,28 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = Field("add", description="Built-in task: add (a+b=), or `jsonl` with prompts_file.")
-    prompts_file: str | None = Field(None, description="JSONL with {prompt, answer} per line.")
+    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    prompts_file: str | None = Field(
+        None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
+    )
+    prompt_field: str | None = Field(
+        None, description="Column/key of the prompt (default: jsonl 'prompt', math 'question')."
+    )
+    answer_field: str = Field("answer", description="Column/key of the reference answer.")
+    split: str = Field("train", description="The split to read from a `datasets` directory holding several.")
+    chat_template: bool = Field(False, description="Wrap each prompt in the tokenizer's chat template (model.path).")
+    system_prompt: str | None = Field(None, description="System message of the chat template (needs chat_template).")
+    format_reward: float = Field(
+        0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
+    )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _system_needs_template(self) -> TaskSection:
+        if self.system_prompt is not None and not self.chat_template:
+            raise ValueError("system_prompt needs chat_template: true (the system message goes into the template)")
+        return self
 
 
 class SimSection(_Section):
@@ -168,6 +262,9 @@ class Config(_Section):
     model: ModelSection = ModelSection()
     task: TaskSection = TaskSection()
     sim: SimSection = SimSection()
+    env: EnvSection | None = Field(
+        None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
+    )
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:
@@ -176,10 +273,25 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _trainable_sampling(self) -> Config:
+        if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
+            raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_dtype(self) -> Config:
+        if self.worker.engine == "vllm" and self.model.dtype not in VLLM_DTYPES:
+            raise ValueError(
+                f"worker.engine 'vllm' runs model.dtype {' or '.join(VLLM_DTYPES)}, not {self.model.dtype}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _limits_and_auth(self) -> Config:
         if self.run.workers > self.run.max_workers:
             raise ValueError(f"run.workers ({self.run.workers}) exceeds run.max_workers ({self.run.max_workers})")
-        exposed = [f"{r} binds {self.bind_address(r)}" for r in BINDS if not is_local(self.bind_address(r))]
+        binds = [self.bind_address(r) for r in self.bound_roles()]
+        exposed = [f"{r} binds {a}" for r, a in zip(self.bound_roles(), binds, strict=True) if not is_local(a)]
         if self.transport.auth == "none" and exposed:
             raise ValueError(
                 "transport.auth 'none' is allowed only when every bound address is loopback or ipc "
@@ -192,6 +304,10 @@ class Config(_Section):
     def authenticated(self) -> bool:
         """CURVE on every socket (not for inproc: one process, no handshake)."""
         return self.transport.auth == "curve" and self.transport.kind != "inproc"
+
+    def bound_roles(self) -> tuple[str, ...]:
+        """The roles that bind a socket in this run: the learner only in a classic-RL (env) run."""
+        return BINDS if self.env is not None else tuple(r for r in BINDS if r != "learner")
 
     def keys_path(self) -> Path:
         return Path(self.transport.keys_dir) if self.transport.keys_dir else Path(self.run.run_dir) / "keys"
@@ -209,7 +325,8 @@ class Config(_Section):
         index = ROLES.index(role)
         kind = self.transport.kind
         if kind == "tcp":
-            return f"tcp://{self.transport.host}:{self.transport.base_port + index}"
+            base = DEFAULT_BASE_PORT if self.transport.base_port is None else self.transport.base_port
+            return f"tcp://{self.transport.host}:{base + index}"
         if kind == "ipc":
             return f"ipc://{Path(self.run.run_dir).resolve() / 'sockets' / role}"
         return f"inproc://prl-{self.run.name}-{role}"
@@ -236,6 +353,35 @@ def is_local(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def safe_on_resume(field: str) -> bool:
+    return any(field == safe or (safe.endswith(".") and field.startswith(safe)) for safe in SAFE_ON_RESUME)
+
+
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'run.epochs': 5, ...}: every field of a dumped config by its dotted name (a dict field, such
+    as transport.addresses, is one value)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and f"{prefix}{key}" != "transport.addresses":
+            out.update(leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_resume(run: Config, asked: Config) -> None:
+    """Refuse (ConfigError, one line naming the fields) a resumed config that would train another
+    run than `run`, the one in RUN_DIR/config.yaml; SAFE_ON_RESUME lists what may change."""
+    old, new = leaves(run.model_dump(mode="json")), leaves(asked.model_dump(mode="json"))
+    changed = [k for k in old if old[k] != new.get(k) and not safe_on_resume(k)]
+    if changed:
+        what = ", ".join(f"{k} ({old[k]!r} -> {new.get(k)!r})" for k in changed)
+        raise ConfigError(
+            f"--resume continues the run in RUN_DIR/config.yaml and cannot change {what}; "
+            "safe to change: epochs, workers, ports and timeouts, threads, devices (README: Resume)"
+        )
 
 
 def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -1,108 +1,265 @@
 """`prl-actors up`: every actor as a local OS process, supervised.
 
-The launcher starts coordinator, publisher, buffer, trainer and N workers (`prl-actors actor ROLE`),
-polls the coordinator's Status to show progress and to follow `prl-actors scale` (it starts or stops
-worker processes to match the wanted count; a worker that crashes or is killed is replaced, one that
-exits cleanly is not), and stops everything on Ctrl-C (RequestStop, then SIGTERM, then SIGKILL).
-A core actor that dies ends the run with an error. It speaks to the coordinator with the run's
-operator key (RUN_DIR/keys, created by `up`); the actors it starts find their keys there too.
+The whole topology, in start order (`Launcher._start`):
+
+    coordinator              binds first; `up` waits until it is bound (its `actor_ready` event)
+    publisher, buffer        bind, then register with this run's coordinator; waited for likewise
+    trainer, worker-0..N-1   connect only to ports this run holds
+
+So a second `up` on ports already in use stops at its coordinator ("address in use") before any of
+its actors has said a word to the first run; `check_ports` says so plainly before anything starts.
+Without `transport.base_port`, `pick_ports` takes the first free set from 27500 up.
+
+Supervision:
+- each actor runs in its own process group (with any subprocess of its engine) and knows `up`'s pid
+  (PRL_SUPERVISOR_PID): if `up` is killed outright, the actors stop by themselves;
+- SIGINT, SIGTERM or SIGHUP to `up`: RequestStop (every actor gets Shutdown), after run.stop_grace_s
+  SIGTERM to every actor's group, then SIGKILL; `up` exits 128 + the signal. A second signal skips
+  the grace periods;
+- a core actor that exits ends the run with its own one-line error (its log's `actor_crashed`);
+- a worker that crashes is replaced. One that crashes before it registered (an engine that fails
+  to load) is restarted with back-off (0.5 s, 1 s, 2 s ...) at most run.worker_restarts times in a
+  row, then the run fails with its error. One that exits 0 left on purpose and stays gone;
+- `prl-actors scale` is followed through the coordinator's Status.
+
+Keys (docs/SECURITY.md): `up` speaks to the coordinator with the run's operator key (RUN_DIR/keys,
+created by `up` before the launcher starts); every worker it starts gets its own key there first
+(`worker-N`; a replacement is a new name with a new key); `--resume` keeps RUN_DIR/keys.
+
+Exit codes (`run` returns them): 0 every epoch done; 3 the run was stopped before its last epoch
+(`prl-actors stop`; `--resume` continues it); 128+N `up` got signal N. A failure raises RunFailed
+(`up` exits 1).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.config import Config
+from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
 from prl_actors.logs import console
+from prl_actors.process import SUPERVISOR_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
 from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
 
+START_ORDER = (("coordinator",), ("publisher", "buffer"))  # each tier bound before the next starts
 CORE = ("coordinator", "publisher", "buffer", "trainer")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
+EXIT_STOPPED = 3
+PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
 
 
 class RunFailed(Exception):
     pass
 
 
+class Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class Child:
+    """One actor process. A resumed run appends to the same log files: this process's lines start
+    at `log_from`. `restarts`: the start-up crashes in a row of the workers it replaces."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_from: int
+    restarts: int = 0
+    ready: bool = False  # it bound its port: requests to its address reach this process
+
+
 class Launcher:
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.run_dir = RunDir(cfg.run.run_dir)
+        self.children: dict[str, Child] = {}
+        self.retired: list[Child] = []  # scaled down: still reaped at the end
+        self.pending: list[tuple[float, int]] = []  # (when, restarts) of workers to start
         self.next_worker = 0
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.signalled = 0
+        self.hurry = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
 
-    def spawn(self, name: str) -> None:
-        role = name.split("-", 1)[0]
-        cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
-        self.procs[name] = subprocess.Popen(cmd)
-
-    def add_worker(self) -> None:
-        ensure_key(f"worker-{self.next_worker}", self.cfg)  # its own key: no other worker can speak as it
-        self.spawn(f"worker-{self.next_worker}")
-        self.next_worker += 1
-
-    def workers(self) -> list[str]:
-        return sorted(n for n in self.procs if n.startswith("worker-"))
+    # --- the run -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        for name in CORE:
-            self.spawn(name)
-        for _ in range(self.desired):
-            self.add_worker()
+        """Start the topology and supervise it until the coordinator exits; the exit code."""
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         try:
+            self._start()
             self._supervise()
-        except KeyboardInterrupt:
-            console("\ninterrupted: stopping every actor ...")
-            self._stop_all("interrupted by user")
-            return 130
+            return self._outcome()
+        except Interrupted as sig:
+            console(f"\n{sig}: stopping every actor ...")
+            self._stop_all(f"{sig} to prl-actors up")
+            return 128 + sig.signum
+        except RunFailed as exc:
+            self._stop_all(f"the run failed: {exc}")
+            raise
         finally:
             self._reap()
-        return 0
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _start(self) -> None:
+        """Servers first, each tier bound before the next starts; then trainer and workers."""
+        for tier in START_ORDER:
+            for name in tier:
+                self._spawn(name)
+            for name in tier:
+                self._await_ready(self.children[name])
+        self._spawn("trainer")
+        for _ in range(self.desired):
+            self._add_worker()
 
     def _supervise(self) -> None:
         last_poll = 0.0
-        while True:
-            coord = self.procs["coordinator"].poll()
-            if coord is not None:
-                if coord != 0:
-                    raise RunFailed(f"the coordinator exited with code {coord}; see {self.cfg.run.run_dir}/logs")
-                return
+        coordinator = self.children["coordinator"]
+        while coordinator.proc.poll() is None:
+            self._check_signal()
             for name in CORE[1:]:
-                rc = self.procs[name].poll()
-                if rc:  # 0 is a clean exit on the coordinator's Shutdown, which may beat its own exit
-                    self._stop_all(f"{name} died")
-                    raise RunFailed(f"{name} exited with code {rc}; see {self.cfg.run.run_dir}/logs/{name}.jsonl")
-            self._replace_dead_workers()
+                if self.children[name].proc.poll():  # 0: a clean exit on Shutdown, which may beat the coordinator's
+                    raise RunFailed(self._failure(self.children[name]))
+            self._check_workers()
+            self._start_due_workers()
             if time.monotonic() - last_poll > 0.5:
                 last_poll = time.monotonic()
                 self._poll_status()
             time.sleep(0.05)
+        if coordinator.proc.returncode != 0:
+            raise RunFailed(self._failure(coordinator))
 
-    def _replace_dead_workers(self) -> None:
-        """Replace a worker that crashed or was killed. Exit code 0 means it was shut down or left on
+    def _outcome(self) -> int:
+        """0 when the coordinator completed every epoch; else why it ended early (EXIT_STOPPED)."""
+        done = self._find(self.children["coordinator"], "run_done")
+        if done is None:
+            raise RunFailed(
+                f"the coordinator exited without ending the run; see {self.run_dir.log_path('coordinator')}"
+            )
+        if done.get("reason") == "completed":
+            return 0
+        epochs = max((int(r.get("epoch", -1)) for r in self.run_dir.metrics_rows()), default=-1) + 1
+        console(
+            f"the run ended before its last epoch: {done.get('reason')}; {epochs} of {self.cfg.run.epochs} "
+            f"epochs done. Continue it with: prl-actors up --resume --run-dir {self.run_dir.root}"
+        )
+        return EXIT_STOPPED
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, name: str, restarts: int = 0) -> None:
+        role = name.split("-", 1)[0]
+        cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
+        log = self.run_dir.log_path(name)
+        offset = log.stat().st_size if log.exists() else 0
+        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own process group
+        self.children[name] = Child(name, proc, offset, restarts)
+
+    def _add_worker(self, restarts: int = 0) -> str:
+        name = f"worker-{self.next_worker}"
+        self.next_worker += 1
+        ensure_key(name, self.cfg)  # its own key: no other worker can speak as it
+        self._spawn(name, restarts)
+        return name
+
+    def _workers(self) -> list[str]:
+        return sorted(n for n in self.children if n.startswith("worker-"))
+
+    def _await_ready(self, child: Child) -> None:
+        """Until `child` has bound its port (or fail with its error: e.g. the address is in use)."""
+        deadline = time.monotonic() + self.cfg.transport.join_timeout_s
+        while self._find(child, "actor_ready") is None:
+            self._check_signal()
+            if child.proc.poll() is not None:
+                raise RunFailed(self._failure(child))
+            if time.monotonic() > deadline:
+                raise RunFailed(f"{child.name} did not bind {self.cfg.address(child.name)} in time")
+            time.sleep(0.05)
+        child.ready = True
+
+    def _check_workers(self) -> None:
+        """Replace a worker that crashed or was killed; exit code 0 means it was shut down or left on
         purpose (at the end of a run workers exit before the coordinator does): that one stays gone."""
-        for name in self.workers():
-            rc = self.procs[name].poll()
+        for name in self._workers():
+            child = self.children[name]
+            rc = child.proc.poll()
             if rc is None:
                 continue
-            del self.procs[name]
-            if rc == 0:
-                continue
-            how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-            console(f"{name} exited ({how})")
-            self.add_worker()
-            console(f"started {self.workers()[-1]} (wanted {self.desired} workers)")
+            del self.children[name]
+            if rc != 0:
+                self._worker_crashed(child, rc)
+
+    def _worker_crashed(self, child: Child, rc: int) -> None:
+        """Queue its replacement: at once, or after a back-off when it died before registering."""
+        at_start = rc > 0 and self._find(child, "registered") is None
+        restarts = child.restarts + 1 if at_start else 0
+        cause = self._cause(child, rc)
+        console(f"{child.name} exited ({cause})")
+        if restarts > self.cfg.run.worker_restarts:
+            raise RunFailed(
+                f"{child.name} failed before registering, {restarts} times in a row "
+                f"(run.worker_restarts = {self.cfg.run.worker_restarts}): {cause}"
+            )
+        delay = RESTART_BACKOFF_S * 2 ** (restarts - 1) if restarts else 0.0
+        if delay:
+            console(f"restarting it in {delay:g}s (start-up failure {restarts} of {self.cfg.run.worker_restarts})")
+        self.pending.append((time.monotonic() + delay, restarts))
+
+    def _start_due_workers(self) -> None:
+        now = time.monotonic()
+        for item in [p for p in self.pending if p[0] <= now]:
+            self.pending.remove(item)
+            name = self._add_worker(item[1])
+            console(f"started {name} (wanted {self.desired} workers)")
+
+    # --- what an actor's log says ------------------------------------------------------------
+
+    def _find(self, child: Child, event: str) -> dict[str, Any] | None:
+        """The last `event` that this process (not an earlier one of a resumed run) logged."""
+        try:
+            with open(self.run_dir.log_path(child.name), "rb") as f:
+                f.seek(child.log_from)
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        needle = f'"event":"{event}"'.encode()
+        for line in reversed(data.splitlines()):
+            if needle in line:
+                with contextlib.suppress(ValueError):
+                    found: dict[str, Any] = json.loads(line)
+                    return found
+        return None
+
+    def _cause(self, child: Child, rc: int) -> str:
+        how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+        crashed = self._find(child, "actor_crashed")
+        return f"{how}: {crashed['error']}" if crashed else how
+
+    def _failure(self, child: Child) -> str:
+        rc = child.proc.returncode
+        return f"{child.name} exited ({self._cause(child, rc)}); see {self.run_dir.log_path(child.name)}"
+
+    # --- status and scaling ------------------------------------------------------------------
 
     def _poll_status(self) -> None:
         try:
@@ -127,27 +284,103 @@ class Launcher:
     def _scale_to(self, n: int) -> None:
         console(f"scaling workers {self.desired} -> {n}")
         self.desired = n
-        for name in self.workers()[n:]:
-            self.procs[name].send_signal(signal.SIGTERM)  # graceful: Leave, work is requeued
-            self.procs.pop(name)
-        while len(self.workers()) < n:
-            self.add_worker()
+        while self.pending and len(self._workers()) + len(self.pending) > n:
+            self.pending.pop()
+        for name in self._workers()[n:]:
+            child = self.children.pop(name)
+            child.proc.send_signal(signal.SIGTERM)  # graceful: Leave, work is requeued
+            self.retired.append(child)
+        while len(self._workers()) + len(self.pending) < n:
+            self._add_worker()
+
+    # --- stopping ----------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self.signalled:
+            self.hurry = True  # a second signal: no more grace periods
+        self.signalled = self.signalled or signum
+
+    def _check_signal(self) -> None:
+        if self.signalled:
+            raise Interrupted(self.signalled)
 
     def _stop_all(self, reason: str) -> None:
-        with contextlib.suppress(RequestFailed):
-            request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.05)
+        """RequestStop: the coordinator sends every member Shutdown; then wait for them a while."""
+        coordinator = self.children.get("coordinator")
+        if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
+            with contextlib.suppress(RequestFailed):
+                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
+        self._wait_exit(self._all(), 0.0 if self.hurry else self.cfg.run.stop_grace_s)
 
     def _reap(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-            alive = [p for p in self.procs.values() if p.poll() is None]
-            for p in alive:
-                p.send_signal(sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(p.poll() is None for p in alive):
-                time.sleep(0.05)
+        """Every actor still running: SIGTERM to its process group, then SIGKILL (bounded waits)."""
+        grace = 0.0 if self.hurry else self.cfg.run.stop_grace_s
+        self._wait_exit(self._all(), grace)
+        for sig, wait_s in ((signal.SIGTERM, grace + 2.0), (signal.SIGKILL, 2.0)):
+            alive = [c for c in self._all() if c.proc.poll() is None]
+            for c in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(c.proc.pid, sig)
+            self._wait_exit(alive, wait_s)
+
+    def _all(self) -> list[Child]:
+        return [*self.children.values(), *self.retired]
+
+    @staticmethod
+    def _wait_exit(children: list[Child], wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
+            time.sleep(0.05)
+
+
+# --- ports -------------------------------------------------------------------------------------
+
+
+def bound_ports(cfg: Config) -> dict[str, tuple[str, int]]:
+    """role -> (host, port) of every tcp port this run's actors bind."""
+    from prl_actors.topology import BINDS
+
+    out = {}
+    for role in (r for r in ROLES if r in BINDS):
+        addr = cfg.bind_address(role)
+        if addr.startswith("tcp://"):
+            host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+            out[role] = ("0.0.0.0" if host == "*" else host, int(port))
+    return out
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Something listens there. SO_REUSEADDR as ZeroMQ sets it: a port whose old connections wait
+    in TIME_WAIT (a run that just ended) is free to bind."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def pick_ports(cfg: Config) -> None:
+    """tcp without a base_port (and no explicit addresses): take the first free set from 27500 up."""
+    if cfg.transport.kind != "tcp" or cfg.transport.base_port is not None or cfg.transport.addresses:
+        return
+    host = "0.0.0.0" if cfg.transport.bind_all else cfg.transport.host
+    for base in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + PORT_STEP * PORT_TRIES, PORT_STEP):
+        if not any(port_in_use(host, base + i) for i in range(4)):
+            cfg.transport.base_port = base
+            return
+    raise RunFailed(f"no free ports for a run on {host} from {DEFAULT_BASE_PORT} up; set transport.base_port")
+
+
+def check_ports(cfg: Config) -> None:
+    """One run per port set: refuse, before any actor starts, ports some other process holds."""
+    for role, (host, port) in bound_ports(cfg).items():
+        if port_in_use(host, port):
+            raise RunFailed(
+                f"port {port} on {host} ({role}) is in use, by another run? Choose other ports "
+                "(transport.base_port), or leave transport.base_port unset to pick free ones"
+            )
 
 
 def progress_bar(done: int, total: int, width: int = 20) -> str:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 import pykka
 import zmq
 
-from prl_actors.actors.runtime import ActorHost, StopRequest
+from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
 from prl_actors.topology import ensure_key, role_of, start_actor
 from prl_actors.transport.auth import close_context, create_keys, run_key_names
@@ -20,29 +22,70 @@ class ActorFailed(Exception):
     pass
 
 
+SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # set by `up` (launcher.py): the pid whose exit stops the actor
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
-    """Run one actor until it stops. SIGTERM/SIGINT: a worker leaves gracefully, others just stop."""
+    """Run one actor until it stops; returns its exit code, raises ActorFailed with its one-line error.
+
+    SIGTERM/SIGINT/SIGHUP ask it to stop (a worker leaves gracefully first). An actor that has not
+    stopped `run.stop_grace_s` later (a thread stuck in a handler or an engine) is given up on: the
+    caller exits the process anyway (`exit_now`), as on a second signal. Started by `up`, an actor
+    whose supervisor has gone (SIGKILLed) stops by itself."""
     _limit_threads(name, cfg)
     ctx = zmq.Context()
-    host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
-    stop = threading.Event()
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     try:
-        while not host.done.wait(0.1):
-            if stop.is_set() or host.error:  # error: the port thread died; the actor is stopping
-                _request_stop(host, "signal")
-                host.done.wait(5.0)
-                break
-    finally:
+        host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
+    except StartFailed as exc:
         close_context(ctx)
+        raise ActorFailed(f"{name}: {exc}") from None
+    signalled = _catch_stop_signals()
+    reason = _wait(host, signalled)
+    if reason and not host.done.wait(cfg.run.stop_grace_s):
+        raise ActorFailed(f"{name}: did not stop within {cfg.run.stop_grace_s:g}s of {reason} (a stuck thread?)")
+    close_context(ctx)
     if host.error:
         raise ActorFailed(f"{name}: {host.error}")
     return 0
+
+
+def _wait(host: ActorHost, signalled: threading.Event) -> str:
+    """Wait until the actor stops by itself ("") or is asked to (the reason, after asking it)."""
+    supervisor = int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+    while not host.done.wait(0.1):
+        reason = "a signal" if signalled.is_set() else ""
+        if host.error:  # the port thread died: the actor is stopping (and exits non-zero)
+            reason = "its port's crash"
+        if supervisor and os.getppid() != supervisor:
+            reason = "its supervisor's exit"
+        if reason:
+            _request_stop(host, reason)
+            return reason
+    return ""
+
+
+def _catch_stop_signals() -> threading.Event:
+    """First stop signal: set the event (a graceful stop); a second one exits at once."""
+    signalled = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signalled.is_set():
+            exit_now(128 + signum)
+        signalled.set()
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+    return signalled
+
+
+def exit_now(code: int) -> None:
+    """End the process now: a stuck actor thread (not a daemon) or slow library finalizers must not
+    keep it alive. Logs are line-buffered and closed by the actor; stdio is flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _limit_threads(name: str, cfg: Config) -> None:
@@ -71,10 +114,14 @@ class LocalCluster:
             create_keys(cfg.keys_path(), run_key_names())
         self.hosts: dict[str, ActorHost] = {}
         self._next_worker = 0
-        for name in ("coordinator", "publisher", "buffer", "trainer"):
-            self.hosts[name] = start_actor(name, cfg, self.ctx, log_dir, quiet=True)
-        for _ in range(cfg.run.workers if workers is None else workers):
-            self.add_worker()
+        try:
+            for name in ("coordinator", "publisher", "buffer", "trainer"):
+                self.hosts[name] = start_actor(name, cfg, self.ctx, log_dir, quiet=True)
+            for _ in range(cfg.run.workers if workers is None else workers):
+                self.add_worker()
+        except BaseException:  # one actor failed to start: the ones already running must not leak
+            self.close()
+            raise
 
     def add_worker(self) -> str:
         name = f"worker-{self._next_worker}"

@@ -6,14 +6,22 @@
     RUN_DIR/checkpoints/v<N>/    learner state after the step that made version N (DONE marks complete)
     RUN_DIR/model/               the built-in tiny model (an ordinary Hugging Face directory)
 
+A checkpoint's DONE marker is written last and lists the sha256 of every file the checkpoint holds, so
+a checkpoint that was cut short, truncated or partly deleted later is detected when a run resumes,
+and the newest intact one is used instead (with a warning).
+
 Actor cores never touch the disk or the console themselves: the trainer is handed a `TrainerSink`
 (a `RunDir` in a run, a `MemorySink` in tests) and calls it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +33,17 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
+LOCK = ".up.lock"
 EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
+SkipFn = Callable[[Path, str], None]
+
+
+class RunDirBusy(Exception):
+    """Another `up` holds the run directory (the message is for the user)."""
+
+
+class CheckpointError(Exception):
+    """Checkpoints exist but none is usable; the message names each one and why (for the user)."""
 
 
 class TrainerSink(Protocol):
@@ -39,8 +57,9 @@ class TrainerSink(Protocol):
         """Let `write(dir)` fill the checkpoint of `version`, then mark it complete (None: not kept)."""
         ...
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint, if any."""
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
+        """The newest complete, intact checkpoint, if any; `on_skip(path, why)` hears of each newer
+        one that is damaged. Raises CheckpointError when there are checkpoints but none is intact."""
         ...
 
 
@@ -81,7 +100,30 @@ class RunDir:
         return self.logs / f"{actor}.jsonl"
 
     def has_run(self) -> bool:
-        return self.metrics.exists()
+        return self.metrics.exists() or self.has_checkpoint()
+
+    def has_checkpoint(self) -> bool:
+        """Some checkpoint is marked complete (whether it is intact is checked on resume)."""
+        return self.checkpoints.exists() and any((p / DONE).exists() for p in self.checkpoints.glob("v*"))
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Held by `up` while it runs the run: a second `up` on this run dir fails at once
+        (RunDirBusy) instead of overwriting config.yaml or stealing its ipc sockets. The OS releases
+        the lock when `up` exits, however it exits."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                raise RunDirBusy(
+                    f"run dir {self.root} is in use by a running `prl-actors up` (pid {f.read().strip() or '?'})"
+                ) from None
+            f.truncate(0)
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
 
     def metrics_rows(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
@@ -102,14 +144,62 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         (path / DONE).unlink(missing_ok=True)
         write(path)
-        (path / DONE).write_text(str(version))
+        marker = {"version": version, "sha256": {str(f.relative_to(path)): _sha256(f) for f in _files(path)}}
+        (path / DONE).write_text(json.dumps(marker, indent=1))
         return path
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker)."""
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
+        """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
+        intact (every file the marker lists has its sha256). A damaged one is reported through
+        `on_skip` (and on the console with `echo`) and the one before it is tried."""
         root = self.checkpoints
-        done = [p for p in root.glob("v*") if (p / DONE).exists()] if root.exists() else []
-        return max(done, key=lambda p: int(p.name[1:]), default=None)
+        done = [p for p in root.glob("v*") if (p / DONE).exists() and p.name[1:].isdigit()] if root.exists() else []
+        problems: list[str] = []
+        for path in sorted(done, key=lambda p: int(p.name[1:]), reverse=True):
+            why = checkpoint_damage(path)
+            if why is None:
+                if problems and self.echo:
+                    console(f"warning: resuming from {path.name}: {'; '.join(problems)}")
+                return path
+            problems.append(f"{path.name} is damaged ({why})")
+            if on_skip is not None:
+                on_skip(path, why)
+        if problems:
+            raise CheckpointError(f"no intact checkpoint in {root}: {'; '.join(problems)}")
+        return None
+
+
+def checkpoint_damage(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted, or None. A marker from before checksums (the
+    version alone) cannot be checked and is trusted."""
+    try:
+        marker = json.loads((path / DONE).read_text())
+    except (OSError, ValueError):
+        return "unreadable DONE marker"
+    if not isinstance(marker, dict):
+        return None if isinstance(marker, int) else "unreadable DONE marker"
+    sums = marker.get("sha256")
+    if not isinstance(sums, dict) or not sums:
+        return "DONE marker lists no files"
+    for name, digest in sorted(sums.items()):
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if _sha256(f) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file() and f.name != DONE)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class MemorySink:
@@ -124,5 +214,5 @@ class MemorySink:
     def save_checkpoint(self, version: int, write: Callable[[Path], None]) -> Path | None:
         return None
 
-    def latest_checkpoint(self) -> Path | None:
+    def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import traceback
 import uuid
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import zmq
 from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
 from prl_actors.actors.publisher import PublisherCore
-from prl_actors.actors.runtime import ActorHost, Core
+from prl_actors.actors.runtime import ActorHost, Core, StartFailed, one_line
 from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
@@ -151,7 +152,14 @@ def start_actor(
     role = role_of(name)
     log = EventLog(name, role, (log_dir / f"{name}.jsonl") if log_dir else None)
     log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=cfg.address(role) if role in BINDS else "")
-    core = build_core(name, cfg, log, quiet=quiet)
+    try:  # loads the model, engine, task: a user's bad file ends here as one line, not a traceback
+        core = build_core(name, cfg, log, quiet=quiet)
+    except Exception as exc:
+        log("start_failed", error=one_line(exc), trace=traceback.format_exc())
+        log("actor_crashed", error=f"failed to start: {one_line(exc)}")
+        log.close()
+        raise StartFailed(f"failed to start: {one_line(exc)}") from None
+    core.join_timeout_s, core.coordinator_addr = cfg.transport.join_timeout_s, cfg.address("coordinator")
     bind = cfg.bind_address(role) if role in BINDS else None
     if bind and bind.startswith("ipc://"):
         Path(bind.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)

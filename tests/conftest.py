@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 import zmq
 
-from prl_actors.config import Config, load_config
-from prl_actors.protocol.versions import on_policy
-from prl_actors.transport.auth import KeyStore, Security
+# Models in the test process compute on one thread: on a small shared machine OpenMP threads that
+# spin-wait for each other make a warm start many times slower, and the tests measure no speed.
+# (Actor processes the tests start choose their own threads: worker/trainer.threads.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from prl_actors.config import Config, load_config  # noqa: E402
+from prl_actors.protocol.versions import on_policy  # noqa: E402
+from prl_actors.transport.auth import KeyStore, Security  # noqa: E402
 
 # Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
 _ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
@@ -62,7 +67,10 @@ def wait_for(run_dir: Path, pred: Callable[[dict], bool], timeout: float = 20.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run_dir / "logs").exists():
-            found = next((e for e in read_logs(run_dir) if pred(e)), None)
+            try:
+                found = next((e for e in read_logs(run_dir) if pred(e)), None)
+            except json.JSONDecodeError:  # a line being written right now: read again
+                found = None
             if found is not None:
                 return found
         time.sleep(0.02)
@@ -105,3 +113,11 @@ def dealer(
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny random-init Qwen2 / Llama / GPT-2 / Mistral checkpoints, built once per session."""
+    from prl_actors.model.tiny import build_all
+
+    return build_all(tmp_path_factory.mktemp("families"))

@@ -1,17 +1,24 @@
 """Every benchmark at a tiny size, so the suite keeps working. Structure only: no timing is asserted
-(the numbers of a smoke run mean nothing; the suite's own report says whether goals are met)."""
+(the numbers of a smoke run mean nothing; the suite's own report says whether goals are met).
+The suite is the `prl_bench` package (bench/prl_bench), installed beside prl_actors."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from prl_actors.bench.suite import BENCHMARKS, UnknownBenchmark, resolve, run_suite
+from prl_actors.replay import load_run
+from prl_actors.replay.epochs import windows
+from prl_bench.logspans import epoch_phases, run_phases
+from prl_bench.report import main as report_main
+from prl_bench.report import write_report
+from prl_bench.suite import BENCHMARKS, UnknownBenchmark, resolve, run_suite
 
 ENTRY_KEYS = {"benchmark", "name", "metric", "measured", "unit", "ratio", "goal", "op", "bound", "raw", "passed"}
 
@@ -23,7 +30,7 @@ def _finite_positive(x: object) -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:  # type: ignore[type-arg]
     out = tmp_path_factory.mktemp("bench")
-    return out, run_suite(out, smoke=True, say=lambda line: None)
+    return out, run_suite(out, smoke=True, keep_work=True, say=lambda line: None)
 
 
 def test_every_benchmark_ran(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
@@ -82,3 +89,78 @@ def test_cli_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "--only", "nope", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "unknown benchmark" in result.output
+
+
+def test_an_epoch_is_replays_epoch_window(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
+    """The bench's epochs are replay's windows (epoch_open of e -> epoch_open of e+1, the last one to
+    its epoch_done): per-epoch times and the measured span are built from them."""
+    out, _ = smoke
+    for run_dir in (out / "work" / "pipeline" / "sim-w2-r1-sync", out / "work" / "control_plane" / "turnaround-run"):
+        run = load_run(run_dir)
+        wins = {w.epoch: w for w in windows(run) if w.epoch >= 0}
+        phases = epoch_phases(run_dir)
+        assert sorted(phases) == sorted(wins)
+        for e, p in phases.items():
+            assert (p.open, p.end) == (wins[e].start + run.t0, wins[e].end + run.t0)
+        measured = run_phases(run_dir)
+        assert [r["epoch"] for r in measured.per_epoch] == sorted(wins)[1:]
+        assert [r["epoch_s"] for r in measured.per_epoch] == pytest.approx([wins[e].wall for e in sorted(wins)[1:]])
+        assert measured.window == pytest.approx((wins[1].start + run.t0, wins[max(wins)].end + run.t0))
+
+
+def _without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    monkeypatch.delitem(sys.modules, "prl_bench.plots", raising=False)
+
+
+def test_without_matplotlib_the_report_is_written_and_one_line_says_why_no_plots(
+    smoke: tuple[Path, dict],  # type: ignore[type-arg]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, results = smoke
+    _without_matplotlib(monkeypatch)
+    said: list[str] = []
+    write_report(tmp_path, results, said.append)
+    assert "| benchmark | case |" in (tmp_path / "results.md").read_text()
+    assert not list(tmp_path.glob("*.png"))
+    assert len(said) == 1 and "prl-actors[plots]" in said[0]
+
+
+def test_the_report_module_rebuilds_a_saved_run(
+    smoke: tuple[Path, dict],  # type: ignore[type-arg]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out, _ = smoke
+    (tmp_path / "results.json").write_text((out / "results.json").read_text())
+    assert report_main([str(tmp_path)]) == 0
+    assert (tmp_path / "results.md").read_text() == (out / "results.md").read_text()
+    assert all((tmp_path / f"{name}.png").stat().st_size > 1000 for name in BENCHMARKS)
+    assert report_main([str(tmp_path / "missing")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_cli_without_the_bench_package_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "prl_bench" or m.startswith("prl_bench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "prl_bench", None)  # as in an install without bench/ (the Docker image)
+    result = CliRunner().invoke(app, ["bench", "--only", "nope", "--out", str(tmp_path)])  # runs nothing either way
+    assert result.exit_code == 2
+    assert "not installed" in result.output and "Traceback" not in result.output
+
+
+def test_replay_timeline_without_matplotlib_is_one_error_line(
+    smoke: tuple[Path, dict],  # type: ignore[type-arg]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out, _ = smoke
+    _without_matplotlib(monkeypatch)
+    png = tmp_path / "t.png"
+    run_dir = out / "work" / "control_plane" / "turnaround-run"
+    result = CliRunner().invoke(app, ["replay", str(run_dir), "--timeline", str(png)])
+    assert result.exit_code == 2 and not png.exists()
+    assert "prl-actors[plots]" in result.output and "Traceback" not in result.output

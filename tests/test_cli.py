@@ -1,4 +1,4 @@
-"""The CLI: user mistakes get one clear line (exit 2), never a traceback; compose commands are valid."""
+"""The CLI: user mistakes get one clear line (exit 2), never a traceback."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from cli.main import app
-from prl_actors.compose import compose_command
 from prl_actors.config import ConfigError, load_config
 
 runner = CliRunner()
@@ -64,9 +62,11 @@ def test_up_refuses_to_overwrite_a_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_configs_are_valid(path: Path) -> None:
+def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
     """A shipped config loads, survives its own dump (what `up` writes to RUN_DIR/config.yaml), gives
-    every bound actor its own address, and its task serves a full epoch of valid prompts."""
+    every bound actor its own address, and its task serves a full epoch of valid prompts (a config
+    that needs a chat model gets the tiny Qwen2 its header suggests)."""
+    from prl_actors.model.tiny import build_family
     from prl_actors.tasks import load_task
     from prl_actors.topology import BINDS
 
@@ -77,6 +77,9 @@ def test_shipped_configs_are_valid(path: Path) -> None:
             if not isinstance(value, dict):
                 assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
     assert load_config(None, _flatten(yaml.safe_load(cfg.dump()))) == cfg
+    assert cfg.address("coordinator") not in {cfg.address(r) for r in BINDS if r != "coordinator"}
+    if cfg.task.chat_template and cfg.model.path is None:
+        cfg.model.path = str(build_family("qwen2", tmp_path / "tiny-qwen2"))
     addresses = [cfg.address(role) for role in sorted(BINDS)]
     assert len(set(addresses)) == len(addresses)
     prompts = load_task(cfg).prompts_for_epoch(0, cfg.coordinator.groups_per_epoch)
@@ -104,31 +107,20 @@ def test_help_is_fast_and_lists_commands() -> None:
     assert heavy.stdout.split() == ["False", "False"]
 
 
-def test_compose_file_services_run_valid_cli_calls() -> None:
-    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    services = spec["services"]
-    assert set(services) == {"coordinator", "publisher", "buffer", "trainer", "inference"}
-    group: Any = typer.main.get_command(app)
-    for name, svc in services.items():
-        argv = svc["command"]
-        assert argv[:2] == ["prl-actors", "actor"], name
-        sub = group.commands[argv[1]]
-        ctx = sub.make_context(argv[1], list(argv[2:]))  # raises on an invalid call
-        assert ctx.params["role"] in ("coordinator", "publisher", "buffer", "trainer", "worker")
-        config = ROOT / ctx.params["config"].relative_to("/app")
-        load_config(config)
-    cmd = compose_command(load_config(ROOT / "configs/compose.yaml"))
-    assert "--scale" in cmd and "inference=2" in cmd
-
-
 def test_a_busy_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
     import socket
 
     from tests.conftest import port_base
 
-    base = port_base()
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", base))  # the coordinator's port
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT is no owner
+        for _ in range(20):  # a port some other process holds is no test of ours: take the next one
+            base = port_base()
+            try:
+                busy.bind(("127.0.0.1", base))  # the coordinator's port
+                break
+            except OSError:
+                continue
         busy.listen()
         argv = ["actor", "coordinator", "--set", "worker.engine=sim", "--set", "trainer.learner=sim"]
         argv += ["--set", "transport.auth=none"]  # no keys needed to meet the busy port

@@ -67,6 +67,14 @@ def sample_messages() -> list[m.Msg]:
         ),
         m.Scale(workers=3),
         m.RequestStop(),
+        m.EnvReset(env_id="CartPole-v1", owned=[0, 1], slots=[1], seeds=[7]),
+        m.EnvObs(reply_to="x", slots=[1], arrays=[meta]),
+        m.EnvStep(step=3, slots=[0, 1], arrays=[meta]),
+        m.EnvStepResult(reply_to="x", step=3, slots=[0, 1], arrays=[meta, meta]),
+        m.EnvAct(env_id="CartPole-v1", owned=[0], slots=[0], seeds=[-1], steps=32, epoch=2, version=2),
+        m.Segment(slots=[0], steps=32, episode_returns=[9.0], episode_lengths=[9], arrays=[meta], epoch=2, version=1),
+        m.PolicyCheck(arrays=[meta], epoch=2, version=1),
+        m.PolicyLogits(reply_to="x", arrays=[meta], epoch=3, version=3),
     ]
 
 

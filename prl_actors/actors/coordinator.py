@@ -94,11 +94,13 @@ class CoordinatorCore(Core):
         self.prompts: dict[int, Prompt] = {}
         self.available_version = -1
         self.epochs_completed = 0
+        self.done_reason = ""
         self._progress: tuple[Phase, int, int] = (Phase.DONE, -1, -1)
         self._progress_at = 0.0
         self.stall_reason = ""
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
         self.ticket_key = tickets.new_key()  # shared with the buffer through EpochOpen
+        self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -111,7 +113,8 @@ class CoordinatorCore(Core):
             principal=inbound.principal,  # "" when the transport authenticates nothing (see Inbound.who)
             msg=msgspec.to_builtins(inbound.msg),
         )
-        self.members.seen(inbound.msg.sender, now)
+        if not isinstance(inbound.msg, Register):  # a Register under a held name must not keep it alive
+            self.members.seen(inbound.msg.sender, now)
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
@@ -123,12 +126,13 @@ class CoordinatorCore(Core):
         self._watch_stall(now)
 
     def _watch_stall(self, now: float) -> None:
-        """No silent hang: while an epoch makes no progress, say every STALL_LOG_S why we wait."""
+        """No silent hang: in every state but done, while the run makes no progress, say every
+        STALL_LOG_S why we wait."""
         progress = (self.phase.current, self.epoch, len(self.work.done))
         if progress != self._progress:
             self._progress, self._progress_at, self.stall_reason = progress, now, ""
             return
-        if self.phase.is_(Phase.DONE, Phase.TRAINING) or now - self._progress_at < STALL_LOG_S:
+        if self.phase.is_(Phase.DONE) or now - self._progress_at < STALL_LOG_S:
             return
         self._progress_at = now
         reason = self._stall_reason()
@@ -138,6 +142,11 @@ class CoordinatorCore(Core):
         self.stall_reason = reason
 
     def _stall_reason(self) -> str:
+        if self.phase.is_(Phase.TRAINING):
+            return (
+                f"waiting for the trainer's step of epoch {self.epoch} "
+                f"(weights v{version_for(self.epoch + 1)}: publisher weights_available)"
+            )
         if self.phase.is_(Phase.WAITING_WEIGHTS):
             return "waiting for the trainer's weights (publisher: weights_available)"
         if self.phase.is_(Phase.OPENING):
@@ -155,10 +164,12 @@ class CoordinatorCore(Core):
     @handles(Register)
     def on_register(self, now: float, inbound: Inbound[Register]) -> None:
         msg = inbound.msg
+        if self._refused_join(now, inbound):
+            return
         old = self.members.get(msg.sender)
-        if old is not None:  # a restarted process under the same name: its old work is lost
+        if old is not None:  # the same process again, or a dead one's successor: its old work is lost
             self._remove(old, "re_registered")
-        self.members.join(msg.sender, msg.role, inbound.identity, now)
+        self.members.join(msg.sender, msg.role, inbound.identity, now, pid=msg.pid, host=msg.host)
         self.log("member_join", member=msg.sender, member_role=msg.role, pid=msg.pid, host=msg.host)
         if msg.role == Role.BUFFER and self.phase.is_(Phase.WAITING_WEIGHTS):
             self._maybe_open()
@@ -176,6 +187,21 @@ class CoordinatorCore(Core):
             buffer_addr=self.s.buffer_addr,
         )
         self.reply(inbound, welcome)
+
+    def _refused_join(self, now: float, inbound: Inbound[Register]) -> bool:
+        """One member per name: a name held by another live process is refused, not taken over (a
+        second `prl-actors up` or a misnamed joiner must not steal a member's place). A run that is
+        over tells a late joiner so."""
+        msg = inbound.msg
+        if self.phase.is_(Phase.DONE):
+            self.reply(inbound, Shutdown(reason=f"the run is over ({self.done_reason})"))
+            return True
+        old = self.members.get(msg.sender)
+        live = old is not None and now - old.last_seen <= self.s.heartbeat_timeout_s
+        if old is None or not live or (old.pid, old.host) == (msg.pid, msg.host):
+            return False
+        self.refuse(inbound, f"name {msg.sender!r} is held by a live member (pid {old.pid} on {old.host})")
+        return True
 
     @handles(Heartbeat)
     def on_heartbeat(self, now: float, inbound: Inbound[Heartbeat]) -> None:
@@ -250,6 +276,7 @@ class CoordinatorCore(Core):
         if self.work.accept(msg.group_id)[0] is Accept.NEW and self.work.complete:
             self.phase.to(Phase.TRAINING)
             self.log("epoch_generated", groups=len(self.work.done))
+            self._maybe_open()  # the step's weights may have come first (the buffer's accept raced them)
 
     # --- epochs ------------------------------------------------------------------------------
 
@@ -274,6 +301,9 @@ class CoordinatorCore(Core):
         """Open the epoch of weights v as soon as they exist and the previous epoch is fully generated."""
         v = self.available_version
         e = epoch_for(v)
+        if v >= 0 and e >= self.s.epochs and self.phase.is_(Phase.WAITING_WEIGHTS):
+            self._shutdown("completed")  # resumed from the last epoch's checkpoint: nothing to do
+            return
         if v < 0 or e >= self.s.epochs or not self.phase.is_(Phase.WAITING_WEIGHTS, Phase.TRAINING):
             return
         if self.phase.is_(Phase.TRAINING) and e != self.epoch + 1:
@@ -307,6 +337,7 @@ class CoordinatorCore(Core):
                 self._to_member(m.name, self._epoch_start())
 
     def _shutdown(self, reason: str) -> None:
+        self.done_reason = reason
         self.phase.to(Phase.DONE)
         self.log("run_done", reason=reason, epochs_completed=self.epochs_completed)
         for m in self.members.sorted():

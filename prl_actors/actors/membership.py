@@ -20,6 +20,8 @@ class Member:
     last_seen: float
     version: int = -1  # the weight version it last said it holds
     refused: int = 0  # refusals it reported in its last heartbeat (handshakes, forbidden, malformed)
+    pid: int = 0  # the process it registered from (a name is held by one process)
+    host: str = ""
 
 
 class Membership:
@@ -35,9 +37,9 @@ class Membership:
     def get(self, name: str) -> Member | None:
         return self._members.get(name)
 
-    def join(self, name: str, role: Role, identity: bytes, now: float) -> Member:
+    def join(self, name: str, role: Role, identity: bytes, now: float, pid: int = 0, host: str = "") -> Member:
         """Add a member (the caller removes an old one of the same name first)."""
-        member = Member(name, role, identity, now)
+        member = Member(name, role, identity, now, pid=pid, host=host)
         self._members[name] = member
         return member
 

@@ -64,7 +64,8 @@ C = TypeVar("C", bound="Core")
 HandlerFn = Callable[[C, float, Inbound[M]], None]
 
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
-QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit"})
+# env_step/env_step_result: one per vector step; the learner logs their accounting as `env_steps` instead.
+QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit", "env_step", "env_step_result"})
 REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
 LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
 VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
@@ -90,6 +91,17 @@ def _handler_table(cls: type) -> dict[type[Msg], str]:
             if msg_type is not None:
                 table[msg_type] = name
     return table
+
+
+class StartFailed(Exception):
+    """An actor could not be built or started (model, engine, checkpoint); the message is one line."""
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (library errors can span many lines), at most 300 chars."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @dataclass
@@ -137,10 +149,17 @@ class _Pending:
 
 
 class Core:
-    """Base of every actor's logic: membership and the reply contract shared by every role."""
+    """Base of every actor's logic: membership and the reply contract shared by every role.
+
+    No member waits for its coordinator forever: a Register unanswered for `join_timeout_s`, a
+    refused Register, or `join_timeout_s` without a word from the coordinator once registered (its
+    heartbeat acks stop) makes the actor `fail` with a one-line reason."""
 
     role: ClassVar[Role]
+    membership_peer: ClassVar[str] = "coordinator"  # the peer this role registers and heartbeats with
     handlers: ClassVar[dict[type[Msg], str]] = {}
+    join_timeout_s = 60.0  # set from transport.join_timeout_s by topology.start_actor
+    coordinator_addr = "the coordinator"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -154,6 +173,7 @@ class Core:
         self.name, self.log = name, log
         self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
         self.stopped = False
+        self.failure: str | None = None  # set by `fail`: the actor stops and its process exits non-zero
         self.registered = False
         self.deferred: list[Callable[[float], None]] = []
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
@@ -162,6 +182,8 @@ class Core:
         self._pending: dict[str, _Pending] = {}
         self._senders = {t: senders_of(t, self.role) for t in self.receives}
         self._verdicts: dict[tuple[object, ...], str] = {}
+        self._register_id = ""
+        self._coordinator_heard = 0.0  # when the coordinator last said anything to this member
 
     # epoch/version live on the log so every event carries them
     @property
@@ -301,6 +323,8 @@ class Core:
         reply_to = getattr(msg, "reply_to", "")
         if reply_to:
             self._pending.pop(reply_to, None)
+        if inbound.peer == "coordinator":
+            self._coordinator_heard = now
         if tag not in QUIET_TYPES:
             self.log(
                 "recv",
@@ -342,6 +366,9 @@ class Core:
             self.log("request_timeout", msg_id=msg_id, what=p.what)
             if p.on_timeout is not None:
                 p.on_timeout(now)
+        silent = now - self._coordinator_heard
+        if self.registered and self.role != Role.COORDINATOR and silent > self.join_timeout_s:
+            self.fail(f"lost the coordinator at {self.coordinator_addr}: nothing heard for {silent:.0f}s")
 
     def send_failed(self, now: float, failed: SendFailed) -> None:
         self.count("send_failed")
@@ -350,11 +377,20 @@ class Core:
     # --- membership, shared by every role but the coordinator ------------------------------------
 
     def register(self) -> None:
-        self.emit(Dest.peer("coordinator"), Register(role=self.role, pid=os.getpid(), host=socket.gethostname()))
+        msg = Register(role=self.role, pid=os.getpid(), host=socket.gethostname())
+        self._register_id = self.emit(Dest.peer(self.membership_peer), msg).id
+        self.expect(msg, self.join_timeout_s, "welcome", self._register_timed_out)
+
+    def _register_timed_out(self, now: float) -> None:
+        self.fail(
+            f"no answer from the {self.membership_peer} at {self.coordinator_addr} within {self.join_timeout_s:g}s "
+            "(is the run up? a run that is over no longer answers)"
+        )
 
     @handles(Welcome)
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         self.registered = True
+        self._coordinator_heard = now
         self.log("registered", run_id=inbound.msg.run_id)
 
     @handles(HeartbeatAck)
@@ -373,14 +409,23 @@ class Core:
         msg = inbound.msg
         self.count("peer_error")
         self.log("peer_error", code=msg.code, detail=msg.detail, reply_to=msg.reply_to, sender=msg.sender)
+        if msg.reply_to and msg.reply_to == self._register_id:
+            self.fail(f"the coordinator refused to register {self.name}: {msg.detail}")
 
     @handles(Shutdown)
     def on_shutdown(self, now: float, inbound: Inbound[Shutdown]) -> None:
-        self.log("shutdown", reason=inbound.msg.reason)
+        """The run is over (or stopping). A member that joins a finished run is told so this way."""
+        self.log("shutdown", reason=inbound.msg.reason, joined=self.registered)
         self.stopped = True
 
     def request_stop(self, reason: str) -> None:
         self.log("stop_requested", reason=reason)
+        self.stopped = True
+
+    def fail(self, reason: str) -> None:
+        """The actor cannot do its job (refused, lost its coordinator ...): stop, and make the process
+        exit non-zero with `reason` as its one-line error."""
+        self.failure = reason
         self.stopped = True
 
     def heartbeat(self) -> Heartbeat | None:
@@ -414,6 +459,7 @@ class ActorHost(pykka.ThreadingActor):
         self._heartbeat_s = heartbeat_s
         self._heartbeat: Heartbeat | None = None  # written by the actor thread, read by the port thread
         self._next_heartbeat = 0.0
+        self._heartbeat_dest = Dest.peer(core.membership_peer)
         self.port = Port(
             ctx,
             core.name,
@@ -450,18 +496,20 @@ class ActorHost(pykka.ThreadingActor):
         hb = self._heartbeat
         if self._heartbeat_s and hb is not None and now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_s
-            self.port.send_frames(Dest.peer("coordinator"), encode(msgspec.structs.replace(hb, id=new_id())))
+            self.port.send_frames(self._heartbeat_dest, encode(msgspec.structs.replace(hb, id=new_id())))
 
     def on_start(self) -> None:
         try:
             self.port.start()
         except (OSError, TimeoutError) as exc:  # e.g. address in use; pykka would die without on_failure
-            self._crash(str(exc))
-            self.stop()
+            self._fail(str(exc))
             return
-        self._run(lambda now: self.core.start(now))
+        self.core.log("actor_ready", address=self.port.bind or "")  # bound: peers can reach it now
+        self._run(lambda now: self.core.start(now), failing="failed to start")
 
     def on_receive(self, message: Any) -> None:
+        if self.error is not None:  # failed: it only waits for its stop to be processed
+            return
         if isinstance(message, Inbound):
             self._run(lambda now: self.core.handle(now, message))
         elif isinstance(message, Tick):
@@ -487,19 +535,28 @@ class ActorHost(pykka.ThreadingActor):
         self.error = error
         self._tell(PortCrashed(error))
 
-    def _run(self, fn: Callable[[float], None]) -> None:
+    def _run(self, fn: Callable[[float], None], failing: str | None = None) -> None:
+        """Call into the core. An exception is logged as `handler_error` and the actor lives on (a
+        bug handling one message must not take the actor down), unless `failing` says the call is
+        one the actor cannot do without (its start): then the actor fails with that cause."""
         self.core.now = now = time.monotonic()
         try:
             fn(now)
-        except Exception as exc:  # a bug or a failing engine must not kill the actor silently
-            self.core.count("handler_error")
-            self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+        except Exception as exc:
+            if failing is not None:
+                self.core.log("start_failed", error=one_line(exc), trace=traceback.format_exc())
+                self.core.fail(f"{failing}: {one_line(exc)}")
+            else:
+                self.core.count("handler_error")
+                self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
         self._flush()
         hb = self.core.heartbeat()
         if hb is not None:
             hb.sender = self.core.name
         self._heartbeat = hb
-        if self.core.stopped:
+        if self.core.failure is not None:
+            self._fail(self.core.failure)
+        elif self.core.stopped:
             self.stop()
 
     def _flush(self) -> None:
@@ -519,13 +576,16 @@ class ActorHost(pykka.ThreadingActor):
         self.core.log.close()
         self.done.set()
 
-    def on_failure(self, exception_type: Any, exception_value: Any, tb: Any) -> None:
-        self._crash(f"{exception_type.__name__}: {exception_value}")
-
-    def _crash(self, error: str) -> None:
-        """The actor cannot go on: record why (the process exits non-zero with it) and release all."""
+    def _fail(self, error: str) -> None:
+        """The actor cannot go on: record why (its process exits non-zero with it), then stop."""
         self.error = error
         self.core.log("actor_crashed", error=error)
+        self.stop()
+
+    def on_failure(self, exception_type: Any, exception_value: Any, tb: Any) -> None:
+        """A bug in the host itself (pykka skips on_stop): record it and release everything."""
+        self.error = f"{exception_type.__name__}: {exception_value}"
+        self.core.log("actor_crashed", error=self.error)
         self.port.stop()
         self.core.log.close()
         self.done.set()

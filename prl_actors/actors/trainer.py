@@ -12,6 +12,7 @@ on-policy invariant is enforced here a second time, not only in the buffer.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Snapshot, transfer_messages
@@ -59,8 +60,8 @@ class TrainerCore(Core):
         self.finished: tuple[int, float, dict[str, float]] | None = None
 
     def start(self, now: float) -> None:
-        if self.resume:
-            ckpt = self.sink.latest_checkpoint()
+        if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
+            ckpt = self.sink.latest_checkpoint(on_skip=self._checkpoint_skipped)
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
                 self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
@@ -68,6 +69,9 @@ class TrainerCore(Core):
         self.register()
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))
         self._upload()
+
+    def _checkpoint_skipped(self, path: Path, why: str) -> None:
+        self.log("checkpoint_skipped", path=str(path), reason=why)
 
     @handles(EpochStart)
     def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:

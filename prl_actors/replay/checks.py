@@ -62,8 +62,23 @@ def coordinator_check(run: Run) -> CheckResult:
     return CheckResult("coordinator", f"{r.inputs} inputs replayed, {r.decisions} decisions identical")
 
 
+def env_checks(run: Run) -> list[CheckResult]:
+    """The classic-RL invariants (replay/env_checks.py), for runs with a learner."""
+    from prl_actors.replay import env_checks as ec
+
+    if not ec.is_env_run(run):
+        return []
+    steps, rounds = len(run.of("env_steps")), len(run.of("round_done"))
+    return [
+        CheckResult("env-steps", f"remote accounting ({steps} summaries) adds up", ec.check_env_steps(run)),
+        CheckResult("env-rounds", f"{rounds} acting rounds: slots received or lost once", ec.check_env_rounds(run)),
+        CheckResult("env-lost", f"{len(run.of('slot_lost'))} lost slots reset elsewhere", ec.check_env_lost(run)),
+        CheckResult("aaps", f"{len(run.of('aaps_check'))} AAPS decisions kept", ec.check_aaps(run)),
+    ]
+
+
 def run_checks(run: Run, replay: bool = True) -> list[CheckResult]:
-    out = [*invariant_checks(run), replies_check(run)]
+    out = [*invariant_checks(run), replies_check(run), *env_checks(run)]
     return [*out, coordinator_check(run)] if replay else out
 
 

@@ -12,7 +12,8 @@ after that input:
   against the recorded ones, every field but message ids and times.
 Message ids are fresh in the replay, so the ids of recorded sends map onto the replayed ones and the
 replies that come back as later inputs are rewritten (the buffer's Ack of epoch_open clears the
-right pending request). A restarted coordinator (a second `actor_start`) restarts the replay.
+right pending request). A restarted coordinator (a second `actor_start`) restarts the replay, with
+the epoch count that coordinator logged (`coord_settings`: `--resume --epochs N` may change it).
 Events after a `bad_frame`, `unexpected_message`, `forbidden_message`, `send_failed` or
 `stop_requested` belong to no input and are skipped.
 """
@@ -107,15 +108,26 @@ class CoordinatorReplay:
     divergence: Divergence | None = None
 
 
-def recorded_steps(events: list[Event]) -> list[Step | None]:
-    """The coordinator's inputs in log order; None marks a restart (a new `actor_start`)."""
-    out: list[Step | None] = []
+@dataclass
+class Restart:
+    """A (re)started coordinator: replay starts a fresh core, with the settings it logged."""
+
+    settings: Event = field(default_factory=dict)
+
+
+def recorded_steps(events: list[Event]) -> list[Step | Restart]:
+    """The coordinator's inputs in log order, each (re)start (`actor_start`) marked by a Restart."""
+    out: list[Step | Restart] = []
     current: Step | None = None
+    restart: Restart | None = None
     inputs = 0
     for e in events:
         if e["event"] == "actor_start":
-            out.append(None)
+            restart = Restart()
+            out.append(restart)
             current = None
+        elif e["event"] == "coord_settings" and restart is not None:
+            restart.settings = e
         elif e["event"] == "coord_input":
             current = Step(inputs, e)
             out.append(current)
@@ -127,8 +139,9 @@ def recorded_steps(events: list[Event]) -> list[Step | None]:
     return out
 
 
-def new_core(run: Run) -> Any:
-    """A fresh CoordinatorCore built from RUN_DIR/config.yaml, logging into a CaptureLog."""
+def new_core(run: Run, settings: Event | None = None) -> Any:
+    """A fresh CoordinatorCore built from RUN_DIR/config.yaml (with the epoch count the recorded
+    coordinator logged, when it did), logging into a CaptureLog."""
     from prl_actors.actors.coordinator import CoordinatorCore
     from prl_actors.config import ConfigError
     from prl_actors.topology import build_core
@@ -141,6 +154,8 @@ def new_core(run: Run) -> Any:
     except ConfigError as exc:
         raise ReplayError(f"cannot rebuild the coordinator from config.yaml: {exc}") from None
     assert isinstance(core, CoordinatorCore)
+    if settings and "epochs" in settings:
+        core.s.epochs = int(settings["epochs"])
     return core
 
 
@@ -264,8 +279,8 @@ def replay_coordinator(run: Run) -> CoordinatorReplay:
     events = run.by_actor.get("coordinator", [])
     unlogged = _not_logged_yet(events)
     for step in recorded_steps(events):
-        if step is None:
-            core, ids = new_core(run), {}
+        if isinstance(step, Restart):
+            core, ids = new_core(run, step.settings), {}
             continue
         core = core or new_core(run)
         core.outbox, core.log.events = [], []

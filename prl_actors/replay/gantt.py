@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prl_actors.replay.epochs import SETUP, stats, windows
-from prl_actors.replay.events import Run
+from prl_actors.replay.events import ReplayError, Run
 from prl_actors.replay.spans import BUSY_SPANS, Span, lifetime, pair_spans
 
 COLORS = {
@@ -32,9 +32,14 @@ BAR = 0.7
 
 
 def draw(run: Run, path: Path, spans: list[Span] | None = None) -> None:
-    """Write the chart to `path` (PNG)."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    """Write the chart to `path` (PNG); ReplayError when matplotlib (the `plots` extra) is missing."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise ReplayError(
+            "--timeline needs matplotlib: pip install 'prl-actors[plots]' (make install has it)"
+        ) from None
 
     spans = pair_spans(run) if spans is None else spans
     actors = run.actors

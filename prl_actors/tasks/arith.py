@@ -20,4 +20,4 @@ def add_reward(prompt: str, response: str, answer: str) -> float:
 
 
 def add_task(cfg: Config) -> Task:
-    return Task(items=add_items(cfg.task.max_operand), reward=add_reward, seed=cfg.run.seed)
+    return Task(items=add_items(cfg.task.max_operand), reward=add_reward, seed=cfg.run.seed, name="add")

@@ -1,12 +1,16 @@
-"""The Task interface and the task registry."""
+"""The Task interface: a fixed list of (prompt, answer) items, an epoch sampler, a reward.
+
+Imports no task module (the registry, tasks/registry.py, imports them all).
+"""
 
 from __future__ import annotations
 
-import random
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from prl_actors.config import Config, ConfigError
+from prl_actors.data.sampler import EpochSampler
 from prl_actors.protocol.messages import Prompt
 
 RewardFn = Callable[[str, str, str], float]
@@ -19,49 +23,38 @@ def exact_match(prompt: str, response: str, answer: str) -> float:
 
 @dataclass
 class Task:
-    """A fixed list of (prompt, answer) pairs sampled per epoch, plus a reward function."""
+    """(prompt, answer) items sampled per epoch without replacement, plus a reward function.
+
+    Invariant: `prompts_for_epoch(e, n)` depends only on (seed, e, n, items): every item is used
+    once per pass over the items before any repeats (see data/sampler.py)."""
 
     items: list[tuple[str, str]]
     reward: RewardFn
     seed: int = 0
+    name: str = ""
+    _sampler: EpochSampler | None = field(default=None, init=False, repr=False, compare=False)
 
     def prompts_for_epoch(self, epoch: int, n: int) -> list[Prompt]:
-        """The epoch's n prompts; group ids are 0..n-1. Deterministic in (seed, epoch)."""
-        rng = random.Random(self.seed * 1_000_003 + epoch)
-        picks = [self.items[rng.randrange(len(self.items))] for _ in range(n)]
+        """The epoch's n prompts; group ids are 0..n-1."""
+        if self._sampler is None or self._sampler.size != len(self.items):
+            self._sampler = EpochSampler(self.seed, len(self.items))
+        picks = [self.items[i] for i in self._sampler.indices(epoch, n)]
         return [Prompt(group_id=i, prompt=p, answer=a) for i, (p, a) in enumerate(picks)]
 
     def score(self, prompt: Prompt, response: str) -> float:
         return float(self.reward(prompt.prompt, response, prompt.answer))
 
+    def fingerprint(self) -> str:
+        """sha256 of every (prompt, answer) in order: the identity of what is sampled."""
+        h = hashlib.sha256()
+        for prompt, answer in self.items:
+            h.update(prompt.encode())
+            h.update(b"\0")
+            h.update(answer.encode())
+            h.update(b"\0")
+        return h.hexdigest()
 
-def sim_task(cfg: Config) -> Task:
-    """Contextual bandit for the simulated engine: context k's correct arm is (3k+1) mod arms."""
-    arms = cfg.sim.arms
-    items = [(f"ctx {k}", str((3 * k + 1) % arms)) for k in range(arms)]
-    return Task(items=items, reward=exact_match, seed=cfg.run.seed)
+    def data_identity(self, groups_per_epoch: int) -> dict[str, Any]:
+        from prl_actors.data.position import identity
 
-
-TASK_NAMES = ("add", "jsonl")
-
-
-def load_task(cfg: Config) -> Task:
-    """The run's task: the sim bandit for the sim engine, else `task.name` ("add" or "jsonl"),
-    with its reward replaced by the `task.reward` plugin when one is set. See docs/TASKS.md."""
-    if cfg.worker.engine == "sim":
-        return sim_task(cfg)
-    if cfg.task.name == "add":
-        from prl_actors.tasks.arith import add_task
-
-        task = add_task(cfg)
-    elif cfg.task.name == "jsonl":
-        from prl_actors.tasks.jsonl import jsonl_task
-
-        task = jsonl_task(cfg)
-    else:
-        raise ConfigError(f"unknown task {cfg.task.name!r}: use one of {', '.join(TASK_NAMES)}")
-    if cfg.task.reward:
-        from prl_actors.tasks.plugins import load_reward
-
-        task.reward = load_reward(cfg.task.reward)
-    return task
+        return identity(self.name, self.seed, groups_per_epoch, len(self.items), self.fingerprint())

@@ -1,6 +1,7 @@
 """Learner checkpoints: DIR/model (an ordinary HF model directory: weights + tokenizer files) and
 DIR/trainer_state.pt (optimizer state and version). trainer_state.pt is written last, so a directory
-without it is an incomplete checkpoint and `load` refuses it."""
+without it is an incomplete checkpoint and `load` refuses it. The weights are the learner's master
+weights in their own dtype (float32 also when model.dtype is bfloat16), so a resume is exact."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
-from prl_actors.model.builtin import quiet_progress
+from prl_actors.model.builtin import from_pretrained, quiet_progress
 
 STATE_FILE = "trainer_state.pt"
 MODEL_DIR = "model"
@@ -43,8 +44,7 @@ def load(path: Path, policy: PreTrainedModel, optimizer: torch.optim.Optimizer) 
     path = Path(path)
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
-    with quiet_progress():
-        saved = AutoModelForCausalLM.from_pretrained(str(path / MODEL_DIR), local_files_only=True)
+    saved = from_pretrained(path / MODEL_DIR, dtype=policy.dtype)  # serialised: concurrent HF loads break tied weights
     policy.load_state_dict(saved.state_dict(), strict=True)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])

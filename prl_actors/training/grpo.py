@@ -7,13 +7,19 @@ Invariants:
   micro-batching) the groups arrived in, up to float summation order.
 * Groups are trained in arrival order, in micro-batches of `trainer.micro_batch_groups` (the last
   partial micro-batch is flushed by `step`).
-* Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py); the engine's
-  log-probs are not needed. The policy runs in eval mode (no dropout), so the trainer's forward and
-  the engine's agree on every token's log-prob.
+* Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py), so the ratio is
+  exactly 1 and clipping never activates (clip_frac is 0). Tokens are scored under the behaviour
+  transform the engine sampled with (temperature, top-p: behaviour.py). The engine's log-probs are
+  not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
+  logprob_diff_mean). The policy runs in eval mode (no dropout).
+* Precision: master weights, gradients and AdamW state are float32 (float64 if model.dtype is
+  float64) whatever `model.dtype`; with bfloat16 the forward runs under torch.autocast in bfloat16.
+  `weights()` (what workers get) is cast to `model.dtype`; checkpoints keep the master weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -21,10 +27,12 @@ from typing import cast
 import torch
 from transformers import PreTrainedModel
 
-from prl_actors.config import Config, ConfigError
+from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
+from prl_actors.data import position
 from prl_actors.model.builtin import load_model
-from prl_actors.model.device import resolve_device
+from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.protocol.messages import Group
+from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
@@ -43,12 +51,25 @@ class EpochStats:
     loss_sum: float = 0.0
     kl_sum: float = 0.0
     clipped: int = 0
+    diff_tokens: int = 0
+    diff_sum: float = 0.0
+    diff_max: float = 0.0
 
     def add_rewards(self, rewards: list[float]) -> None:
         self.groups += 1
         self.samples += len(rewards)
         self.reward_sum += sum(rewards)
         self.correct += sum(r >= 1.0 for r in rewards)
+
+    def add_logprob_diff(self, engine: torch.Tensor, trainer: torch.Tensor) -> None:
+        """engine: [N] behaviour log-probs the engine reported (NaN where a sample had none);
+        trainer: [N] the policy's log-probs of the same tokens."""
+        diff = (engine - trainer.detach().to("cpu", torch.float64)).abs()  # [N]
+        diff = diff[~diff.isnan()]
+        if diff.numel():
+            self.diff_tokens += diff.numel()
+            self.diff_sum += float(diff.sum())
+            self.diff_max = max(self.diff_max, float(diff.max()))
 
     def metrics(self) -> dict[str, float]:
         tokens, samples = max(self.tokens, 1), max(self.samples, 1)
@@ -58,11 +79,27 @@ class EpochStats:
             "loss": self.loss_sum / tokens,
             "kl": self.kl_sum / tokens,
             "clip_frac": self.clipped / tokens,
+            "logprob_diff_max": self._diff(self.diff_max),
+            "logprob_diff_mean": self._diff(self.diff_sum / max(self.diff_tokens, 1)),
             "tokens": float(self.tokens),
             "samples": float(self.samples),
             "groups": float(self.groups),
             "response_len": self.tokens / samples,
         }
+
+    def _diff(self, value: float) -> float:
+        """NaN when tokens were trained but no engine log-prob came with them (nothing measured)."""
+        return float("nan") if self.tokens and not self.diff_tokens else value
+
+
+def engine_logprobs(groups: list[Group]) -> torch.Tensor:
+    """[N] float64: the engine's log-prob of every response token (group, sample, position order,
+    as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its tokens."""
+    out: list[float] = []
+    for s in (s for g in groups for s in g.samples):
+        ok = len(s.logprobs) == len(s.token_ids)
+        out += s.logprobs if ok else [float("nan")] * len(s.token_ids)
+    return torch.tensor(out, dtype=torch.float64)
 
 
 class GRPOLearner:
@@ -73,18 +110,30 @@ class GRPOLearner:
             raise ConfigError("the grpo learner needs a model directory (prepare_model)")
         self.cfg = cfg.trainer
         self.model_dir = Path(model_dir)
+        sampling = cfg.worker.sampling
+        if sampling.temperature == 0:
+            raise ConfigError(GREEDY_REFUSED)
         self.device = resolve_device(cfg.trainer.device)
-        policy = load_model(model_dir, self.device, cfg.model.dtype)
-        self.tri = TriModel(policy, with_reference=cfg.trainer.beta > 0)
+        self.dtype = resolve_dtype(cfg.model.dtype)  # compute dtype, and the dtype workers get
+        master = torch.promote_types(self.dtype, torch.float32)
+        policy = load_model(model_dir, self.device, master)
+        self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, weight_decay=0.0)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
         self._pending: list[Group] = []
+        self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
 
     @property
     def policy(self) -> PreTrainedModel:
         return cast(PreTrainedModel, self.tri.policy)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        """bfloat16 compute on the float32 master (a no-op when model.dtype is the master's dtype)."""
+        if self.policy.dtype == self.dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
 
     def begin_epoch(self, epoch: int, n_groups: int) -> None:
         """Start from zero gradients and empty stats (drops a half-accumulated epoch, if any)."""
@@ -112,9 +161,11 @@ class GRPOLearner:
         batch = collate(pairs, self.cfg.shared_prompt).to(self.device)
         if batch.targets.numel() == 0:
             return
-        adv = torch.cat([group_advantages(torch.tensor([s.reward for s in g.samples])) for g in groups])  # [S]
-        adv_tok = adv.to(self.device)[batch.sample_index]  # [N]
-        out = self.tri(batch)
+        rewards = [torch.tensor([s.reward for s in g.samples], dtype=torch.float64) for g in groups]
+        adv = torch.cat([group_advantages(r) for r in rewards])  # [S]
+        with self._autocast():
+            out = self.tri(batch)
+        adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
         pg, clipped = ppo_clip_loss(out.policy, out.old, adv_tok, self.cfg.eps_low, self.cfg.eps_high)  # [N]
         kl = k3_kl(out.policy, out.ref) if out.ref is not None else torch.zeros_like(pg)  # [N]
         loss = (pg + self.cfg.beta * kl).sum()
@@ -123,6 +174,7 @@ class GRPOLearner:
         self.stats.loss_sum += float(loss.detach())
         self.stats.kl_sum += float(kl.detach().sum())
         self.stats.clipped += int(clipped.sum())
+        self.stats.add_logprob_diff(engine_logprobs(groups), out.old)
 
     def step(self) -> dict[str, float]:
         """Flush, scale gradients by 1 / (epoch's response tokens), clip, step once, version += 1."""
@@ -142,11 +194,17 @@ class GRPOLearner:
         return metrics
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """A CPU snapshot (copies) of the policy's named tensors: safe to serialise while training."""
-        return {name: t.detach().to("cpu", copy=True) for name, t in self.policy.state_dict().items()}
+        """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype
+        (the engines' dtype): safe to serialise while training."""
+        return {name: self._published(t) for name, t in self.policy.state_dict().items()}
+
+    def _published(self, t: torch.Tensor) -> torch.Tensor:
+        dtype = self.dtype if t.is_floating_point() else t.dtype
+        return t.detach().to("cpu", dtype=dtype, copy=True)
 
     def save_checkpoint(self, path: Path) -> None:
         checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir)
+        position.save(Path(path), self.data_identity, self.version)
 
     def load_checkpoint(self, path: Path) -> None:
         self.version = checkpoint.load(Path(path), self.policy, self.optimizer)

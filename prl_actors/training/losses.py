@@ -19,8 +19,13 @@ ADV_EPS = 1e-6
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """A_i = (r_i - mean(r)) / (std(r) + 1e-6), std the *population* std (divide by G, so G = 1 is
-    defined). All-equal rewards give exactly zero advantages. rewards: [G] -> [G] float32."""
-    r = rewards.float()
+    defined), computed in float64. A group whose rewards are all equal gets exactly zero advantages,
+    whatever the value: the float residue of mean(r) - r_i (e.g. 0.9 x 6) would otherwise be divided
+    by a std of the same tiny size and become an advantage of order 0.01-0.1.
+    rewards: [G] -> [G] float64."""
+    r = rewards.double()
+    if r.numel() == 0 or bool((r == r[0]).all()):
+        return torch.zeros_like(r)
     centred = r - r.mean()
     return centred / (r.std(correction=0) + ADV_EPS)
 

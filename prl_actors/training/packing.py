@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prl_actors.training.behaviour import behaviour_logprobs
+
 
 @dataclass
 class ModelBatch:
@@ -149,15 +151,35 @@ def collate(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], sha
     return collate_packed(groups) if shared_prompt else collate_unpacked(groups)
 
 
-def response_logprobs(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
-    """log p(target) of every response token, [N] float32 (differentiable through `model`).
-    Only the N predicting rows of the logits go through log_softmax (cheap with large vocabularies)."""
-    mask = batch.attention_mask
-    if mask.dim() == 4:
-        mask = mask.to(next(model.parameters()).dtype)
+def response_logprobs(
+    model: torch.nn.Module, batch: ModelBatch, temperature: float = 1.0, top_p: float = 1.0
+) -> torch.Tensor:
+    """log q(target) of every response token under the behaviour transform (training/behaviour.py:
+    logits / temperature, top-p nucleus), [N] float32 or wider (differentiable through `model`).
+    Only the N predicting rows of the logits are transformed (cheap with large vocabularies)."""
+    mask: torch.Tensor | dict[str, torch.Tensor] = batch.attention_mask
+    if batch.attention_mask.dim() == 4:
+        mask = with_sliding_window(model, batch.attention_mask.to(next(model.parameters()).dtype), batch.position_ids)
     logits = model(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
     ).logits  # [B, T, V]
     picked = logits.flatten(0, 1)[batch.predict_index]  # [N, V]
-    picked = picked.to(torch.promote_types(picked.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
-    return torch.log_softmax(picked, dim=-1).gather(-1, batch.targets[:, None]).squeeze(-1)  # [N]
+    return behaviour_logprobs(picked, batch.targets, temperature, top_p)  # [N]
+
+
+def with_sliding_window(
+    model: torch.nn.Module, mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The packed 4D mask as `model` must get it. HF applies a sliding window (Mistral, Qwen2 with
+    use_sliding_window, ...) only to masks it builds itself, never to a 4D mask given to it, so the
+    window is applied here: query q may see key k only when pos(q) - pos(k) < window, distances in
+    position ids as HF measures them in an unpacked row. Models mixing full and sliding layers get
+    both masks by layer type. mask: [B, 1, T, T] additive; position_ids: [B, T]."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or [])
+    if not window or (types and "sliding_attention" not in types):
+        return mask
+    distance = position_ids[:, None, :, None] - position_ids[:, None, None, :]  # [B, 1, T, T]
+    windowed = mask.masked_fill(distance >= window, float("-inf"))
+    return {"full_attention": mask, "sliding_attention": windowed} if "full_attention" in types else windowed

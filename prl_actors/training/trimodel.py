@@ -4,6 +4,9 @@ Strict on-policy (periodic asynchrony trains each epoch on samples of that epoch
 old policy *is* the policy: its log-probs are the policy's, detached — no second forward, and the
 ratio is exactly 1 in value while its gradient is d logp. The reference is a frozen copy of the
 initial weights; its forward runs under no_grad and is skipped entirely when beta == 0.
+
+All three score tokens under the behaviour transform (temperature, top-p: training/behaviour.py),
+the distribution the engine drew them from.
 """
 
 from __future__ import annotations
@@ -28,18 +31,21 @@ class TriLogprobs:
 class TriModel(torch.nn.Module):
     """Holds the trainable policy and (when `with_reference`) a frozen copy of its initial weights."""
 
-    def __init__(self, policy: torch.nn.Module, with_reference: bool) -> None:
+    def __init__(
+        self, policy: torch.nn.Module, with_reference: bool, temperature: float = 1.0, top_p: float = 1.0
+    ) -> None:
         super().__init__()
         self.policy = policy
         self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if with_reference else None
+        self.temperature, self.top_p = temperature, top_p
 
     def forward(self, batch: ModelBatch, behaviour: torch.Tensor | None = None) -> TriLogprobs:
         """`behaviour` ([N], optional) overrides the old-policy log-probs, e.g. the engine's, for a
         future off-policy mode; by default old = policy, detached (strict on-policy)."""
-        logp = response_logprobs(self.policy, batch)  # [N]
+        logp = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = response_logprobs(self.reference, batch)  # [N]
+                ref = response_logprobs(self.reference, batch, self.temperature, self.top_p)  # [N]
         old = logp.detach() if behaviour is None else behaviour.to(logp)
         return TriLogprobs(policy=logp, old=old, ref=ref)

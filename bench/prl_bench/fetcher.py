@@ -1,0 +1,169 @@
+"""The worker side of the weight-sync benchmark: one OS process per simulated inference worker.
+
+Each process hosts the real `WorkerCore` in the real `ActorHost` (a Port thread + a pykka actor),
+with a stub engine, so a fetch runs exactly the worker's code: FetchWeights -> WeightsBegin, chunks
+(assembled into one buffer by `Assembler`), WeightsEnd -> `unpack` -> `engine.load_weights`.
+The parent drives the processes over a multiprocessing Pipe with small commands (see `serve`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from prl_bench import internals
+
+DEAD_ADDR = {"tcp": "tcp://127.0.0.1:1", "ipc": "ipc:///nonexistent/prl-bench-none"}
+
+
+class StubEngine:
+    """Records when weights arrive; holds nothing (so memory stays flat between fetches)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.loaded = threading.Event()
+        self.t_loaded = 0.0
+        self.nbytes = 0
+
+    def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
+        self.t_loaded = time.monotonic()
+        self.nbytes = sum(int(np.asarray(t).nbytes) for t in tensors.values())
+        self.version = -1  # every fetch is a fresh one
+        self.loaded.set()
+
+    def generate(self, prompts: list, group_size: int) -> list:  # type: ignore[type-arg]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class FetchWorker:
+    """A WorkerCore in an ActorHost, connected to the publisher at `addr`."""
+
+    def __init__(self, name: str, kind: str, addr: str) -> None:
+        import zmq
+
+        self.name, self.engine = name, StubEngine()
+        self.ctx = zmq.Context()
+        core = internals.worker_core(name, self.engine)
+        peers = {"coordinator": DEAD_ADDR[kind], "publisher": addr, "buffer": DEAD_ADDR[kind]}
+        self.host = internals.start_host(core, self.ctx, None, peers)
+
+    def fetch(self, timeout_s: float) -> dict[str, float]:
+        from prl_actors.protocol.messages import FetchWeights
+
+        self.engine.loaded.clear()
+        t0 = time.monotonic()
+        internals.send(self.host, "publisher", FetchWeights(version=-1, sender=self.name))
+        if not self.engine.loaded.wait(timeout_s):
+            raise TimeoutError(f"{self.name}: no weights within {timeout_s}s")
+        return {"t_start": t0, "t_end": self.engine.t_loaded, "bytes": float(self.engine.nbytes)}
+
+    def close(self) -> None:
+        internals.stop_host(self.host, 5.0)
+        self.ctx.destroy(linger=0)
+
+
+def raw_receive(addr: str, nbytes: int) -> dict[str, float]:
+    """Raw ZeroMQ: a DEALER says hello, then counts the bytes of the frames it gets (no copy)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    try:
+        sock.connect(addr)
+        sock.send(b"hi")
+        got = 0
+        while got < nbytes:
+            got += len(sock.recv(copy=False).buffer)
+        return {"t_end": time.monotonic(), "bytes": float(got)}
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+class ShmReader:
+    """Shared-memory prototype, worker side. The worker maps the publisher's /dev/shm file once and
+    keeps the mapping (a real design would keep two slots, written alternately, so versions never
+    tear); each load copies from the mapping into memory the worker already owns, as
+    load_state_dict copies into parameters. The first load of a path also pays the mapping."""
+
+    def __init__(self) -> None:
+        self.path = ""
+        self.mm: mmap.mmap | None = None
+        self.dst = np.zeros(0, dtype=np.uint8)
+
+    def load(self, path: str, nbytes: int) -> dict[str, float]:
+        if self.dst.nbytes != nbytes:
+            self.dst = np.ones(nbytes, dtype=np.uint8)  # the engine's parameters exist already
+        t0 = time.monotonic()
+        if path != self.path:
+            self._map(path, nbytes)
+        assert self.mm is not None
+        np.copyto(self.dst, np.frombuffer(self.mm, dtype=np.uint8, count=nbytes))
+        return {"t_start": t0, "t_end": time.monotonic(), "bytes": float(nbytes)}
+
+    def _map(self, path: str, nbytes: int) -> None:
+        if self.mm is not None:
+            self.mm.close()
+        with open(path, "rb") as f:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.mm = mmap.mmap(f.fileno(), nbytes, flags=flags, prot=mmap.PROT_READ)
+        self.path = path
+
+
+def torch_unpack_s(nbytes: int) -> float:
+    """What `unpack(..., as_torch=True)` costs on top (it copies every tensor into a new bytearray)."""
+    import torch  # noqa: F401 - imported before the clock starts
+
+    from prl_actors.protocol.messages import TensorMeta
+    from prl_actors.weights import unpack
+
+    n = nbytes // 4
+    per = max(1, n // 16)
+    metas = [TensorMeta(name=f"t{i}", dtype="float32", shape=[per], nbytes=per * 4) for i in range(n // per)]
+    buf = bytearray(sum(m.nbytes for m in metas))
+    t0 = time.perf_counter()
+    unpack(metas, buf, as_torch=True)
+    return time.perf_counter() - t0
+
+
+def serve(conn: Connection, name: str) -> None:
+    """Process entry point: answer commands until ("exit",). Replies are dicts (or an error)."""
+    worker: FetchWorker | None = None
+    shm = ShmReader()
+    while True:
+        cmd = conn.recv()
+        try:
+            if cmd[0] == "exit":
+                break
+            if cmd[0] == "prepare":
+                if worker is not None:
+                    worker.close()
+                worker = FetchWorker(f"worker-{name}", cmd[1], cmd[2])
+                reply: Any = {"pid": os.getpid()}
+            elif cmd[0] == "fetch":
+                assert worker is not None, "prepare first"
+                reply = worker.fetch(cmd[1])
+            elif cmd[0] == "raw":
+                reply = raw_receive(cmd[1], cmd[2])
+            elif cmd[0] == "shm":
+                reply = shm.load(cmd[1], cmd[2])
+            elif cmd[0] == "torch_unpack":
+                reply = {"seconds": torch_unpack_s(cmd[1])}
+            else:
+                reply = {"error": f"unknown command {cmd[0]!r}"}
+        except Exception as exc:  # reported to the parent, which fails the benchmark with it
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        conn.send(reply)
+    if worker is not None:
+        worker.close()

@@ -1,0 +1,160 @@
+"""PNG plots of a results dict (matplotlib, Agg backend: no display needed).
+
+Importing this module imports matplotlib: an ImportError here means the `plots` extra is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+
+
+def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
+    by: dict[str, list[dict[str, Any]]] = {}
+    for e in results["entries"]:
+        by.setdefault(e["benchmark"], []).append(e)
+    written = []
+    for name, fn in (
+        ("pipeline", _pipeline),
+        ("shared_prompt", _shared_prompt),
+        ("weight_sync", _weight_sync),
+        ("control_plane", _control_plane),
+        ("envs", _envs),
+    ):
+        if by.get(name):
+            path = out / f"{name}.png"
+            fig = fn(by[name])
+            if fig is not None:
+                fig.tight_layout()
+                fig.savefig(path, dpi=110)
+                written.append(path)
+                plt.close(fig)
+    return written
+
+
+def _pipeline(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(entries) + 2), 4))
+    xs = range(len(entries))
+    ax.bar(xs, [e["measured"] for e in entries], color="tab:blue", label="measured speed-up")
+    for key, style in (("bound_ideal", "k_"), ("bound_overhead", "r_"), ("bound_schedule", "g_")):
+        ax.plot(xs, [e["raw"].get(key) for e in entries], style, markersize=22, mew=2, label=key.replace("_", " "))
+    ax.set_xticks(
+        list(xs),
+        [e["name"].replace("sim ", "").replace("torch ", "torch\n") for e in entries],
+        rotation=30,
+        ha="right",
+        fontsize=8,
+    )
+    ax.set_ylabel("periodic / sync samples/s")
+    ax.set_title("Pipeline: periodic vs sync, against the overlap bounds")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _shared_prompt(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for e in entries:
+        sweep, main = e["raw"].get("sweep", []), e["raw"]
+        for ax, var, fixed in ((axes[0], "G", "P"), (axes[1], "P", "G")):
+            rows = sorted((r for r in sweep if r[fixed] == main[fixed]), key=lambda r: r[var])
+            if not rows:
+                continue
+            xs = [r[var] for r in rows]
+            line = ax.plot(xs, [r["speedup"] for r in rows], "o-", label=f"{main['model']} measured")[0]
+            ax.plot(xs, [r["bound"] for r in rows], "--", color=line.get_color(), label=f"{main['model']} token bound")
+            ax.plot(
+                xs,
+                [r["dense_attention_bound"] for r in rows],
+                ":",
+                color=line.get_color(),
+                label=f"{main['model']} dense-attention bound",
+            )
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(var)
+            ax.set_title(f"speed-up vs {var} ({fixed}={main[fixed]}, R={main['R']})")
+    axes[0].set_ylabel("packed / unpacked tokens/s")
+    axes[0].legend(fontsize=7)
+    return fig
+
+
+def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for e in entries:
+        table = e["raw"].get("table")
+        if not table or "1 worker" not in e["name"]:
+            continue
+        kind = e["name"].replace("weight sync ", "").replace(" 1 worker", "")
+        ws = [r["workers"] for r in table]
+        ax.plot(ws, [r["seconds"] for r in table], "o-", label=f"{kind}")
+        if "raw_seconds" in table[0]:
+            ax.plot(ws, [r["raw_seconds"] for r in table], "x--", label=f"raw ZeroMQ {kind}")
+    ax.set_xlabel("workers fetching at once")
+    ax.set_ylabel("seconds until the last worker holds the weights")
+    mb = entries[0]["raw"].get("bytes", 0) / 2**20
+    ax.set_title(f"Weight sync of {mb:.0f} MiB")
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    turn = next((e["raw"] for e in entries if "boundaries" in e["raw"]), None)
+    scale = next((e["raw"]["scale"] for e in entries if "scale" in e["raw"]), None)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    if turn:
+        rows = turn["boundaries"]
+        xs = [r["epoch"] for r in rows]
+        bottom = [0.0] * len(rows)
+        for key in ("control_ms", "step_ms", "upload_ms", "fetch_ms"):
+            vals = [r[key] for r in rows]
+            axes[0].bar(xs, vals, bottom=bottom, label=key.removesuffix("_ms"))
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        axes[0].axhline(20, color="k", ls="--", lw=1, label="goal (control)")
+        axes[0].set_xticks(xs)
+        axes[0].set_xlabel("epoch boundary")
+        axes[0].set_ylabel("ms")
+        axes[0].set_title("Epoch turnaround: last group consumed -> first assignment")
+        axes[0].legend(fontsize=8)
+    if scale:
+        ms = [r["members"] for r in scale]
+        axes[1].plot(ms, [r["flood_msgs_per_s"] for r in scale], "o-", label="msg/s (flood)")
+        axes[1].axhline(20000, color="k", ls="--", lw=1, label="goal")
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("members")
+        axes[1].set_ylabel("messages/s")
+        axes[1].set_ylim(0, 1.25 * max(20000, *(r["flood_msgs_per_s"] for r in scale)))
+        ax2 = axes[1].twinx()
+        ax2.plot(ms, [r["steady_assign_p99_ms"] for r in scale], "s:", color="tab:red", label="assign p99 ms")
+        ax2.set_ylabel("assignment p99 (ms)")
+        ax2.set_ylim(bottom=0)
+        axes[1].set_title("Coordinator over ZeroMQ")
+        lines = axes[1].get_legend_handles_labels()
+        lines2 = ax2.get_legend_handles_labels()
+        axes[1].legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower left")
+    return fig
+
+
+def _envs(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Steps/s vs N (local, remote, bound); AAPS fetches per update and final return."""
+    steps = [e["raw"] for e in entries if "remote_steps_per_s" in e["raw"]]
+    aaps = [e["raw"] for e in entries if "threshold" in e["raw"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    ns = [r["n"] for r in steps]
+    for key, style in (("local_steps_per_s", "o-"), ("remote_steps_per_s", "s-"), ("bound", "k--")):
+        a.plot(ns, [r[key] for r in steps], style, label=key.replace("_steps_per_s", "").replace("_", " "))
+    a.set(xscale="log", yscale="log", xlabel="N envs", ylabel="env steps/s", title="remote env actors vs SyncVectorEnv")
+    a.legend(fontsize=8)
+    xs = range(len(aaps))
+    b.bar(xs, [r["fetches_per_update_per_actor"] for r in aaps], color="tab:blue", label="fetches/update/actor")
+    b.set_xticks(list(xs), [f"KL > {r['threshold']:g}" for r in aaps])
+    b.set_ylabel("weight fetches per update per actor")
+    r2 = b.twinx()
+    r2.plot(xs, [r["final_return"] or 0.0 for r in aaps], "ro", label="final return (100 ep.)")
+    r2.set_ylabel("final mean return")
+    b.set_title("AAPS: fetches and return by threshold")
+    return fig

@@ -1,0 +1,74 @@
+"""The data position, part of every checkpoint: CHECKPOINT/data.json.
+
+The sampler is stateless (data/sampler.py): the prompts of epoch e are a pure function of (seed, e,
+B, the items). A checkpoint of version v (= the next epoch to run) therefore pins the data position
+once the items are pinned, and data.json records both:
+
+    {"task", "sampler", "seed", "groups_per_epoch", "rows", "sha256"}   the identity of the stream
+    {"epoch", "pass", "offset"}                                          where epoch v starts in it
+
+`sha256` hashes every (prompt, answer) after field mapping and chat templating, so a changed file,
+field, template or system prompt is noticed. A resumed run whose identity differs is refused: it
+would continue from the same (pass, offset) of a *different* stream (prompts skipped or repeated).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prl_actors.config import ConfigError
+from prl_actors.data.sampler import SAMPLER
+
+POSITION_FILE = "data.json"
+IDENTITY_KEYS = ("task", "sampler", "seed", "groups_per_epoch", "rows", "sha256")
+
+
+def identity(task_name: str, seed: int, groups_per_epoch: int, rows: int, sha256: str) -> dict[str, Any]:
+    return {
+        "task": task_name,
+        "sampler": SAMPLER,
+        "seed": seed,
+        "groups_per_epoch": groups_per_epoch,
+        "rows": rows,
+        "sha256": sha256,
+    }
+
+
+def record(ident: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """The identity plus the position of `epoch`'s first prompt: (pass, offset) in the stream."""
+    pass_index, offset = divmod(epoch * ident["groups_per_epoch"], ident["rows"])
+    return {**ident, "epoch": epoch, "pass": pass_index, "offset": offset}
+
+
+def save(checkpoint_dir: Path, ident: dict[str, Any], epoch: int) -> None:
+    (Path(checkpoint_dir) / POSITION_FILE).write_text(json.dumps(record(ident, epoch), indent=1) + "\n")
+
+
+def load(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint's record, or None when it has none (written before data positions existed)."""
+    path = Path(checkpoint_dir) / POSITION_FILE
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path} is not valid JSON: the checkpoint's data position is unreadable") from None
+    return stored if isinstance(stored, dict) else None
+
+
+def verify(checkpoint_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuse to resume from `checkpoint_dir` when its data identity differs from `ident`; returns
+    the stored record (None if the checkpoint has none)."""
+    stored = load(checkpoint_dir)
+    if stored is None:
+        return None
+    changed = [k for k in IDENTITY_KEYS if stored.get(k) != ident[k]]
+    if changed:
+        diffs = ", ".join(f"{k}: {stored.get(k)!r} -> {ident[k]!r}" for k in changed)
+        raise ConfigError(
+            f"run.resume: the prompt data differ from those of checkpoint {checkpoint_dir} ({diffs}); resuming "
+            "would skip or repeat prompts. Restore the data and settings, or start a new run_dir"
+        )
+    return stored

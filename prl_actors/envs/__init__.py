@@ -1,0 +1,1 @@
+"""Classic RL through env actors: remote Gymnasium envs, DETACH acting, AAPS (docs/ENVS.md)."""

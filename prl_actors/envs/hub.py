@@ -1,0 +1,159 @@
+"""Hosting the learner's actor core in the learner process, and calling into it from the main thread.
+
+The main thread (a PPO loop) never touches the core's state: `Hub.call(fn)` queues `fn(now, done)` as
+a `Deferred` item in the actor's inbox and blocks until the core calls `done(result)` (or the timeout
+passes, which is an `EnvUnavailable` error with the reason). Env actors are started here too
+(`start_env_actor`), in this process over inproc:// for tests, or one per OS process (envs/run.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import Any
+
+import pykka
+import zmq
+
+from prl_actors.actors.env import EnvActorSettings, EnvCore
+from prl_actors.actors.learner import LearnerCore
+from prl_actors.actors.learner_acting import LearnerSettings
+from prl_actors.actors.runtime import ActorHost, Deferred
+from prl_actors.config import Config
+from prl_actors.envs.local import SlotEnvs, make_env
+from prl_actors.logs import EventLog
+
+
+class EnvUnavailable(RuntimeError):
+    """A vector call could not finish (no env actor, or the learner core stopped)."""
+
+
+def learner_settings(cfg: Config, mode: str | None = None) -> LearnerSettings:
+    """The learner core's settings from the config (the spaces from one local env instance)."""
+    env = _env_section(cfg)
+    probe = make_env(env.env_id)
+    try:
+        space = probe.observation_space
+        shape, dtype = tuple(int(d) for d in space.shape), str(space.dtype)
+    finally:
+        probe.close()
+    return LearnerSettings(
+        run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
+        mode=mode or env.mode,
+        env_id=env.env_id,
+        num_envs=env.num_envs,
+        obs_shape=shape,
+        obs_dtype=dtype,
+        address=cfg.address("learner"),
+        seed=cfg.run.seed,
+        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+        heartbeat_timeout_s=cfg.coordinator.heartbeat_timeout_s,
+        step_timeout_s=env.step_timeout_s,
+        wait_actors=max(1, env.actors),
+        wait_actors_s=env.wait_actors_s,
+        steps_per_segment=env.ppo.num_steps,
+        chunk_bytes=cfg.publisher.chunk_bytes,
+        round_timeout_s=env.round_timeout_s,
+    )
+
+
+def _env_section(cfg: Config) -> Any:
+    if cfg.env is None:
+        raise ValueError("the config has no `env` section (see configs/cartpole.yaml)")
+    return cfg.env
+
+
+class Hub:
+    """The learner core running in this process (binds the learner address)."""
+
+    def __init__(
+        self,
+        settings: LearnerSettings,
+        ctx: zmq.Context | None = None,
+        log_dir: Path | None = None,  # type: ignore[type-arg]
+    ) -> None:
+        self.own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        log = EventLog("learner", "learner", (log_dir / "learner.jsonl") if log_dir else None)
+        log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=settings.address)
+        self.core = LearnerCore("learner", log, settings)
+        _ipc_dir(settings.address)
+        ref = ActorHost.start(self.core, self.ctx, settings.address, {})
+        host = ref._actor_weakref()
+        assert host is not None
+        self.host: ActorHost = host
+        self._started()
+
+    def _started(self, timeout_s: float = 30.0) -> None:
+        """Wait until the core runs; a port that cannot bind (address in use) is a clear error."""
+        fut: Future[bool] = Future()
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.host.actor_ref.tell(Deferred(lambda now: fut.set_result(True)))
+        deadline = time.monotonic() + timeout_s
+        while not fut.done() and not self.host.done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.host.error or not fut.done():  # on_start records a failed bind before any inbox item runs
+            raise EnvUnavailable(f"the learner cannot start: {self.host.error or 'no answer'}")
+
+    def call(self, fn: Callable[[float, Callable[[Any], None]], None], timeout_s: float, what: str) -> Any:
+        """Run `fn(now, done)` in the core's thread; return what it passes to `done`."""
+        fut: Future[Any] = Future()
+
+        def run(now: float) -> None:
+            try:
+                fn(now, fut.set_result)
+            except Exception as exc:
+                fut.set_exception(exc)
+
+        self.tell(run)
+        try:
+            return fut.result(timeout_s)
+        except FutureTimeout:
+            raise EnvUnavailable(
+                f"{what} did not finish within {timeout_s:g}s: no env actor answered "
+                f"({len(self.core.live())} registered); is `prl-actors actor env` running?"
+            ) from None
+
+    def tell(self, fn: Callable[[float], None]) -> None:
+        if self.host.done.is_set():
+            raise EnvUnavailable(f"the learner core has stopped ({self.host.error or 'finished'})")
+        self.host.actor_ref.tell(Deferred(fn))
+
+    def close(self, reason: str = "finished") -> None:
+        if not self.host.done.is_set():
+            self.tell(lambda now: self.core.finish(reason))
+            self.host.done.wait(5.0)
+        if self.own_ctx:
+            self.ctx.destroy(linger=0)
+
+
+def _ipc_dir(address: str) -> None:
+    if address.startswith("ipc://"):
+        Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def start_env_actor(name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None) -> ActorHost:  # type: ignore[type-arg]
+    """Build and start one env actor (connects to the learner); returns its host."""
+    env = _env_section(cfg)
+    log = EventLog(name, "env", (log_dir / f"{name}.jsonl") if log_dir else None)
+    log("actor_start", pid=os.getpid(), host=socket.gethostname(), address="")
+    settings = EnvActorSettings(
+        seed=cfg.run.seed,
+        sync_kl_threshold=env.sync_kl_threshold,
+        kl_obs_per_env=env.kl_obs_per_env,
+        fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
+        learner_timeout_s=env.learner_timeout_s,
+    )
+    core = EnvCore(name, log, SlotEnvs(), settings)
+    peers = {"learner": cfg.address("learner")}
+    ref = ActorHost.start(core, ctx, None, peers, heartbeat_s=cfg.coordinator.heartbeat_interval_s)
+    host = ref._actor_weakref()
+    assert host is not None
+    return host

@@ -1,0 +1,35 @@
+"""Items of the dataset tasks (jsonl, math): rows -> field mapping -> checks -> chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prl_actors.config import Config, ConfigError
+from prl_actors.data.items import AnswerFn, apply_chat_template, build_items
+from prl_actors.data.rows import read_rows
+
+
+def load_items(
+    cfg: Config, path: str, default_prompt_field: str, answer_fn: AnswerFn | None = None
+) -> list[tuple[str, str]]:
+    """Every (prompt, answer) of `path`, in row order, templated when `task.chat_template` is set.
+    Any bad row is a ConfigError naming the file and the row."""
+    t = cfg.task
+    prompt_field = t.prompt_field or default_prompt_field
+    rows = read_rows(path, [prompt_field, t.answer_field], t.split)
+    items = build_items(rows, prompt_field, t.answer_field, path, answer_fn)
+    if t.chat_template:
+        items = apply_chat_template(items, chat_tokenizer(cfg), t.system_prompt, str(cfg.model.path))
+    return [(item.prompt, item.answer) for item in items]
+
+
+def chat_tokenizer(cfg: Config) -> Any:
+    """The tokenizer of `model.path` (never downloads); the built-in model has no chat template."""
+    if not cfg.model.path:
+        raise ConfigError(
+            "task.chat_template needs model.path: the built-in tiny model's tokenizer has no chat template"
+        )
+    from prl_actors.model.builtin import validate_model_dir
+    from prl_actors.model.tokenizer import load_tokenizer
+
+    return load_tokenizer(validate_model_dir(cfg.model.path))

@@ -1,0 +1,189 @@
+"""The compose path without an engine: the compose file's commands and healthchecks are valid CLI calls,
+the config the services get, compose CLI detection, the health command against a live coordinator."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from cli.main import app
+from prl_actors.compose import (
+    SECRET_PATH,
+    ComposeError,
+    compose_cli,
+    compose_config,
+    container_run_dir,
+    health_problem,
+)
+from prl_actors.config import load_config
+from prl_actors.process import LocalCluster
+from prl_actors.protocol.messages import MemberInfo, Status
+from tests.conftest import sim_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "cli.main"]
+SPEC = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def cli_params(argv: list[str]) -> dict[str, Any]:
+    """Parse `prl-actors SUB ...` with the real CLI (raises on an invalid call)."""
+    assert argv[0] == "prl-actors"
+    group: Any = typer.main.get_command(app)
+    return group.commands[argv[1]].make_context(argv[1], list(argv[2:])).params
+
+
+def test_every_service_runs_a_valid_actor_call_on_the_mounted_config() -> None:
+    services = SPEC["services"]
+    assert set(services) == {"coordinator", "publisher", "buffer", "trainer", "inference"}
+    roles = {name: cli_params(svc["command"])["role"] for name, svc in services.items()}
+    assert roles == {s: s for s in ("coordinator", "publisher", "buffer", "trainer")} | {"inference": "worker"}
+    for name, svc in services.items():
+        assert str(cli_params(svc["command"])["config"]) == SECRET_PATH, name
+        assert svc["secrets"] == ["prl_config"] and "runs:/runs" in svc["volumes"], name
+    assert SPEC["secrets"]["prl_config"]["file"] == "${PRL_CONFIG_FILE:-./configs/compose.yaml}"
+    load_config(ROOT / "configs/compose.yaml")
+
+
+def test_every_service_has_a_healthcheck_that_is_a_valid_health_call() -> None:
+    for name, svc in SPEC["services"].items():
+        test = svc["healthcheck"]["test"]
+        argv = test[1:] if test[0] == "CMD" else shlex.split(test[1].replace("$$HOSTNAME", "abc123"))
+        params = cli_params(argv)
+        assert argv[1] == "health" and str(params["config"]) == SECRET_PATH, name
+        expected = {"coordinator": None, "inference": "worker-abc123"}.get(name, name)
+        assert params["member"] == expected, name
+
+
+def test_compose_config_points_every_actor_at_its_service_and_the_volume() -> None:
+    user = load_config(ROOT / "configs/sim.yaml", {"run.run_dir": "runs/exp1", "worker.group_size": 4})
+    cfg = compose_config(user)
+    assert cfg.run.run_dir == "/runs/exp1" and cfg.transport.bind_all and cfg.transport.kind == "tcp"
+    assert cfg.address("buffer") == "tcp://buffer:27502" and cfg.bind_address("coordinator") == "tcp://*:27500"
+    assert cfg.worker.group_size == 4 and cfg.worker.engine == "sim"  # the user's settings pass through
+    assert user.run.run_dir == "runs/exp1"  # not modified in place
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("runs/latest", "/runs/latest"), ("exp", "/runs/exp"), ("/runs/compose", "/runs/compose"), ("a/b", "/runs/a/b")],
+)
+def test_run_dir_maps_onto_the_volume(given: str, expected: str) -> None:
+    assert container_run_dir(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["/tmp/x", "/runs", "runs", "../up", "runs/../x"])
+def test_run_dir_outside_the_volume_is_refused(bad: str) -> None:
+    with pytest.raises(ComposeError):
+        container_run_dir(bad)
+
+
+def _status(*members: tuple[str, float]) -> Status:
+    infos = [MemberInfo(name=n, role=n.split("-")[0], version=0, outstanding=0, last_seen_s=s) for n, s in members]
+    return Status(
+        reply_to="x", state="running", mode="periodic", groups_per_epoch=8, groups_done=0,
+        groups_outstanding=0, epochs_total=3, members=infos,
+    )  # fmt: skip
+
+
+def test_health_problem() -> None:
+    st = _status(("buffer", 0.1), ("trainer", 9.0), ("worker-abc-7", 0.2), ("worker-abcd-8", 30.0))
+    assert health_problem(st, None, 2.0) == ""
+    assert health_problem(st, "buffer", 2.0) == ""
+    assert "last seen 9.0s ago" in health_problem(st, "trainer", 2.0)
+    assert "not registered" in health_problem(st, "publisher", 2.0)
+    assert health_problem(st, "worker-abc", 2.0) == ""  # prefix: worker-HOST matches worker-HOST-PID
+    assert "worker-abcd-8" in health_problem(st, "worker-abcd", 2.0)  # ... but not worker-HOSTX-PID
+    assert "not registered" in health_problem(st, "worker-ab", 2.0)
+
+
+def _fake(bin_dir: Path, name: str, rc: int) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\nexit {rc}\n")
+    path.chmod(0o755)
+
+
+def test_compose_cli_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("PRL_COMPOSE", raising=False)
+    with pytest.raises(ComposeError, match="neither"):
+        compose_cli()
+    _fake(tmp_path, "docker-compose", 0)
+    _fake(tmp_path, "docker", 1)  # a docker CLI without the compose plugin
+    assert compose_cli() == ["docker-compose"]
+    _fake(tmp_path, "docker", 0)
+    assert compose_cli() == ["docker", "compose"]
+    monkeypatch.setenv("PRL_COMPOSE", "docker-compose --verbose")
+    assert compose_cli() == ["docker-compose", "--verbose"]
+
+
+def test_up_compose_without_docker_is_one_clear_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["up", "--compose", "--epochs", "1"], env={"PATH": str(tmp_path)})
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "`docker` CLI is not installed" in result.output
+
+
+def test_health_command_against_a_live_coordinator(run_dir: Path) -> None:
+    cfg = sim_config(run_dir, transport="tcp", run__workers=1, run__epochs=50, sim__gen_s_per_token=0.01)
+    cluster = LocalCluster(cfg)
+    try:
+        addr = cfg.address("coordinator")
+        for member in ("buffer", "worker"):  # the worker is worker-0: a prefix match
+            ok = _health(addr, "--member", member)
+            assert ok.returncode == 0 and "healthy" in ok.stdout, ok.stderr
+        bad = _health(addr, "--member", "worker-elsewhere")
+        assert bad.returncode == 1 and "not registered" in bad.stderr
+    finally:
+        cluster.close()
+    gone = _health(addr)
+    assert gone.returncode == 1 and "no reply" in gone.stderr
+
+
+def _health(addr: str, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [*CLI, "health", "--coordinator", addr, *args]
+    deadline = time.monotonic() + 10
+    while True:  # members register within a moment of starting
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 or "worker-elsewhere" in args or time.monotonic() > deadline or not args:
+            return out
+        time.sleep(0.2)
+
+
+def test_a_standalone_coordinator_writes_config_and_refuses_a_used_run_dir(tmp_path: Path, run_dir: Path) -> None:
+    cfg = sim_config(run_dir, transport="tcp")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(cfg.dump())
+    assert load_config(cfg_path).dump() == cfg.dump()  # `up` writes it, the coordinator rewrites nothing
+    proc = subprocess.Popen([*CLI, "actor", "coordinator", "--config", str(cfg_path)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (run_dir / "config.yaml").read_text() == cfg.dump()
+    finally:
+        subprocess.run([*CLI, "stop", "--coordinator", cfg.address("coordinator")], capture_output=True, timeout=30)
+        assert proc.wait(20) == 0
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    again = subprocess.run([*CLI, "actor", "coordinator", "--config", str(cfg_path)], capture_output=True, text=True)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_message_ids_differ_between_processes_with_the_same_pid() -> None:
+    """Containers (and hosts) reuse pids: every actor under compose's init has pid 7 or 8. Message
+    ids are matched across actors (replies, replay), so a pid alone must not make them."""
+    probe = "from prl_actors.protocol.messages import new_id; import os; print(os.getpid(), new_id())"
+    argv = ["unshare", "--pid", "--fork", sys.executable, "-c", probe]
+    outs = [subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split() for _ in range(2)]
+    assert outs[0][0] == outs[1][0] == "1"  # the same pid in both
+    assert outs[0][1] != outs[1][1]
