@@ -508,6 +508,10 @@ class ActorHost(pykka.ThreadingActor):
         self._run(lambda now: self.core.start(now), failing="failed to start")
 
     def on_receive(self, message: Any) -> None:
+        if isinstance(message, PortCrashed):  # `error` is already set (by the port thread)
+            self.core.log("actor_crashed", error=message.error)
+            self.stop()
+            return
         if self.error is not None:  # failed: it only waits for its stop to be processed
             return
         if isinstance(message, Inbound):
@@ -525,9 +529,6 @@ class ActorHost(pykka.ThreadingActor):
             self._run(lambda now: self.core.auth_failed(now, message))
         elif isinstance(message, StopRequest):
             self._run(lambda now: self.core.request_stop(message.reason))
-        elif isinstance(message, PortCrashed):
-            self.core.log("actor_crashed", error=message.error)
-            self.stop()
 
     def _port_crashed(self, error: str) -> None:
         """Port thread: its loop died. The actor cannot talk any more, so it ends, loudly: `error` is

@@ -183,7 +183,7 @@ class Port:
         self._parked: dict[bytes, _Parked] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # opening the sockets failed (start() raises it)
         self._thread = threading.Thread(target=self._run, name=f"port-{name}", daemon=True)
 
     # --- public API -------------------------------------------------------------------------
@@ -274,7 +274,6 @@ class Port:
         try:
             self._loop(outbox, router, dealers)
         except Exception as exc:  # a bug here must not leave a deaf actor behind: the actor crashes
-            self._error = exc
             self.on_crash(f"port thread: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
             self._close([*socks, *self._monitors])
