@@ -9,7 +9,8 @@ confusing field error) and an unknown type `unknown_type`.
 Limits (what one frame can cost the receiver):
 - size: frame 0 at most `max_bytes` (the socket's ZMQ_MAXMSGSIZE already disconnects a peer that
   sends a bigger frame over tcp/ipc; this check covers inproc and callers without a socket);
-- frames: frame 0 plus at most `PAYLOAD_FRAMES[type]` raw frames (only `weight_chunk` has one);
+- frames: frame 0 plus at most `PAYLOAD_FRAMES[type]` raw frames (`weight_chunk` has one), or, for a
+  message with typed arrays (the env messages), one per array it describes, at most `MAX_ARRAYS`;
 - shape: every field is typed, so a decoded message is never deeper than its schema (at most 5
   levels); values of unknown fields are skipped, not built, and msgspec refuses nesting beyond the
   interpreter's recursion limit (RecursionError, mapped to `malformed`); a container cannot hold
@@ -30,6 +31,7 @@ from prl_actors.protocol.messages import MESSAGE_TYPES, PROTOCOL_VERSION, ErrorC
 Frame = bytes | memoryview
 
 PAYLOAD_FRAMES = {"weight_chunk": 1}  # raw frames after frame 0, by type (every other type: none)
+MAX_ARRAYS = 16  # raw frames of a message with `arrays` (a segment has 8)
 ECHO_CHARS = 96  # how much peer-controlled text an error may carry back
 # Every way msgspec (or a bad value inside it) can fail on hostile bytes: all mean `malformed`.
 _DECODE_ERRORS = (
@@ -105,11 +107,18 @@ def decode(frames: Sequence[Frame], max_bytes: int = 0) -> tuple[Message, list[F
         raise _diagnose(head, exc) from None
     if msg.proto != PROTOCOL_VERSION:
         raise _bad_protocol(msg.proto, echo(msg.id), echo(msg.sender))
-    if len(frames) > 1 and len(frames) - 1 > PAYLOAD_FRAMES.get(tag_of(msg), 0):
-        tag = tag_of(msg)
-        detail = f"{tag!r} carries {len(frames) - 1} raw frames (at most {PAYLOAD_FRAMES.get(tag, 0)})"
+    if len(frames) > 1 and len(frames) - 1 > payload_frames(msg):
+        detail = f"{tag_of(msg)!r} carries {len(frames) - 1} raw frames (at most {payload_frames(msg)})"
         raise ProtocolError(ErrorCode.MALFORMED, detail, echo(msg.id), echo(msg.sender))
     return msg, list(frames[1:])
+
+
+def payload_frames(msg: Message) -> int:
+    """How many raw frames may follow frame 0 of `msg`."""
+    arrays = getattr(msg, "arrays", None)
+    if isinstance(arrays, list):
+        return min(len(arrays), MAX_ARRAYS)
+    return PAYLOAD_FRAMES.get(tag_of(msg), 0)
 
 
 def _bad_protocol(proto: object, msg_id: str, sender: str) -> ProtocolError:
