@@ -22,6 +22,10 @@ DirOpt = Annotated[
     typer.Option("--dir", "-d", envvar="PRL_KEYS", help="Key directory. Default: RUN_DIR/keys of --run-dir."),
 ]
 RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="The run whose keys (RUN_DIR/keys) to use.")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Use this config's key directory (transport.keys_dir, else its RUN_DIR/keys)."),
+]
 
 
 def _fail(message: str) -> None:
@@ -29,8 +33,17 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _dir(directory: Path | None, run_dir: Path) -> Path:
-    return directory if directory is not None else run_dir / "keys"
+def _dir(directory: Path | None, run_dir: Path, config: Path | None = None) -> Path:
+    if directory is not None:
+        return directory
+    if config is not None:
+        from prl_actors.config import ConfigError, load_config
+
+        try:
+            return load_config(config).keys_path()
+        except ConfigError as exc:
+            _fail(str(exc))
+    return run_dir / "keys"
 
 
 @keys_app.command("create")
@@ -41,12 +54,13 @@ def create(
     ] = None,
     directory: DirOpt = None,
     run_dir: RunDirOpt = Path("runs/latest"),
+    config: ConfigOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing keys (their holders lose access).")] = False,
 ) -> None:
     """Create keys (0600 files in a 0700 directory); existing ones are kept unless --force."""
     from prl_actors.transport.auth import KeysError, create_keys, run_key_names
 
-    path = _dir(directory, run_dir)
+    path = _dir(directory, run_dir, config)
     try:
         made = create_keys(path, names or run_key_names(), overwrite=force)
     except KeysError as exc:
@@ -60,12 +74,13 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (copy it to the other host).")],
     directory: DirOpt = None,
     run_dir: RunDirOpt = Path("runs/latest"),
+    config: ConfigOpt = None,
 ) -> None:
     """Write NAME's secret key and every public key to --out: all a peer on another host needs."""
     from prl_actors.transport.auth import KeysError, export_keys
 
     try:
-        files = export_keys(_dir(directory, run_dir), name, out)
+        files = export_keys(_dir(directory, run_dir, config), name, out)
     except KeysError as exc:
         _fail(str(exc))
     typer.echo(f"wrote {len(files)} files to {out}: {', '.join(files)}")

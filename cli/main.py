@@ -227,6 +227,7 @@ def _up_env(cfg: Any) -> None:
         fail(f"run dir {rd} already holds a run; use another --run-dir")
     rd.mkdir(parents=True, exist_ok=True)
     RunDir(rd).config.write_text(cfg.dump())
+    _run_keys(cfg)
     env = cfg.env
     typer.echo(
         f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
@@ -299,12 +300,13 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
         fail(f"actor name {name!r} must start with its role {role!r}")
     from prl_actors.envs.hub import EnvUnavailable
     from prl_actors.envs.run import run_env_actor, run_learner
+    from prl_actors.transport.auth import KeysError
 
     try:
         raise typer.Exit(run_learner(cfg) if role == "learner" else run_env_actor(name, cfg))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except EnvUnavailable as exc:
+    except (EnvUnavailable, KeysError) as exc:
         fail(str(exc), code=1)
 
 
