@@ -15,7 +15,7 @@ import zmq
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
 from prl_actors.topology import ensure_key, role_of, start_actor
-from prl_actors.transport.auth import close_context, create_keys, run_key_names
+from prl_actors.transport.auth import KeysError, close_context, create_keys, run_key_names
 
 
 class ActorFailed(Exception):
@@ -37,7 +37,7 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     ctx = zmq.Context()
     try:
         host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
-    except StartFailed as exc:
+    except (StartFailed, KeysError) as exc:  # KeysError: its own or a peer's key file is missing
         close_context(ctx)
         raise ActorFailed(f"{name}: {exc}") from None
     signalled = _catch_stop_signals()

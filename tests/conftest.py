@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from prl_actors.config import Config, load_config  # noqa: E402
 from prl_actors.protocol.versions import on_policy  # noqa: E402
-from prl_actors.transport.auth import KeyStore, Security  # noqa: E402
+from prl_actors.transport.auth import KeyStore, Security, create_keys, run_key_names  # noqa: E402
 
 # Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
 _ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
@@ -93,6 +93,12 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
     for e in trained:  # some worker generated it with the very version it was trained under
         key = (e["msg_epoch"], e["group_id"])
         assert (*key, e["msg_version"]) in sent or key in external, f"no worker sent {key} at v{e['msg_version']}"
+
+
+def run_keys(cfg: Config) -> None:
+    """The run's keys, as `prl-actors up` creates them (for tests that start actors without `up`)."""
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), run_key_names())
 
 
 def dealer(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config
+from prl_actors.launcher import EXIT_STOPPED
 from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -28,13 +29,13 @@ def start_up(cfg: Config, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+def finish(proc: subprocess.Popen[str], timeout: float = 60.0, code: int = 0) -> str:
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    assert proc.returncode == 0, err
+    assert proc.returncode == code, err
     return err
 
 
@@ -116,7 +117,7 @@ def test_stop_and_scale_need_the_operator_key_and_status_shows_refusals(tmp_path
         assert status.returncode == 0 and "coordinator refused: auth_refused" in status.stdout, status.stdout
         stopped = cli("stop", *coord, *keys)
         assert stopped.returncode == 0, stopped.stderr
-        err = finish(proc)
+        err = finish(proc, code=EXIT_STOPPED)  # stopped before its last epoch
     finally:
         if proc.poll() is None:  # a failed assertion: stop the run (and its actors) like Ctrl-C
             proc.send_signal(signal.SIGINT)
