@@ -231,7 +231,8 @@ def _up_env(cfg: Any) -> None:
     env = cfg.env
     typer.echo(
         f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
-        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind} (auth {cfg.transport.auth}), run dir {rd}",
+        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind} (auth {cfg.transport.auth}), "
+        f"run dir {rd}",
         err=True,
     )
     t0 = time.monotonic()
