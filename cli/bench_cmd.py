@@ -34,7 +34,8 @@ def bench(
         list[str] | None,
         typer.Option(
             "--only",
-            help="Run only these: pipeline, shared_prompt, weight_sync, control_plane, envs (repeatable or a,b).",
+            help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs "
+            "(repeatable or a,b).",
         ),
     ] = None,
     machine: Annotated[

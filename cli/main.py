@@ -12,6 +12,7 @@ import typer
 
 from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
 from cli.keys_cmd import keys_app
+from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
 
 app = typer.Typer(
@@ -199,24 +200,6 @@ def _check_task(cfg: Any) -> None:
         fail(str(exc))
 
 
-def _prepare_model(cfg: Any) -> None:
-    """Build (or check) the model once, before any actor loads it; a bad model is one error line."""
-    typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
-    from prl_actors.actors.runtime import one_line
-    from prl_actors.config import ConfigError
-    from prl_actors.engines.registry import check_engine
-    from prl_actors.topology import model_dir
-
-    try:
-        directory = model_dir(cfg)
-        if cfg.run.workers:  # the workers `up` starts here need a working engine here
-            check_engine(cfg, directory, cfg.run.workers)
-    except ConfigError as exc:
-        fail(str(exc))
-    except Exception as exc:  # a broken model directory is the user's to fix: one line, no traceback
-        fail(f"cannot prepare the model: {one_line(exc)}", code=1)
-
-
 def _up_env(cfg: Any) -> None:
     """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
     from prl_actors.envs.run import EnvLauncher
@@ -239,6 +222,35 @@ def _up_env(cfg: Any) -> None:
     code = EnvLauncher(cfg, RunDir(rd).config).run()
     typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {RunDir(rd).metrics}", err=True)
     raise typer.Exit(code)
+
+
+def _prepare_model(cfg: Any) -> None:
+    """Build (or check) the model every torch actor loads, once, before any actor starts, with a
+    progress display; a bad model is one error line."""
+    if cfg.worker.engine == "sim":
+        return
+    from cli.progress import warm_start_progress
+    from prl_actors.actors.runtime import one_line
+    from prl_actors.config import ConfigError
+    from prl_actors.engines.registry import check_engine
+    from prl_actors.model import prepare_model
+
+    typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
+    t0 = time.monotonic()
+    try:
+        with warm_start_progress("warm start of the built-in model") as on_step:
+            directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+        if cfg.trainer.lora is not None:  # refused before any actor starts
+            from prl_actors.training.lora import check_targets
+
+            check_targets(cfg.trainer.lora, directory)
+        if cfg.run.workers:  # the workers `up` starts here need a working engine here
+            check_engine(cfg, directory, cfg.run.workers)
+    except ConfigError as exc:
+        fail(str(exc))
+    except Exception as exc:  # a broken model directory is the user's to fix: one line, no traceback
+        fail(f"cannot prepare the model: {one_line(exc)}", code=1)
+    typer.echo(f"model ready in {time.monotonic() - t0:.1f}s", err=True)
 
 
 @app.command()
@@ -464,6 +476,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt =
 app.command()(replay)
 app.command()(bench)
 app.add_typer(keys_app)
+app.command("export-merged")(export_merged)
 
 
 def main() -> None:

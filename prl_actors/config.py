@@ -7,8 +7,9 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,6 +21,7 @@ BINDS = ("coordinator", "publisher", "buffer", "learner")  # the roles that bind
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 VLLM_DTYPES = ("float32", "bfloat16")
 DEFAULT_BASE_PORT = 27500
+LORA_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 # What `up --resume` may change: where and how fast the run goes, never what it trains. A field is
 # safe when every epoch trained under the new value is the epoch the old value would have trained
@@ -48,6 +50,9 @@ SAFE_ON_RESUME = (
     "trainer.checkpoint_every",
     "publisher.",
 )
+
+
+Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
 class ConfigError(Exception):
@@ -131,7 +136,9 @@ class CoordinatorSection(_Section):
     groups_per_epoch: int = Field(8, ge=1, description="B: prompts (groups) per epoch.")
     heartbeat_interval_s: float = Field(0.2, gt=0, description="How often members heartbeat.")
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
-    max_groups_per_request: int = Field(1, ge=1, description="Upper bound of groups handed out per pull.")
+    max_groups_per_request: int = Field(
+        64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -151,8 +158,16 @@ class SamplingSection(_Section):
 
 
 class WorkerSection(_Section):
-    prefetch: int = Field(1, ge=0, le=8, description="Groups to ask for ahead while one generates (0 = none).")
-    threads: int = Field(1, ge=1, description="torch CPU threads in each worker process.")
+    max_batch_rows: int = Field(
+        64,
+        ge=1,
+        description="Rows (samples) in the running batch (continuous batching). 64 suits a CPU with a "
+        "small model; on a GPU raise it to what the KV cache fits (a group of G needs G rows).",
+    )
+    prefetch: int = Field(
+        1, ge=0, le=64, description="Groups to hold queued beyond the running batch, so a freed row never waits."
+    )
+    threads: Threads = Field("auto", description="torch CPU threads in each worker process; auto: see trainer.threads.")
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
@@ -175,19 +190,62 @@ class BufferSection(_Section):
     max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
 
 
+class LoraSection(_Section):
+    """LoRA on the policy (peft): only the adapter trains and travels to the workers (docs/LORA.md)."""
+
+    r: int = Field(16, ge=1, le=1024, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha: the update is (alpha / r) * B @ A.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names (or name suffixes) of the linear layers to adapt, e.g. q_proj, v_proj, gate_proj.",
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the adapter's input while training (0: deterministic updates)."
+    )
+    export_merged: bool = Field(
+        False, description="Also write a merged plain HF model into each checkpoint (CKPT/merged)."
+    )
+
+    @model_validator(mode="after")
+    def _targets(self) -> LoraSection:
+        bad = [t for t in self.target_modules if not LORA_TARGET.fullmatch(t)]
+        if not self.target_modules or bad:
+            raise ValueError(
+                f"target_modules must list module names such as q_proj or mlp.down_proj, got {self.target_modules!r}"
+            )
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise ValueError(f"target_modules lists a name twice: {self.target_modules!r}")
+        return self
+
+
 class TrainerSection(_Section):
-    threads: int = Field(1, ge=1, description="torch CPU threads in the trainer process.")
+    threads: Threads = Field(
+        "auto",
+        description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
+        "are split between the trainer (half) and the local workers (the rest, evenly, at least 1 each) "
+        "while they generate, and the trainer takes every core once the epoch's last group has arrived "
+        "(the workers then wait for weights); an actor started on its own takes every core.",
+    )
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
     eps_low: float = Field(0.2, ge=0, description="PPO clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
     beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_groups: int = Field(1, ge=1, description="Groups per forward/backward micro-batch.")
+    micro_batch_tokens: int = Field(
+        2048,
+        ge=1,
+        description="Token budget of one forward/backward micro-batch (packed tokens: a group's prompt once plus "
+        "its responses). Groups that arrive while the trainer is busy are trained together up to this budget.",
+    )
+    micro_batch_groups: int = Field(256, ge=1, description="At most this many groups in one micro-batch.")
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
-    credits: int = Field(4, ge=1, description="Groups the trainer lets the buffer send ahead.")
+    credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
     device: str = Field("cpu")
+    lora: LoraSection | None = Field(
+        None, description="LoRA (r, alpha, target_modules, dropout); absent or null = full fine-tuning."
+    )
 
 
 class PublisherSection(_Section):
@@ -276,6 +334,12 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _lora_needs_grpo(self) -> Config:
+        if self.trainer.lora is not None and self.trainer.learner != "grpo":
+            raise ValueError("trainer.lora needs trainer.learner 'grpo' (the sim learner has no model to adapt)")
         return self
 
     @model_validator(mode="after")
@@ -375,9 +439,10 @@ def check_resume(run: Config, asked: Config) -> None:
     """Refuse (ConfigError, one line naming the fields) a resumed config that would train another
     run than `run`, the one in RUN_DIR/config.yaml; SAFE_ON_RESUME lists what may change."""
     old, new = leaves(run.model_dump(mode="json")), leaves(asked.model_dump(mode="json"))
-    changed = [k for k in old if old[k] != new.get(k) and not safe_on_resume(k)]
+    keys = list(old) + [k for k in new if k not in old]  # a section set or unset (trainer.lora) changes keys
+    changed = [k for k in keys if old.get(k) != new.get(k) and not safe_on_resume(k)]
     if changed:
-        what = ", ".join(f"{k} ({old[k]!r} -> {new.get(k)!r})" for k in changed)
+        what = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in changed)
         raise ConfigError(
             f"--resume continues the run in RUN_DIR/config.yaml and cannot change {what}; "
             "safe to change: epochs, workers, ports and timeouts, threads, devices (README: Resume)"

@@ -48,7 +48,7 @@ from typing import Any
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
 from prl_actors.logs import console
-from prl_actors.process import SUPERVISOR_ENV
+from prl_actors.process import LOCAL_WORKERS_ENV, SUPERVISOR_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
 from prl_actors.topology import ensure_key
@@ -171,7 +171,7 @@ class Launcher:
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
         log = self.run_dir.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
-        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own process group
         self.children[name] = Child(name, proc, offset, restarts)
 

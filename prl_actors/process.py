@@ -50,6 +50,9 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     return 0
 
 
+LOCAL_WORKERS_ENV = "PRL_LOCAL_WORKERS"  # set by `up` for the actors it starts on this host
+
+
 def _wait(host: ActorHost, signalled: threading.Event) -> str:
     """Wait until the actor stops by itself ("") or is asked to (the reason, after asking it)."""
     supervisor = int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
@@ -95,7 +98,22 @@ def _limit_threads(name: str, cfg: Config) -> None:
         return
     import torch
 
-    torch.set_num_threads(cfg.worker.threads if role == "worker" else cfg.trainer.threads)
+    local = os.environ.get(LOCAL_WORKERS_ENV)
+    torch.set_num_threads(threads_for(cfg, role, int(local) if local else None))
+
+
+def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | None = None) -> int:
+    """The torch threads of `role`: the configured number, or `auto`: with `up` on this host the
+    trainer takes half the cores and the local workers share the rest (at least 1 each); an actor
+    started on its own (local_workers None) takes every core."""
+    setting = cfg.worker.threads if role == "worker" else cfg.trainer.threads
+    if setting != "auto":
+        return int(setting)
+    cores = cores or len(os.sched_getaffinity(0))
+    if local_workers is None:
+        return cores
+    trainer = max(1, cores // 2) if local_workers else cores
+    return trainer if role == "trainer" else max(1, (cores - trainer) // max(1, local_workers))
 
 
 def _request_stop(host: ActorHost, reason: str) -> None:

@@ -24,7 +24,7 @@ from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import ActorHost, Core, StartFailed, one_line
-from prl_actors.actors.trainer import TrainerCore
+from prl_actors.actors.trainer import ThreadPlan, TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
@@ -92,6 +92,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             checkpoint_every=cfg.trainer.checkpoint_every,
             resume=cfg.run.resume,
+            threads=_trainer_threads(cfg),
         )
     if role == "worker":
         from prl_actors.tasks import load_task
@@ -176,3 +177,19 @@ def start_actor(
     host = ref._actor_weakref()  # the running actor object (alive while its thread runs)
     assert host is not None
     return host
+
+
+def _trainer_threads(cfg: Config) -> ThreadPlan | None:
+    """With `trainer.threads: auto` under `up` (workers on this host): the share while they generate
+    and every core once the epoch is generated (process.threads_for); sync mode trains only while the
+    workers wait, so on every core. None: a fixed setting, the sim learner, or no local workers."""
+    from prl_actors.process import LOCAL_WORKERS_ENV, threads_for
+
+    local = os.environ.get(LOCAL_WORKERS_ENV)
+    if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local or not int(local):
+        return None
+    import torch
+
+    full = threads_for(cfg, "trainer", None)
+    share = full if cfg.run.mode == "sync" else threads_for(cfg, "trainer", int(local))
+    return ThreadPlan(share, full, torch.set_num_threads)

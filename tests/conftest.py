@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,9 @@ import zmq
 # spin-wait for each other make a warm start many times slower, and the tests measure no speed.
 # (Actor processes the tests start choose their own threads: worker/trainer.threads.)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Built-in models are cached between runs (model/builtin.py cache_dir): the tests share one cache of
+# their own, so they neither read nor fill the user's.
+os.environ.setdefault("PRL_CACHE_DIR", tempfile.mkdtemp(prefix="prl-test-cache-"))
 
 from prl_actors.config import Config, load_config  # noqa: E402
 from prl_actors.protocol.versions import on_policy  # noqa: E402

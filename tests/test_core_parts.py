@@ -12,7 +12,7 @@ from prl_actors.actors.membership import Membership
 from prl_actors.actors.phase import IllegalTransition, PhaseMachine
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.trainer import TrainerCore
+from prl_actors.actors.trainer import ThreadPlan, TrainerCore
 from prl_actors.actors.transfer import Assembler, Snapshot, transfer_messages
 from prl_actors.config import load_config
 from prl_actors.logs import EventLog
@@ -42,6 +42,29 @@ def test_epoch_work_a_done_group_is_never_handed_out_again() -> None:
     assert work.accept(0) == (Accept.ALREADY, None)
     assert work.assign("b", 5) == [1] and not work.complete
     assert work.accept(1) == (Accept.NEW, "b") and work.complete
+
+
+def test_fair_share_keeps_a_slower_workers_share_but_never_starves_anyone() -> None:
+    work = EpochWork(list(range(16)))
+    assert work.fair_share("a", workers=1) == 16  # alone: everything
+    assert work.fair_share("a", workers=2) == 8
+    work.assign("a", 8)
+    assert work.fair_share("a", workers=2) == 0  # b's half waits for b
+    assert work.fair_share("b", workers=2) == 8
+    work.accept(0)
+    work.accept(1)  # a finished two: its share grows back
+    assert work.fair_share("a", workers=2) == 1
+    work.assign("b", 8)
+    assert work.fair_share("c", workers=3) == 0  # nothing queued
+    for g in range(2, 16):
+        work.accept(g)
+    assert work.complete
+
+
+def test_fair_share_lets_a_worker_holding_nothing_take_queued_work() -> None:
+    work = EpochWork([0, 1, 2])
+    work.assign("a", 1)
+    assert work.fair_share("b", workers=5) == 1  # ceil(3 / 5) = 1
 
 
 def test_epoch_work_waiting_workers_are_nudged_once() -> None:
@@ -201,3 +224,62 @@ def test_publisher_stores_newer_versions_only_and_serves_the_current_one() -> No
         asm.chunk(chunk, list(payloads))  # type: ignore[arg-type]
     snap = asm.end(end[0])  # type: ignore[arg-type]
     assert np.frombuffer(snap.data, dtype=np.float32).tolist() == [1.0] * 3000
+
+
+class QueueingLearner(SimLearner):
+    """A learner that queues like GRPO's: accumulate defers the work to flush (or step)."""
+
+    def __init__(self) -> None:
+        super().__init__(load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"}))
+        self.queue: list[m.Group] = []
+        self.flushes: list[int] = []
+
+    def accumulate(self, group: m.Group) -> dict[str, float]:
+        self.queue.append(group)
+        return {}
+
+    def flush(self) -> int:
+        n = len(self.queue)
+        for g in self.queue:
+            super().accumulate(g)
+        self.queue, self.flushes = [], [*self.flushes, n]
+        return n
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue)
+
+
+def test_trainer_trains_groups_that_arrived_together_in_one_flush() -> None:
+    learner = QueueingLearner()
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 4, 1 << 20, 5.0)
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=4), "buffer")
+    for gid in range(3):  # three groups in the inbox before the trainer gets to them
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
+    assert learner.pending == 3 and len(core.deferred) == 1  # one flush queued behind them
+    core.deferred.pop()(0.1)
+    assert learner.flushes == [3] and learner.pending == 0
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=3, group=group(3, [4, 4])), "buffer")
+    core.deferred.pop()(0.2)
+    assert learner.flushes == [3, 1]
+
+
+def test_trainer_takes_every_core_once_the_epochs_last_group_arrived() -> None:
+    """threads auto under `up`: the trainer's share while workers generate, all cores from the
+    epoch's last group on (the workers wait for weights then), the share again at the next epoch."""
+    calls: list[int] = []
+    plan = ThreadPlan(1, 2, calls.append)
+    core = TrainerCore(
+        "trainer", EventLog("trainer", "trainer"), sim_learner(), MemorySink(), 4, 1 << 20, 5.0, threads=plan
+    )
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=3), "buffer")
+    assert calls == [1]
+    for gid in range(2):
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
+    feed(core, m.TrainGroup(epoch=0, version=1, seq=9, group=group(7, [4, 1])), "buffer")  # off-policy: not counted
+    assert calls == [1]
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=2, group=group(2, [4, 1])), "buffer")
+    assert calls == [1, 2]
+    feed(core, m.EpochComplete(epoch=0, groups=3), "buffer")
+    feed(core, m.EpochOpen(epoch=1, version=1, groups=3), "buffer")
+    assert calls == [1, 2, 1]

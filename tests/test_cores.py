@@ -212,14 +212,21 @@ def test_buffer_respects_credits() -> None:
 
 
 class FailingEngine:
-    """An engine whose device went away: generate raises."""
+    """An engine whose device went away: step raises."""
 
-    version = 0
+    version, max_rows, rows = 0, 8, 0
+    busy = True
 
     def load_weights(self, version: int, tensors: object) -> None: ...
 
-    def generate(self, prompts: list[m.Prompt], group_size: int) -> list:  # type: ignore[type-arg]
+    def admit(self, prompts: list[m.Prompt], group_size: int) -> None: ...
+
+    def step(self) -> list:  # type: ignore[type-arg]
         raise RuntimeError("device lost")
+
+    def abort(self) -> list[int]:
+        self.busy = False
+        return []
 
     def close(self) -> None: ...
 
@@ -290,4 +297,4 @@ def test_worker_asks_for_the_next_group_before_generating() -> None:
     msg = m.WorkAssign(reply_to="r", epoch=0, version=0, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
     core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
     assert [m.tag_of(x) for _, x, _ in core.outbox] == ["work_request"]  # flushed first
-    assert len(core.deferred) == 1 and core.generating  # generation is the next inbox item
+    assert len(core.deferred) == 1 and core.stepping  # generation is the next inbox item

@@ -77,6 +77,7 @@ def test_arrival_order_and_micro_batches_give_the_same_weights(rollouts, dtype: 
     if dtype != "bfloat16":
         others.append(train_once(cfg, model_dir, groups, micro_batch_groups=len(groups)))
         others.append(train_once(cfg, model_dir, shuffled, micro_batch_groups=4))  # 4 + a partial 2 flushed by step
+        others.append(train_once(cfg, model_dir, shuffled, micro_batch_tokens=60))  # by token budget
     initial, trained = master(GRPOLearner(cfg, model_dir)), master(in_order)
     moved = max((trained[k].double() - initial[k].double()).abs().max().item() for k in initial)
     assert moved > 100 * atol  # it did learn, far beyond the tolerance
@@ -297,3 +298,19 @@ def test_an_all_equal_group_gives_exactly_zero_gradient(rollouts, reward: float,
     learner.accumulate(replace(groups[1], samples=samples))
     learner.step()
     assert grads and all(torch.equal(g, torch.zeros_like(g)) for g in grads.values())
+
+
+def test_the_token_budget_decides_when_queued_groups_are_trained(rollouts) -> None:
+    cfg, model_dir, groups = rollouts
+    cost = [len(g.prompt_ids) + sum(len(s.token_ids) for s in g.samples) for g in groups]
+    budget = cost[0] + cost[1]  # the first two groups fill one micro-batch exactly
+    learner = GRPOLearner(
+        cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"micro_batch_tokens": budget})}), model_dir
+    )
+    learner.begin_epoch(0, len(groups))
+    learner.accumulate(groups[0])
+    assert learner.pending == 1 and learner.stats.tokens == 0  # queued, nothing computed yet
+    learner.accumulate(groups[1])
+    assert learner.pending == 0 and learner.stats.tokens > 0  # the budget was reached: trained
+    learner.accumulate(groups[2])
+    assert learner.flush() == 1 and learner.pending == 0  # what the trainer does when nothing else waits

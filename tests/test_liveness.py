@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.coordinator import STALL_LOG_S, CoordinatorCore
+from prl_actors.actors.coordinator import FIRST_WEIGHTS_GRACE_S, STALL_LOG_S, CoordinatorCore
 from prl_actors.actors.runtime import Core
 from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
@@ -64,10 +64,11 @@ def test_the_watchdog_says_why_the_run_waits_in_every_state(state: m.Phase, reas
     core.s.request_timeout_s = core.s.heartbeat_timeout_s = 1000.0  # nothing times out meanwhile
     to_state(core, state)
     assert core.phase.current == state
+    after = FIRST_WEIGHTS_GRACE_S if state == m.Phase.WAITING_WEIGHTS else STALL_LOG_S
     tick(core, 1.0)
-    tick(core, 1.0 + STALL_LOG_S - 0.5)
+    tick(core, 1.0 + after - 0.5)
     assert core.stall_reason == ""  # not yet
-    tick(core, 1.0 + STALL_LOG_S + 0.5)
+    tick(core, 1.0 + after + 0.5)
     assert reason in core.stall_reason
 
 
@@ -164,3 +165,19 @@ def test_weights_that_overtake_the_last_accepted_group_still_open_the_next_epoch
     out = drive(core, 0.3, m.GroupAccepted(epoch=0, version=0, group_id=B - 1, worker="worker-a"), "buffer")
     assert [(x.epoch, x.version) for _, x in out if isinstance(x, m.EpochOpen)] == [(1, 1)]
     assert core.phase.current == m.Phase.OPENING
+
+
+def test_the_wait_for_the_first_weights_is_no_stall_until_the_grace_ends() -> None:
+    """A normal start waits for the trainer's first weights while it starts and loads the model: no
+    `stalled:` line for that wait up to FIRST_WEIGHTS_GRACE_S (later waits: STALL_LOG_S); then the
+    reason says whether a trainer registered at all."""
+    for trainer, reason in ((True, "(publisher: weights_available)"), (False, "no trainer has registered")):
+        core = coordinator()
+        core.s.request_timeout_s = core.s.heartbeat_timeout_s = 1000.0
+        if trainer:
+            drive(core, 0.0, m.Register(role=m.Role.TRAINER), "trainer")
+        tick(core, 1.0)
+        tick(core, 1.0 + 3 * STALL_LOG_S)
+        assert core.stall_reason == ""
+        tick(core, 1.0 + FIRST_WEIGHTS_GRACE_S + 0.5)
+        assert reason in core.stall_reason

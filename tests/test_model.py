@@ -48,7 +48,8 @@ def test_prepare_model_reuses_and_rebuilds(tmp_path: Path) -> None:
     assert (first / "model.safetensors").read_bytes() != weights
 
 
-def test_same_config_gives_identical_weights(tmp_path: Path) -> None:
+def test_same_config_gives_identical_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRL_CACHE_DIR", "")  # two builds, not a build and its cached copy
     cfg = tiny_config()
     a = prepare_model(cfg, tmp_path / "a") / "model.safetensors"
     b = prepare_model(cfg, tmp_path / "b") / "model.safetensors"
@@ -81,3 +82,22 @@ def test_devices() -> None:
     except ImportError:
         with pytest.raises(ConfigError, match="torch-npu"):
             resolve_device("npu")
+
+
+def test_a_built_in_model_is_built_once_per_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second run dir with the same settings copies the cached build (no warm start); other
+    settings build anew; PRL_CACHE_DIR="" turns the cache off."""
+    from prl_actors.model import builtin
+
+    monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
+    builds: list[int] = []
+    real = builtin.create_builtin
+    monkeypatch.setattr(builtin, "create_builtin", lambda *a, **k: builds.append(1) or real(*a, **k))
+    a = prepare_model(tiny_config(), tmp_path / "a") / "model.safetensors"
+    b = prepare_model(tiny_config(), tmp_path / "b") / "model.safetensors"
+    assert len(builds) == 1 and a.read_bytes() == b.read_bytes() and a != b
+    prepare_model(tiny_config(run__seed=5), tmp_path / "c")
+    assert len(builds) == 2
+    monkeypatch.setenv("PRL_CACHE_DIR", "")
+    prepare_model(tiny_config(), tmp_path / "d")
+    assert len(builds) == 3

@@ -31,6 +31,7 @@ def record_run(run_dir: Path, mode: str = "periodic", workers: int = 2, **overri
         "coordinator__groups_per_epoch": GROUPS,
         "sim__gen_s_per_token": 0.005,  # 4 tokens x 4 samples: 80 ms per group
         "sim__train_s_per_sample": 0.005,  # 20 ms per group
+        "worker__max_batch_rows": 4,  # one group at a time: they finish one by one (as lengths vary in an LM)
     }
     cfg = sim_config(run_dir, **{**settings, **overrides})
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from prl_actors.config import ConfigError
+from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.registry import make_engine
-from prl_actors.engines.sampling import sample, top_p_filter
+from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tokenizer import EOS_ID
@@ -129,28 +130,49 @@ class ScriptedLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, **_: object) -> SimpleNamespace:
         logits = torch.full((input_ids.shape[0], input_ids.shape[1], self.vocab), -30.0)
-        for row, tokens in enumerate(self.script):
+        for row in range(input_ids.shape[0]):  # the prefill sees one row per prompt: script row 0
+            tokens = self.script[row]
             logits[row, -1, tokens[min(self.calls, len(tokens) - 1)]] = 30.0
         self.calls += 1
-        return SimpleNamespace(logits=logits, past_key_values=None)
+        return SimpleNamespace(logits=logits, past_key_values=NoCache())
 
 
-def test_sample_stops_rows_on_eos_and_the_batch_when_all_stopped() -> None:
-    lm = ScriptedLM([[5, 6, 2, 7], [5, 2, 7, 7]])
-    gens = [torch.Generator().manual_seed(0)]
-    out = sample(lm, [[1, 3], [1]], [0, 0], gens, temperature=1.0, top_p=1.0, max_new_tokens=6, eos_ids={2}, pad_id=0)
-    assert out.token_ids == [[5, 6, 2], [5, 2]]
-    assert out.finished == [True, True]
-    assert lm.calls == 3  # stopped once every row had its eos
-    assert all(abs(lp) < 1e-6 for row in out.logprobs for lp in row)
+class NoCache:
+    """Stands in for a KV cache: the scripted model keeps no state."""
+
+    layers: list[object] = []
+
+    def batch_repeat_interleave(self, n: int) -> None: ...
+
+    def batch_select_indices(self, index: torch.Tensor) -> None: ...
 
 
-def test_sample_cuts_at_max_new_tokens() -> None:
-    lm = ScriptedLM([[4, 4, 4, 4, 4]])
-    out = sample(
-        lm, [[1]], [0], [torch.Generator()], temperature=0.0, top_p=1.0, max_new_tokens=3, eos_ids={2}, pad_id=0
+def scripted_batch(lm: torch.nn.Module, max_new_tokens: int, temperature: float = 1.0) -> RunningBatch:
+    return RunningBatch(
+        lm, max_rows=8, eos_ids={2}, pad_id=0, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens
     )
-    assert out.token_ids == [[4, 4, 4]] and out.finished == [False]
+
+
+def test_rows_stop_on_eos_and_a_group_leaves_when_all_its_rows_stopped() -> None:
+    lm = ScriptedLM([[5, 6, 2, 7], [5, 2, 7, 7]])
+    batch = scripted_batch(lm, max_new_tokens=6)
+    batch.add(0, [1, 3], key=1, size=2)
+    done = []
+    while batch.busy:
+        done += batch.step()
+    (group,) = done
+    assert [r.tokens for r in group.rows] == [[5, 6, 2], [5, 2]]
+    assert [r.eos for r in group.rows] == [True, True]
+    assert lm.calls == 3  # one prefill (the prompt once for both rows), two decodes, then nothing
+    assert all(abs(lp) < 1e-6 for r in group.rows for lp in r.logprobs)
+
+
+def test_rows_are_cut_at_max_new_tokens() -> None:
+    lm = ScriptedLM([[4, 4, 4, 4, 4]])
+    batch = scripted_batch(lm, max_new_tokens=3, temperature=0.0)
+    batch.add(0, [1], key=1, size=1)
+    (group,) = batch.step() + batch.step() + batch.step()
+    assert group.rows[0].tokens == [4, 4, 4] and not group.rows[0].eos and not batch.busy
 
 
 def test_make_engine_dispatch(setup) -> None:

@@ -24,7 +24,10 @@ DEAD_ADDR = {"tcp": "tcp://127.0.0.1:1", "ipc": "ipc:///nonexistent/prl-bench-no
 
 
 class StubEngine:
-    """Records when weights arrive; holds nothing (so memory stays flat between fetches)."""
+    """Records when weights arrive; holds nothing (so memory stays flat between fetches) and never
+    generates (an engine that is never busy)."""
+
+    max_rows, rows, busy = 1, 0, False
 
     def __init__(self) -> None:
         self.version = -1
@@ -37,6 +40,15 @@ class StubEngine:
         self.nbytes = sum(int(np.asarray(t).nbytes) for t in tensors.values())
         self.version = -1  # every fetch is a fresh one
         self.loaded.set()
+
+    def admit(self, prompts: list, group_size: int) -> None:  # type: ignore[type-arg]
+        pass
+
+    def step(self) -> list:  # type: ignore[type-arg]
+        return []
+
+    def abort(self) -> list[int]:
+        return []
 
     def generate(self, prompts: list, group_size: int) -> list:  # type: ignore[type-arg]
         return []

@@ -20,9 +20,11 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         by.setdefault(e["benchmark"], []).append(e)
     written = []
     for name, fn in (
+        ("e2e", _e2e),
         ("pipeline", _pipeline),
         ("shared_prompt", _shared_prompt),
         ("weight_sync", _weight_sync),
+        ("lora_sync", _lora_sync),
         ("control_plane", _control_plane),
         ("envs", _envs),
     ):
@@ -102,6 +104,27 @@ def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
+def _lora_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Per setup (full, LoRA ...): the sync time split into its steps, and the bytes on the wire."""
+    setups = entries[0]["raw"]["setups"]
+    names = list(setups)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = [0.0] * len(names)
+    for step in ("snapshot_s", "upload_s", "fetch_s", "apply_s"):
+        ms = [setups[n][step] * 1e3 for n in names]
+        ax.bar(names, ms, bottom=bottom, label=step.removesuffix("_s"))
+        bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
+    ax.set_ylabel("ms per weight sync")
+    ax.set_yscale("log")
+    ax.set_title("One weight sync: trainer -> publisher -> worker engine")
+    ax.legend(fontsize=8)
+    bx.bar(names, [setups[n]["bytes"] / 1e6 for n in names], color="tab:gray")
+    bx.set_yscale("log")
+    bx.set_ylabel("MB on the wire")
+    bx.set_title("Bytes per weight sync")
+    return fig
+
+
 def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     turn = next((e["raw"] for e in entries if "boundaries" in e["raw"]), None)
     scale = next((e["raw"]["scale"] for e in entries if "scale" in e["raw"]), None)
@@ -136,6 +159,27 @@ def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-de
         lines = axes[1].get_legend_handles_labels()
         lines2 = ax2.get_legend_handles_labels()
         axes[1].legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower left")
+    return fig
+
+
+def _e2e(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Per shape: prl-actors over the single-process loop (and the CPU-aware bound); engine over HF."""
+    speed = [e for e in entries if "loop_samples_per_s" in e["raw"]]
+    engine = [e for e in entries if "engine_tokens_per_s" in e["raw"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = range(len(speed))
+    a.bar(xs, [e["measured"] for e in speed], color="tab:blue", label="prl-actors / loop (samples/s)")
+    a.plot(xs, [e["bound"] for e in speed], "k_", markersize=30, mew=2, label="CPU-aware bound")
+    a.axhline(1.0, color="grey", lw=0.8)
+    a.set_xticks(list(xs), [e["name"].split(":")[0] for e in speed])
+    a.set_title("End to end vs the single-process loop")
+    a.legend(fontsize=8)
+    xs = range(len(engine))
+    b.bar(xs, [e["ratio"] for e in engine], color="tab:green")
+    b.axhline(1.0, color="grey", lw=0.8)
+    b.set_xticks(list(xs), [e["name"].split(":")[0] for e in engine])
+    b.set_ylabel("engine / HF generate (tokens/s)")
+    b.set_title("Engine vs Hugging Face generate")
     return fig
 
 

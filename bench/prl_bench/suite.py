@@ -20,13 +20,21 @@ from prl_bench.common import BenchContext, machine_info
 from prl_bench.report import write_report
 
 BENCHMARKS = {
+    "e2e": "prl_bench.e2e",
     "pipeline": "prl_bench.pipeline",
     "shared_prompt": "prl_bench.shared_prompt",
     "weight_sync": "prl_bench.weight_sync",
+    "lora_sync": "prl_bench.lora_sync",
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
 }
-ALIASES = {"packing": "shared_prompt", "control": "control_plane", "weights": "weight_sync"}
+ALIASES = {
+    "packing": "shared_prompt",
+    "control": "control_plane",
+    "weights": "weight_sync",
+    "loop": "e2e",
+    "lora": "lora_sync",
+}
 
 
 class UnknownBenchmark(ValueError):

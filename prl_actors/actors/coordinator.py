@@ -63,6 +63,8 @@ from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 
 STALL_LOG_S = 10.0  # how often a stalled coordinator says why it waits
+# The first weights wait on the trainer loading (or building) the model: normal for a while, not a stall.
+FIRST_WEIGHTS_GRACE_S = 60.0
 
 
 @dataclass
@@ -132,7 +134,7 @@ class CoordinatorCore(Core):
         if progress != self._progress:
             self._progress, self._progress_at, self.stall_reason = progress, now, ""
             return
-        if self.phase.is_(Phase.DONE) or now - self._progress_at < STALL_LOG_S:
+        if self.phase.is_(Phase.DONE) or now - self._progress_at < self._stall_after():
             return
         self._progress_at = now
         reason = self._stall_reason()
@@ -141,6 +143,12 @@ class CoordinatorCore(Core):
         )
         self.stall_reason = reason
 
+    def _stall_after(self) -> float:
+        """Seconds without progress before a stall is reported: longer for the first weights (the
+        trainer starts, imports torch and loads the model), so a normal start prints no `stalled:`."""
+        first = self.phase.is_(Phase.WAITING_WEIGHTS) and self.available_version < 0
+        return FIRST_WEIGHTS_GRACE_S if first else STALL_LOG_S
+
     def _stall_reason(self) -> str:
         if self.phase.is_(Phase.TRAINING):
             return (
@@ -148,6 +156,8 @@ class CoordinatorCore(Core):
                 f"(weights v{version_for(self.epoch + 1)}: publisher weights_available)"
             )
         if self.phase.is_(Phase.WAITING_WEIGHTS):
+            if not self.members.of_role(Role.TRAINER):
+                return "waiting for the trainer's weights: no trainer has registered"
             return "waiting for the trainer's weights (publisher: weights_available)"
         if self.phase.is_(Phase.OPENING):
             return "waiting for the buffer to ack epoch_open"
@@ -242,13 +252,13 @@ class CoordinatorCore(Core):
         member.version = msg.version
         reason = self._no_work_reason(msg.version)
         if reason is not None:
-            version = version_for(self.epoch)
-            self.reply(inbound, NoWork(reply_to=msg.id, reason=reason, epoch=self.epoch, version=version))
-            self.log("no_work", worker=member.name, reason=reason, request_id=msg.id)
-            if reason == NoWorkReason.QUEUE_EMPTY:
-                self.work.waiting.add(member.name)
+            self._no_work(inbound, member.name, reason)
             return
-        groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request))
+        share = self.work.fair_share(member.name, len(self.members.of_role(Role.WORKER)))
+        if share == 0:
+            self._no_work(inbound, member.name, NoWorkReason.FAIR_SHARE)
+            return
+        groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
         prompts = [self._ticketed(self.prompts[g], member.name) for g in groups]
         reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
         self.reply(inbound, reply)
@@ -257,6 +267,13 @@ class CoordinatorCore(Core):
     def _ticketed(self, prompt: Prompt, worker: str) -> Prompt:
         ticket = tickets.mint(self.ticket_key, self.epoch, prompt.group_id, worker)
         return msgspec.structs.replace(prompt, ticket=ticket)
+
+    def _no_work(self, inbound: Inbound[WorkRequest], worker: str, reason: NoWorkReason) -> None:
+        version = version_for(self.epoch)
+        self.reply(inbound, NoWork(reply_to=inbound.msg.id, reason=reason, epoch=self.epoch, version=version))
+        self.log("no_work", worker=worker, reason=reason, request_id=inbound.msg.id)
+        if reason == NoWorkReason.QUEUE_EMPTY:
+            self.work.waiting.add(worker)
 
     def _no_work_reason(self, held_version: int) -> NoWorkReason | None:
         if self.phase.is_(Phase.DONE):

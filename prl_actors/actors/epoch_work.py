@@ -41,6 +41,14 @@ class EpochWork:
     def held_by(self, worker: str) -> list[int]:
         return sorted(g for g, w in self.holder.items() if w == worker)
 
+    def fair_share(self, worker: str, workers: int) -> int:
+        """How many more groups `worker` may take now: an equal share (rounded up) of the work not yet
+        done among the `workers` registered, less what it holds. A lone worker takes everything; with
+        several, a fast worker cannot take a slower or later one's share, yet never waits on it: each
+        group it finishes frees share again, and one holding nothing always gets work if any is queued."""
+        undone = len(self.queue) + len(self.holder)
+        return min(len(self.queue), max(0, -(-undone // max(1, workers)) - len(self.held_by(worker))))
+
     def assign(self, worker: str, n: int) -> list[int]:
         """Hand the first `n` queued groups to `worker` (fewer if fewer are queued)."""
         groups = [self.queue.popleft() for _ in range(min(n, len(self.queue)))]

@@ -1,7 +1,9 @@
 """Trainer: consumes the buffer's stream in arrival order, one optimizer step per epoch.
 
-Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (forward and
-backward, no step) and one credit back to the buffer; EpochComplete -> exactly one `learner.step`
+Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
+and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
+a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
+and the trainer never idles with groups queued; EpochComplete -> exactly one `learner.step`
 (version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
@@ -12,7 +14,9 @@ on-policy invariant is enforced here a second time, not only in the buffer.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Snapshot, transfer_messages
@@ -32,6 +36,29 @@ from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
 
+T = TypeVar("T")
+
+
+class ThreadPlan:
+    """The trainer's torch threads when it shares the host with generating workers (`threads: auto`
+    under `up`): its share of the cores while the epoch's groups are generated, every core once the
+    epoch's last group has arrived (the workers then wait for the next weights: strict on-policy)."""
+
+    def __init__(self, share: int, full: int, apply: Callable[[int], None]) -> None:
+        self.share, self.full, self.apply = share, full, apply
+        self.current = 0
+
+    def generating(self) -> None:
+        self._set(self.share)
+
+    def generated(self) -> None:
+        self._set(self.full)
+
+    def _set(self, n: int) -> None:
+        if n != self.current:
+            self.apply(n)
+            self.current = n
+
 
 class TrainerCore(Core):
     role = Role.TRAINER
@@ -47,17 +74,20 @@ class TrainerCore(Core):
         request_timeout_s: float,
         checkpoint_every: int = 1,
         resume: bool = False,
+        threads: ThreadPlan | None = None,
     ) -> None:
         super().__init__(name, log)
+        self.threads = threads
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
         self.resume = resume
-        self.consumed = 0
+        self.consumed = self.groups = 0
         self.t_open = 0.0
         self.train_s = 0.0
         self.t_upload = 0.0
         self.finished: tuple[int, float, dict[str, float]] | None = None
+        self.flush_queued = False
 
     def start(self, now: float) -> None:
         if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
@@ -85,8 +115,10 @@ class TrainerCore(Core):
         if msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
             self.log("train_rejected", reason="epoch version is not the learner's", msg_version=msg.version)
             return
-        self.epoch, self.consumed = msg.epoch, 0
+        self.epoch, self.consumed, self.groups = msg.epoch, 0, msg.groups
         self.t_open, self.train_s = now, 0.0
+        if self.threads is not None:
+            self.threads.generating()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.log("train_epoch_begin", groups=msg.groups)
 
@@ -98,11 +130,9 @@ class TrainerCore(Core):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
-        self.log("span_begin", span="train", group_id=msg.group.group_id, seq=msg.seq)
-        t0 = time.monotonic()
-        stats = self.learner.accumulate(msg.group)
-        dt = time.monotonic() - t0
-        self.train_s += dt
+        if self.threads is not None and self.consumed + 1 == self.groups:
+            self.threads.generated()  # the epoch's last group: this host's workers now wait for weights
+        stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.consumed += 1
         self.log(
             "train_group",
@@ -115,7 +145,25 @@ class TrainerCore(Core):
             samples=len(msg.group.samples),
             **{k: round(v, 6) for k, v in stats.items()},
         )
-        self.log("span_end", span="train", group_id=msg.group.group_id, seconds=round(dt, 6))
+        if self.learner.pending and not self.flush_queued:
+            self.flush_queued = True
+            self.defer(self._flush)
+
+    def _flush(self, now: float) -> None:
+        """Train what is queued: every TrainGroup that arrived before this item has been queued."""
+        self.flush_queued = False
+        if self.learner.pending:
+            self._train(self.learner.flush, groups=self.learner.pending)
+
+    def _train(self, work: Callable[[], T], **fields: Any) -> T:
+        """Run learner work inside a `train` span (the trainer's busy time in replay and benchmarks)."""
+        self.log("span_begin", span="train", **fields)
+        t0 = time.monotonic()
+        out = work()
+        dt = time.monotonic() - t0
+        self.train_s += dt
+        self.log("span_end", span="train", seconds=round(dt, 6))
+        return out
 
     @handles(EpochComplete)
     def on_epoch_complete(self, now: float, inbound: Inbound[EpochComplete]) -> None:

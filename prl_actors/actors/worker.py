@@ -1,22 +1,25 @@
 """InferenceWorker: holds one weight version, pulls work for it, generates and scores whole groups.
 
 Loop: Register -> (Welcome/EpochStart/HeartbeatAck say epoch e is open with v_e) -> FetchWeights
-until the engine holds v_e -> WorkRequest(version=v_e) -> WorkAssign -> generate G samples per prompt
-with v_e only, score them -> GroupResult(epoch e, version v_e) to the buffer -> WorkRequest ...
+until the engine holds v_e -> WorkRequest(version=v_e, max_groups=what fits) -> WorkAssign -> the
+groups join the engine's running batch (continuous batching) -> every `step` (one inbox item each, so
+messages are handled in between) returns the groups just finished, which are scored and sent to the
+buffer at once as GroupResult(epoch e, version v_e) -> more WorkRequests as rows free up ...
 Every group is tagged with the version the engine held while generating it (on-policy by
-construction); a worker that is behind never gets work, it is told `stale_version` and fetches.
+construction): weights are swapped only when the engine is idle; a worker that learns of a newer
+epoch drops what is still running (those groups belong to an epoch that is complete) and fetches.
+A worker that is behind never gets work: it is told `stale_version` and fetches.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import msgspec
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, TransferError
-from prl_actors.engines.base import Engine, GeneratedGroup
+from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     EpochStart,
@@ -73,10 +76,11 @@ class WorkerCore(Core):
         self.fetch_sent = 0.0
         self.requesting = False
         self.retry_at = 0.0
-        self.busy: list[int] = []
+        self.hold: NoWorkReason | None = None  # why not to ask now (cleared by a nudge, an ack, retry_at)
         self.prefetch = prefetch
-        self.assigned: deque[WorkAssign] = deque()  # assignments waiting for the engine
-        self.generating = False
+        self.assigned: dict[int, tuple[WorkAssign, Prompt]] = {}  # group id -> its assignment, in the engine
+        self.stepping = False  # a step of the engine is queued in the inbox
+        self.busy_since = 0.0
 
     def start(self, now: float) -> None:
         self.register()
@@ -85,7 +89,7 @@ class WorkerCore(Core):
         if not self.registered:
             return None
         return Heartbeat(
-            epoch=self.epoch, version=self.engine.version, busy_groups=list(self.busy), refused=self.refused
+            epoch=self.epoch, version=self.engine.version, busy_groups=sorted(self.assigned), refused=self.refused
         )
 
     def request_stop(self, reason: str) -> None:
@@ -113,22 +117,37 @@ class WorkerCore(Core):
 
     def _learn_target(self, version: int) -> None:
         self.target = max(self.target, version)
+        self._ask_again()
+
+    def _ask_again(self) -> None:
+        self.hold = None
         self._next()
 
     def _next(self) -> None:
-        """Decide the next step: fetch weights, ask for work, or wait. With `prefetch` = 1 the next
-        request goes out while a group is generating, so the round trip hides behind generation."""
+        """Decide the next step: fetch weights, ask for work, or wait. Work is asked for while the
+        batch runs, up to the running batch plus `prefetch` queued groups, so freed rows never wait."""
         if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
             return
         if self.engine.version < self.target:
-            if not self.generating:  # the engine is swapped between groups, never during one
-                self._fetch()
+            self._drop_running("a newer epoch is open")
+            self._fetch()
             return
-        if len(self.assigned) + self.generating > self.prefetch:
+        want = (self.engine.max_rows + self.prefetch * self.group_size - self.engine.rows) // self.group_size
+        if want <= 0 or self.hold is not None:
             return
-        req = self.emit(Dest.peer("coordinator"), WorkRequest(epoch=self.target, version=self.engine.version))
+        req = WorkRequest(epoch=self.target, version=self.engine.version, max_groups=want)
+        self.emit(Dest.peer("coordinator"), req)
         self.requesting = True
         self.expect(req, self.request_timeout_s, "work request", self._request_timed_out)
+
+    def _drop_running(self, reason: str) -> None:
+        """Empty the engine (one version per batch): under strict on-policy a newer epoch opens only
+        once every group of the old one is accepted, so what still runs is done elsewhere."""
+        if self.engine.busy:
+            dropped = self.engine.abort()
+            self.count("groups_dropped", len(dropped))
+            self.log("batch_dropped", reason=reason, groups=sorted(dropped))
+        self.assigned.clear()
 
     def _request_timed_out(self, now: float) -> None:
         self.requesting = False
@@ -142,7 +161,7 @@ class WorkerCore(Core):
             self.fetching = None
         if self.retry_at and now >= self.retry_at:
             self.retry_at = 0.0
-            self._next()
+            self._ask_again()
         elif self.fetching is None and self.fetch_sent and now - self.fetch_sent > self.fetch_timeout_s:
             self.fetch_sent = 0.0
             self._next()
@@ -182,7 +201,12 @@ class WorkerCore(Core):
             self.log("weight_sync_failed", reason=str(exc))
             self.retry_at = now + 0.1
             return
-        self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
+        self._drop_running("weights swap")
+        try:
+            self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
+        except IncompatibleWeights as exc:  # another model than the trainer's: no fetch can fix that
+            self.fail(f"cannot load the published weights: {exc}")
+            return
         self.version = snap.version
         self.fetch_sent = 0.0
         self.log(
@@ -211,64 +235,70 @@ class WorkerCore(Core):
         if reason == NoWorkReason.STALE_VERSION:
             self._learn_target(inbound.msg.version)
             return
-        # queue_empty / no_epoch: the coordinator nudges us (EpochStart); poll slowly as a fallback
+        # queue_empty / no_epoch: the coordinator nudges us (EpochStart); fair_share: ask again once one
+        # of our groups is acked (our share grows); either way poll slowly as a fallback
+        self.hold = reason
         self.retry_at = now + max(inbound.msg.retry_after_s, 1.0)
 
     @handles(WorkAssign)
     def on_work_assign(self, now: float, inbound: Inbound[WorkAssign]) -> None:
+        msg = inbound.msg
         self.requesting = False
-        self.assigned.append(inbound.msg)
-        if not self.generating:
-            self._start_next()
-        else:
+        current = msg.version == self.engine.version and msg.version >= self.target
+        if not current or not on_policy(msg.epoch, msg.version):  # its epoch is over: done elsewhere
+            self.log("assign_refused", reason="version mismatch", msg_version=msg.version, target=self.target)
             self._next()
-
-    def _start_next(self) -> None:
-        """Take the next assignment; ask for more now (flushed before the long call), generate later."""
-        msg = self.assigned.popleft()
-        self.generating = True
-        self._next()
-        self.defer(lambda now: self._work(msg))
-
-    def _work(self, msg: WorkAssign) -> None:
-        if msg.version == self.engine.version and on_policy(msg.epoch, msg.version):
-            self._generate_and_send(msg)
-        else:  # weights changed while it waited: its epoch is over, the group was done elsewhere
-            self.log("assign_refused", reason="version mismatch", msg_version=msg.version)
-        self.generating = False
-        if self.assigned:
-            self._start_next()
-        else:
-            self._next()
-
-    def _generate_and_send(self, msg: WorkAssign) -> None:
-        self.epoch = msg.epoch
-        self.busy = [p.group_id for p in msg.prompts]
-        try:
-            generated, gen_s = self._generate(msg)
-        except Exception as exc:  # engine failure: hand the groups back by registering anew
-            self.count("generate_failed")
-            self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=self.busy)
-            self.busy, self.registered = [], False
-            self.assigned.clear()
-            self.register()
             return
-        self.log("span_begin", span="score")
-        prompts = {p.group_id: p for p in msg.prompts}
-        for g in generated:
-            group = self._score(g, prompts[g.group_id], gen_s / max(1, len(generated)))
-            out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompts[g.group_id].ticket)
-            self._send_group(out, attempt=1)
-        self.log("span_end", span="score")
-        self.busy = []
+        self.epoch = msg.epoch
+        self.assigned.update((p.group_id, (msg, p)) for p in msg.prompts)
+        self.engine.admit(msg.prompts, self.group_size)
+        self._kick()
+        self._next()
 
-    def _generate(self, msg: WorkAssign) -> tuple[list[GeneratedGroup], float]:
-        self.log("span_begin", span="generate", groups=self.busy, msg_id=msg.id)
-        t0 = time.monotonic()
-        generated = self.engine.generate(msg.prompts, self.group_size)
-        gen_s = time.monotonic() - t0
-        self.log("span_end", span="generate", groups=self.busy, seconds=round(gen_s, 6))
-        return generated, gen_s
+    def _kick(self) -> None:
+        """Queue an engine step unless one is queued (steps run as inbox items, between messages)."""
+        if self.stepping or not self.engine.busy:
+            return
+        self.stepping, self.busy_since = True, time.monotonic()
+        self.log("span_begin", span="generate", groups=sorted(self.assigned))
+        self.defer(self._step)
+
+    def _step(self, now: float) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:  # engine failure: hand the groups back by registering anew
+            self._engine_failed(exc)
+            finished = []
+        if finished:
+            self._finish(finished)
+        if self.engine.busy:
+            self.defer(self._step)
+        else:
+            self.stepping = False
+            self.log("span_end", span="generate", seconds=round(time.monotonic() - self.busy_since, 6))
+        self._next()
+
+    def _finish(self, finished: list[GeneratedGroup]) -> None:
+        """Score the groups that left the running batch and send each one on its own."""
+        self.log("span_begin", span="score", groups=[g.group_id for g in finished])
+        for g in finished:
+            entry = self.assigned.pop(g.group_id, None)
+            if entry is not None:
+                msg, prompt = entry
+                group = self._score(g, prompt)
+                self._send_group(
+                    GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket), 1
+                )
+        self.log("span_end", span="score")
+
+    def _engine_failed(self, exc: Exception) -> None:
+        groups = sorted(self.assigned)
+        self.count("generate_failed")
+        self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=groups)
+        self.engine.abort()
+        self.assigned.clear()
+        self.registered = False
+        self.register()
 
     def _send_group(self, out: GroupResult, attempt: int) -> None:
         """Send a group; without a GroupAck in time, send it again (the buffer dedups: retry, never skip)."""
@@ -286,7 +316,7 @@ class WorkerCore(Core):
                 lambda now: self._send_group(retry, attempt + 1),
             )
 
-    def _score(self, g: GeneratedGroup, prompt: Prompt, gen_s: float) -> Group:
+    def _score(self, g: GeneratedGroup, prompt: Prompt) -> Group:
         samples = [
             Sample(
                 text=s.text,
@@ -303,13 +333,15 @@ class WorkerCore(Core):
             prompt_ids=g.prompt_ids,
             samples=samples,
             worker=self.name,
-            gen_s=gen_s,
+            gen_s=g.gen_s,
         )
 
     @handles(GroupAck)
     def on_group_ack(self, now: float, inbound: Inbound[GroupAck]) -> None:
         msg = inbound.msg
         self.count("groups_accepted" if msg.accepted else f"groups_rejected.{msg.reason}")
+        if self.hold == NoWorkReason.FAIR_SHARE:
+            self._ask_again()
 
     def close(self) -> None:
         self.engine.close()

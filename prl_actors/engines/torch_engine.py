@@ -1,8 +1,10 @@
-"""The built-in generation engine: a Hugging Face causal LM driven by plain torch (KV cache, batching).
+"""The built-in generation engine: a Hugging Face causal LM driven by plain torch, continuously batched.
 
-All prompts of a `generate` call and their G samples run as one left-padded batch. Sampling of group
-`g` draws from a generator seeded by (run.seed, version, group_id), so the same weights and prompts
-give the same samples (a requeued group regenerates identically, up to float noise of batching).
+Groups enter a running KV-cache batch of up to `worker.max_batch_rows` rows as rows free up
+(engines/batching.py); each group's prompt is encoded once and its G samples share that prefill.
+Sampling is counter-based in (run.seed, version, group_id, sample, position), so the same weights and
+prompts give the same samples whatever shares the batch (a requeued group regenerates identically,
+up to float noise of batching).
 
 Returned log-probs are those of the behaviour distribution the tokens were drawn from (tempered,
 top-p-truncated: training/behaviour.py). With the same weights they equal what the trainer computes
@@ -19,11 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.config import Config
-from prl_actors.engines.base import Generated, GeneratedGroup
-from prl_actors.engines.sampling import sample, seed_for
+from prl_actors.config import Config, SamplingSection
+from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, IncompatibleWeights, generate_all
+from prl_actors.engines.batching import Finished, RunningBatch
+from prl_actors.engines.sampling import seed_for
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
+from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
@@ -55,12 +59,36 @@ class TorchEngine:
         self.device = resolve_device(cfg.worker.device)
         self.model = load_model(model_dir, self.device, cfg.model.dtype)
         self.tokenizer = load_tokenizer(model_dir)
-        self.sampling = cfg.worker.sampling
         self.templated = cfg.task.chat_template
         self.seed = cfg.run.seed
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.eos_ids = self._eos_ids()
+        self.max_rows = max(cfg.worker.max_batch_rows, cfg.worker.group_size)
+        s = cfg.worker.sampling
+        self.batch = RunningBatch(
+            self.model,
+            max_rows=self.max_rows,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens,
+        )
+        self._sampling = s
+        self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
+
+    @property
+    def sampling(self) -> SamplingSection:
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, s: SamplingSection) -> None:
+        """New sampling settings, from the next admitted group on (an idle engine only)."""
+        if self.busy:
+            raise EngineBusy("sampling settings change only between batches")
+        self._sampling = s
+        self.batch.temperature, self.batch.top_p, self.batch.max_new_tokens = s.temperature, s.top_p, s.max_new_tokens
 
     def _eos_ids(self) -> set[int]:
         ids = {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()
@@ -72,46 +100,55 @@ class TorchEngine:
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
         """Swap every parameter in place. Names and shapes must match the model's state dict exactly;
-        they are checked before anything is copied, so a bad update leaves the old version intact."""
+        they are checked before anything is copied, so a bad update leaves the old version intact.
+        A LoRA adapter (trainer.lora) is applied on top of the base weights instead (model/lora.py)."""
+        if self.busy:
+            raise EngineBusy(f"cannot load version {version} while {self.rows} rows of v{self.version} generate")
+        if is_adapter(tensors):
+            self.lora.load(version, tensors)
+            self.version = version
+            return
         state = {name: to_torch(t) for name, t in tensors.items()}
         problem = state_mismatch(self.model.state_dict(), state)
         if problem:
-            raise ValueError(f"weights of version {version} do not fit the engine's model: {problem}")
+            raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
+        self.lora.clear()
         self.model.load_state_dict(state, strict=True)
         self.version = version
 
-    def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
-        """`group_size` samples for each prompt, all in one batch, with the loaded weights."""
-        if not prompts:
-            return []
-        prompt_ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
-        rows = [ids for ids in prompt_ids for _ in range(group_size)]
-        row_group = [g for g in range(len(prompts)) for _ in range(group_size)]
-        s = self.sampling
-        result = sample(
-            self.model,
-            rows,
-            row_group,
-            [self._generator(p.group_id) for p in prompts],
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-        )
-        groups = []
-        for g, (p, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
-            group = GeneratedGroup(group_id=p.group_id, prompt=p.prompt, prompt_ids=list(ids))
-            for r in range(g * group_size, (g + 1) * group_size):
-                text = str(self.tokenizer.decode(result.token_ids[r], skip_special_tokens=True))
-                group.samples.append(Generated(text, result.token_ids[r], result.logprobs[r], result.finished[r]))
-            groups.append(group)
-        return groups
+    # --- streaming -------------------------------------------------------------------------------
 
-    def _generator(self, group_id: int) -> torch.Generator:
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed_for(self.seed, self.version, group_id))
-        return gen
+    def admit(self, prompts: list[Prompt], group_size: int) -> None:
+        for p in prompts:
+            ids = encode_prompt(self.tokenizer, p.prompt, self.templated)
+            self.batch.add(p.group_id, ids, seed_for(self.seed, self.version, p.group_id), group_size, tag=p)
+
+    def step(self) -> list[GeneratedGroup]:
+        return [self._group(f) for f in self.batch.step()]
+
+    def abort(self) -> list[int]:
+        return self.batch.abort()
+
+    @property
+    def busy(self) -> bool:
+        return self.batch.busy
+
+    @property
+    def rows(self) -> int:
+        return self.batch.running_rows + sum(g.size for g in self.batch.pending)
+
+    def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
+        """`group_size` samples for each prompt, continuously batched, with the loaded weights."""
+        return generate_all(self, prompts, group_size)
+
+    def _group(self, f: Finished) -> GeneratedGroup:
+        prompt: Prompt = f.tag
+        group = GeneratedGroup(group_id=f.group_id, prompt=prompt.prompt, prompt_ids=f.prompt_ids, gen_s=f.seconds)
+        for row in f.rows:
+            text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
+            group.samples.append(Generated(text, list(row.tokens), list(row.logprobs), finished=row.eos))
+        return group
 
     def close(self) -> None:
+        self.batch.abort()
         self.model = None  # type: ignore[assignment]

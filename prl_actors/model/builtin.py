@@ -3,8 +3,10 @@
 `prepare_model` returns a local Hugging Face directory (config.json, model.safetensors, tokenizer
 files). A user model (`model.path`) is only validated, never downloaded. The built-in model is a
 `Qwen2ForCausalLM` sized by the `model` section, randomly initialised from `run.seed`, warm-started
-on `add` (see warmstart.py) and cached in RUN_DIR/model under a hash of everything that shapes it,
-so every actor of a run (and a resumed run) loads the very same initial weights.
+on `add` (see warmstart.py) and saved in RUN_DIR/model under a hash of everything that shapes it,
+so every actor of a run (and a resumed run) loads the very same initial weights. A build is also
+kept in the user's cache (`cache_dir()`), so the next run with the same settings copies it instead
+of warm-starting again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -69,13 +71,17 @@ def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
     )
 
 
-def create_builtin(cfg: Config, out_dir: Path) -> Path:
-    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed)."""
+def create_builtin(cfg: Config, out_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
+    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed);
+    `on_step(done, total)` follows the warm start."""
     tok = build_tokenizer()
     torch.manual_seed(cfg.run.seed)
     model = Qwen2ForCausalLM(builtin_config(cfg, len(tok)))
     m = cfg.model
-    warm_start(model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing)
+    with one_thread():  # a tiny model: OpenMP threads would mostly wait for each other (and on a busy host, far worse)
+        warm_start(
+            model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step
+        )
     model.generation_config.pad_token_id = PAD_ID
     with quiet_progress():
         model.save_pretrained(out_dir)
@@ -115,6 +121,17 @@ def quiet_progress() -> Iterator[None]:
 
 
 @contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock, so actors of one run sharing a run_dir build the model once."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,9 +143,10 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def prepare_model(cfg: Config, run_dir: Path) -> Path:
+def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
     """The model directory to load: `model.path` validated, or the built-in model in RUN_DIR/model
-    (created, or reused when its stamp matches `builtin_key(cfg)`). Never downloads."""
+    (reused when its stamp matches `builtin_key(cfg)`, else copied from the user's cache, else
+    built there and cached). Never downloads. `on_step` follows the warm start when one runs."""
     if cfg.model.path:
         return validate_model_dir(cfg.model.path)
     target = Path(run_dir) / "model"
@@ -138,10 +156,42 @@ def prepare_model(cfg: Config, run_dir: Path) -> Path:
             return target
         tmp = Path(run_dir) / f".model-tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        create_builtin(cfg, tmp)
+        cached = cache_dir()
+        if cached is None:
+            create_builtin(cfg, tmp, on_step)
+        else:
+            shutil.copytree(_cached_builtin(cfg, key, cached, on_step), tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
+
+
+def cache_dir() -> Path | None:
+    """Where built-in models are kept between runs: $PRL_CACHE_DIR, else $XDG_CACHE_HOME/prl-actors,
+    else ~/.cache/prl-actors; None (build in every run dir) when it cannot be written or
+    PRL_CACHE_DIR is empty."""
+    env = os.environ.get("PRL_CACHE_DIR")
+    if env == "":
+        return None
+    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prl-actors"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root if os.access(root, os.W_OK) else None
+
+
+def _cached_builtin(cfg: Config, key: str, root: Path, on_step: Callable[[int, int], None] | None) -> Path:
+    """The cached build of `key` (built once, under a lock, renamed into place when complete)."""
+    entry = root / f"builtin-{key}"
+    with _file_lock(root / f"builtin-{key}.lock"):
+        if not _is_current(entry, key):
+            tmp = root / f".builtin-{key}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            create_builtin(cfg, tmp, on_step)
+            shutil.rmtree(entry, ignore_errors=True)
+            tmp.rename(entry)
+    return entry
 
 
 def load_model(

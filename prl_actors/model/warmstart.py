@@ -8,6 +8,7 @@ temperature 1 is right some of the time and GRPO has room (and signal) to improv
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -46,9 +47,11 @@ def warm_start(
     label_smoothing: float = 0.0,
     lr: float = 3e-3,
     batch_size: int = 64,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> list[float]:
     """Train `model` in place for `steps` steps; returns the loss of every step. With label
-    smoothing the model stays under-confident (see ModelSection.warm_start_smoothing)."""
+    smoothing the model stays under-confident (see ModelSection.warm_start_smoothing).
+    `on_step(done, steps)` is called after every step (progress display)."""
     items = add_items(max_operand)
     examples = [encode_example(tok, p, a) for p, a in items]
     rng = random.Random(seed)
@@ -67,5 +70,7 @@ def warm_start(
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(len(losses), steps)
     model.eval()
     return losses

@@ -84,6 +84,7 @@ class NoWorkReason(DocEnum):
     NO_EPOCH = "no_epoch", "no epoch is open (wait for epoch_start)"
     STALE_VERSION = "stale_version", "fetch the epoch's weights (header version) first"
     QUEUE_EMPTY = "queue_empty", "every group is handed out; you will be nudged if one returns"
+    FAIR_SHARE = "fair_share", "you hold your share of the epoch's work; ask again when one of yours is done"
     DONE = "done", "the run is over"
 
 

@@ -1,8 +1,10 @@
 """The learner interface the Trainer actor drives.
 
-Per epoch: `begin_epoch`, then `accumulate` once per group in arrival order (forward + backward,
-gradients summed, never stepped), then exactly one `step`. The loss normalisation must not depend on
-arrival order: accumulate un-normalised sums and divide by the epoch's totals in `step`.
+Per epoch: `begin_epoch`, then `accumulate` once per group in arrival order (the group is queued;
+forward + backward run when the queue reaches the micro-batch budget, gradients summed, never
+stepped), `flush` whenever the trainer would otherwise idle (what is queued is trained now), then
+exactly one `step` (which flushes first). The loss normalisation must not depend on arrival order or
+on how groups were batched: accumulate un-normalised sums and divide by the epoch's totals in `step`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ class Learner(Protocol):
     def begin_epoch(self, epoch: int, n_groups: int) -> None: ...
 
     def accumulate(self, group: Group) -> dict[str, float]:
-        """Forward/backward one group, add to the accumulated gradients; returns per-group stats."""
+        """Queue one group (forward/backward once the micro-batch budget is reached); per-group stats."""
+        ...
+
+    def flush(self) -> int:
+        """Forward/backward every queued group now; returns how many were trained."""
+        ...
+
+    @property
+    def pending(self) -> int:
+        """Groups queued and not trained yet."""
         ...
 
     def step(self) -> dict[str, float]:

@@ -5,8 +5,9 @@ Invariants:
 * The loss is a *sum* over response tokens during accumulation; `step` divides the summed gradients
   by the epoch's total response-token count, so the update is the same whatever order (and whatever
   micro-batching) the groups arrived in, up to float summation order.
-* Groups are trained in arrival order, in micro-batches of `trainer.micro_batch_groups` (the last
-  partial micro-batch is flushed by `step`).
+* Groups are trained in arrival order, in micro-batches: `accumulate` queues, and the queue is trained
+  once it holds `trainer.micro_batch_tokens` packed tokens (or `micro_batch_groups` groups), or when
+  the trainer calls `flush` because nothing else waits (`step` flushes the rest first).
 * Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py), so the ratio is
   exactly 1 and clipping never activates (clip_frac is 0). Tokens are scored under the behaviour
   transform the engine sampled with (temperature, top-p: behaviour.py). The engine's log-probs are
@@ -15,6 +16,10 @@ Invariants:
 * Precision: master weights, gradients and AdamW state are float32 (float64 if model.dtype is
   float64) whatever `model.dtype`; with bfloat16 the forward runs under torch.autocast in bfloat16.
   `weights()` (what workers get) is cast to `model.dtype`; checkpoints keep the master weights.
+* LoRA (`trainer.lora`, training/lora.py): the base is frozen in `model.dtype` and only the adapter
+  trains (float32 master, the only parameters the optimizer holds); the reference is the base with
+  the adapter disabled; `weights()` is the adapter alone (cast to `model.dtype`) plus its
+  description, and checkpoints hold the adapter.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
 from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
+from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
-from prl_actors.training import checkpoint
+from prl_actors.training import checkpoint, lora
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
 from prl_actors.training.trimodel import TriModel
@@ -116,13 +122,22 @@ class GRPOLearner:
         self.device = resolve_device(cfg.trainer.device)
         self.dtype = resolve_dtype(cfg.model.dtype)  # compute dtype, and the dtype workers get
         master = torch.promote_types(self.dtype, torch.float32)
-        policy = load_model(model_dir, self.device, master)
+        self.lora = cfg.trainer.lora
+        if self.lora is None:
+            policy = load_model(model_dir, self.device, master)
+        else:  # the frozen base in the compute dtype, the adapter in the master dtype
+            policy = lora.wrap(
+                load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
+            )
+        self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
         self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.trainer.lr, weight_decay=0.0)
+        trained = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=cfg.trainer.lr, weight_decay=0.0)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
         self._pending: list[Group] = []
+        self._pending_tokens = 0
         self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
 
     @property
@@ -139,22 +154,39 @@ class GRPOLearner:
         """Start from zero gradients and empty stats (drops a half-accumulated epoch, if any)."""
         self.epoch = epoch
         self.stats = EpochStats()
-        self._pending = []
+        self._pending, self._pending_tokens = [], 0
         self.optimizer.zero_grad(set_to_none=True)
 
     def accumulate(self, group: Group) -> dict[str, float]:
-        """Queue `group`; run forward/backward once `micro_batch_groups` groups are queued."""
+        """Queue `group`; run forward/backward once the queue fills a micro-batch (tokens or groups)."""
         rewards = [s.reward for s in group.samples]
         self.stats.add_rewards(rewards)
         self._pending.append(group)
-        if len(self._pending) >= self.cfg.micro_batch_groups:
+        self._pending_tokens += self._cost(group)
+        if self._pending_tokens >= self.cfg.micro_batch_tokens or len(self._pending) >= self.cfg.micro_batch_groups:
             self._flush()
         tokens = sum(len(s.token_ids) for s in group.samples)
         return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
 
+    def _cost(self, group: Group) -> int:
+        """The tokens `group` adds to a forward: its prompt once (packed) or once per sample."""
+        responses = sum(len(s.token_ids) for s in group.samples)
+        prompts = len(group.prompt_ids) * (1 if self.cfg.shared_prompt else len(group.samples))
+        return prompts + responses
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def flush(self) -> int:
+        """Train what is queued now (the trainer calls this when no other group waits)."""
+        n = len(self._pending)
+        self._flush()
+        return n
+
     def _flush(self) -> None:
         """Forward/backward the queued groups as one micro-batch; the summed loss adds to .grad."""
-        groups, self._pending = self._pending, []
+        groups, self._pending, self._pending_tokens = self._pending, [], 0
         if not groups:
             return
         pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
@@ -195,7 +227,9 @@ class GRPOLearner:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype
-        (the engines' dtype): safe to serialise while training."""
+        (the engines' dtype): safe to serialise while training. With LoRA: the adapter only."""
+        if self.lora is not None:
+            return lora.published(self.policy, self.lora, self.base_fingerprint, self.dtype)
         return {name: self._published(t) for name, t in self.policy.state_dict().items()}
 
     def _published(self, t: torch.Tensor) -> torch.Tensor:
@@ -203,7 +237,8 @@ class GRPOLearner:
         return t.detach().to("cpu", dtype=dtype, copy=True)
 
     def save_checkpoint(self, path: Path) -> None:
-        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir)
+        merged = self.lora is not None and self.lora.export_merged
+        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir, merged)
         position.save(Path(path), self.data_identity, self.version)
 
     def load_checkpoint(self, path: Path) -> None:

@@ -47,6 +47,13 @@ class SimLearner:
         time.sleep(self.cfg.train_s_per_sample * len(group.samples))
         return {"reward_mean": float(rewards.mean())}
 
+    def flush(self) -> int:
+        return 0  # accumulate trains at once
+
+    @property
+    def pending(self) -> int:
+        return 0
+
     def step(self) -> dict[str, float]:
         self.theta = (self.theta + self.cfg.lr * self.grad / max(1, self.samples)).astype(np.float32)
         self.extra = self.extra * np.float32(0.999)

@@ -3,7 +3,9 @@
 Strict on-policy (periodic asynchrony trains each epoch on samples of that epoch's weights), so the
 old policy *is* the policy: its log-probs are the policy's, detached — no second forward, and the
 ratio is exactly 1 in value while its gradient is d logp. The reference is a frozen copy of the
-initial weights; its forward runs under no_grad and is skipped entirely when beta == 0.
+initial weights; its forward runs under no_grad and is skipped entirely when beta == 0. With LoRA
+(a peft policy) the reference is the policy itself with its adapter disabled: the base weights are
+the initial weights and are never trained, so no copy is made.
 
 All three score tokens under the behaviour transform (temperature, top-p: training/behaviour.py),
 the distribution the engine drew them from.
@@ -29,14 +31,17 @@ class TriLogprobs:
 
 
 class TriModel(torch.nn.Module):
-    """Holds the trainable policy and (when `with_reference`) a frozen copy of its initial weights."""
+    """Holds the trainable policy and (when `with_reference`) a frozen copy of its initial weights,
+    or, for a LoRA policy, nothing more: its reference is the adapter switched off."""
 
     def __init__(
         self, policy: torch.nn.Module, with_reference: bool, temperature: float = 1.0, top_p: float = 1.0
     ) -> None:
         super().__init__()
         self.policy = policy
-        self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if with_reference else None
+        self.adapter_reference = with_reference and hasattr(policy, "disable_adapter")
+        copied = with_reference and not self.adapter_reference
+        self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if copied else None
         self.temperature, self.top_p = temperature, top_p
 
     def forward(self, batch: ModelBatch, behaviour: torch.Tensor | None = None) -> TriLogprobs:
@@ -47,5 +52,8 @@ class TriModel(torch.nn.Module):
         if self.reference is not None:
             with torch.no_grad():
                 ref = response_logprobs(self.reference, batch, self.temperature, self.top_p)  # [N]
+        elif self.adapter_reference:
+            with torch.no_grad(), self.policy.disable_adapter():  # type: ignore[operator]
+                ref = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
         old = logp.detach() if behaviour is None else behaviour.to(logp)
         return TriLogprobs(policy=logp, old=old, ref=ref)

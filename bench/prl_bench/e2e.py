@@ -1,0 +1,324 @@
+"""Benchmark: prl-actors end to end against the loop a user would write instead, at equal work.
+
+The baseline is one process using every core: per iteration it generates the whole batch (B prompts x
+G samples) in one batch with the same engine code, scores it, trains it (the same GRPO learner: one
+accumulate per group, one optimizer step) and generates the next batch with the updated model, which
+it shares (no weight copy). prl-actors runs the same config through `prl-actors up` (periodic, one
+worker, threads split between trainer and worker). Both report samples/s of steady-state
+iterations, side by side in one run, at three model shapes.
+
+The CPU-aware bound (docs/BENCHMARKS.md): no schedule of the same work on C cores can take less than
+
+    E* = max((G1 + T1 + S1) / C,  min(G1, GC) + min(S1, SC)) + W
+
+G1 / T1 / S1: generating the whole batch / its forward + backward / the optimizer step on one thread
+(the cheapest way to spend core-seconds; parallel efficiency is at most 1), so the work alone fills
+C cores for (G1 + T1 + S1) / C; and generation must end, at its fastest (GC: on C threads), before
+the step runs. W: moving the new weights (the run's own median upload + fetch), which the loop never
+pays. `bound` is the loop's epoch time over E*: the speed-up over the single-process loop that a
+perfect overlap on this machine would give (below 1 where the loop already uses every core well);
+`of_bound` = measured / bound.
+
+Also: the engine's tokens/s against Hugging Face `generate` (sampling, same prompts, same batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
+
+SHAPES = {  # name -> model settings
+    "demo": {"model.hidden_size": 64, "model.layers": 2, "model.heads": 4, "model.warm_start_steps": 100},
+    "h128-L4": {"model.hidden_size": 128, "model.layers": 4, "model.heads": 4, "model.warm_start_steps": 0},
+    "h512-L8": {"model.hidden_size": 512, "model.layers": 8, "model.heads": 8, "model.warm_start_steps": 0},
+}
+
+
+def settings(ctx: BenchContext, shape: str) -> dict[str, Any]:
+    return {
+        **SHAPES[shape],
+        "coordinator.groups_per_epoch": ctx.size(16, 16, 4),
+        "worker.group_size": 8,
+        "worker.sampling.max_new_tokens": 8,
+        "trainer.beta": 0.02,
+        "trainer.checkpoint_every": 0,
+        "task.name": "add",
+    }
+
+
+def _config(overrides: dict[str, Any]) -> Any:
+    from prl_actors.config import load_config
+
+    return load_config(None, overrides)
+
+
+def prepare(ctx: BenchContext, shape: str) -> Path:
+    from prl_actors.model import prepare_model
+
+    where = ctx.work_dir / f"model-{shape}"
+    cfg = _config(
+        {"run.run_dir": str(where), **{k: v for k, v in settings(ctx, shape).items() if k.startswith("model")}}
+    )
+    if ctx.smoke:
+        cfg.model.warm_start_steps = 0
+    return prepare_model(cfg, where)
+
+
+# --- the single-process loop -------------------------------------------------------------------
+
+
+class Loop:
+    """Generate the batch in one batch, train it, repeat: one process, one shared model."""
+
+    def __init__(self, cfg: Any, model_dir: Path) -> None:
+        from prl_actors.engines.batching import RunningBatch
+        from prl_actors.engines.sampling import seed_for
+        from prl_actors.model.tokenizer import load_tokenizer
+        from prl_actors.tasks import load_task
+        from prl_actors.training.grpo import GRPOLearner
+
+        self.cfg, self.seed_for = cfg, seed_for
+        self.learner = GRPOLearner(cfg, model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.task = load_task(cfg)
+        self.B, self.G = cfg.coordinator.groups_per_epoch, cfg.worker.group_size
+        s = cfg.worker.sampling
+        eos = {int(self.tokenizer.eos_token_id)}
+        self.batch = RunningBatch(
+            self.learner.policy,
+            max_rows=self.B * self.G,
+            eos_ids=eos,
+            pad_id=int(self.tokenizer.pad_token_id),
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens,
+        )
+
+    def generate(self, it: int) -> list[Any]:
+        from prl_actors.protocol.messages import Group, Sample
+
+        prompts = self.task.prompts_for_epoch(it, self.B)
+        for p in prompts:
+            key = self.seed_for(self.cfg.run.seed, self.learner.version, p.group_id)
+            self.batch.add(p.group_id, list(self.tokenizer(p.prompt).input_ids), key, self.G, tag=p)
+        done = []
+        while self.batch.busy:
+            done += self.batch.step()
+        groups = []
+        for f in done:
+            texts = [str(self.tokenizer.decode(r.tokens, skip_special_tokens=True)) for r in f.rows]
+            samples = [
+                Sample(text=t, token_ids=r.tokens, logprobs=r.logprobs, reward=self.task.score(f.tag, t))
+                for t, r in zip(texts, f.rows, strict=True)
+            ]
+            groups.append(
+                Group(group_id=f.group_id, prompt=f.tag.prompt, prompt_ids=f.prompt_ids, samples=samples, worker="loop")
+            )
+        return groups
+
+    def train(self, it: int, groups: list[Any]) -> tuple[float, float]:
+        """(seconds accumulating, seconds stepping)."""
+        t0 = time.perf_counter()
+        self.learner.begin_epoch(it, len(groups))
+        for g in groups:
+            self.learner.accumulate(g)
+        self.learner.flush()  # the last micro-batch: forward/backward here, the optimizer step below
+        t1 = time.perf_counter()
+        self.learner.step()
+        return t1 - t0, time.perf_counter() - t1
+
+    def iteration(self, it: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        groups = self.generate(it)
+        gen = time.perf_counter() - t0
+        acc, step = self.train(it, groups)
+        tokens = sum(len(s.token_ids) for g in groups for s in g.samples)
+        return {"gen_s": gen, "train_s": acc, "step_s": step, "wall_s": gen + acc + step, "tokens": tokens}
+
+
+def loop_worker(cfg_json: str, model_dir: str, threads: int, iters: int) -> dict[str, Any]:
+    """One baseline measurement (its own process, so thread settings do not leak)."""
+    import torch
+
+    from prl_actors.config import load_config
+
+    torch.set_num_threads(threads)
+    loop = Loop(load_config(None, json.loads(cfg_json)), Path(model_dir))
+    rows = [loop.iteration(it) for it in range(iters)]
+    steady = rows[1:] or rows
+    return {"rows": rows, **{k: statistics.median(r[k] for r in steady) for k in rows[0]}}
+
+
+def measure_loop(settings_: dict[str, Any], model_dir: Path, threads: int, iters: int) -> dict[str, Any]:
+    code = (
+        "import json, sys; from prl_bench.e2e import loop_worker; "
+        "print(json.dumps(loop_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))"
+    )
+    args = [json.dumps(settings_), str(model_dir), str(threads), str(iters)]
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"single-process loop failed: {out.stderr[-1500:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# --- prl-actors --------------------------------------------------------------------------------
+
+
+def measure_actors(ctx: BenchContext, shape: str, model_dir: Path, epochs: int) -> dict[str, Any]:
+    run_dir = ctx.work_dir / f"up-{shape}"
+    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
+    overrides = {**settings(ctx, shape), "model.path": str(model_dir), "transport.base_port": free_port(5)}
+    for k, v in overrides.items():
+        cmd += ["--set", f"{k}={v}"]
+    code, err = run_up(cmd, timeout_s=1800.0)
+    if code != 0:
+        raise RuntimeError(f"prl-actors up ({shape}) failed ({code}): {err[-1500:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steady = rows[1:] or rows
+    return {
+        "wall_s": statistics.median(r["wall_s"] for r in steady),
+        "samples": rows[0]["samples"],
+        "sync_s": weight_sync_s(run_dir),
+        "epochs": len(rows),
+    }
+
+
+def weight_sync_s(run_dir: Path) -> float:
+    """Median per epoch of the trainer's upload plus the worker's fetch (from the run's logs)."""
+    from prl_actors.replay.events import load_run
+
+    run = load_run(run_dir)
+    spans: dict[str, list[float]] = {"weight_upload": [], "weight_sync": []}
+    for e in run.of("span_end"):
+        if e.get("span") in spans and "seconds" in e:
+            spans[e["span"]].append(float(e["seconds"]))
+    return sum(statistics.median(v) if v else 0.0 for v in spans.values())
+
+
+# --- engine vs Hugging Face generate ------------------------------------------------------------
+
+
+def engine_vs_hf(cfg: Any, model_dir: Path, threads: int) -> dict[str, float]:
+    """Generated tokens/s of the engine and of `model.generate`, same prompts, same batch, sampling."""
+    import torch
+
+    from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.tasks import load_task
+
+    torch.set_num_threads(threads)
+    B, G, new = cfg.coordinator.groups_per_epoch, cfg.worker.group_size, cfg.worker.sampling.max_new_tokens
+    cfg.worker.max_batch_rows = B * G
+    engine = TorchEngine(cfg, model_dir)
+    engine.version = 0
+    prompts = load_task(cfg).prompts_for_epoch(0, B)
+    calls = {"engine": lambda: _engine_tokens(engine, prompts, G), "hf": lambda: _hf_tokens(engine, prompts, G, new)}
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()  # warm-up
+    for _ in range(5):  # interleaved rounds, the median of each: a busy moment hits both alike
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            tokens = fn()
+            rates[name].append(tokens / (time.perf_counter() - t0))
+    return {f"{name}_tokens_per_s": statistics.median(r) for name, r in rates.items()}
+
+
+def _engine_tokens(engine: Any, prompts: list[Any], group_size: int) -> int:
+    return sum(len(s.token_ids) for g in engine.generate(prompts, group_size) for s in g.samples)
+
+
+def _hf_tokens(engine: Any, prompts: list[Any], group_size: int, new: int) -> int:
+    import torch
+
+    from prl_actors.engines.sampling import left_pad
+
+    rows = [list(engine.tokenizer(p.prompt).input_ids) for p in prompts for _ in range(group_size)]
+    ids, mask = left_pad(rows, engine.pad_id)
+    with torch.no_grad():
+        seqs = engine.model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new, pad_token_id=engine.pad_id
+        )
+    eos = engine.batch.eos_ids
+    count = 0
+    for row in seqs[:, ids.shape[1] :].tolist():
+        stop = next((i for i, t in enumerate(row) if t in eos), None)
+        count += len(row) if stop is None else stop + 1
+    return count
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
+
+
+def run(ctx: BenchContext) -> list[Entry]:
+    cores = len(os.sched_getaffinity(0))
+    entries = []
+    for shape in ctx.size(list(SHAPES), ["demo", "h128-L4"], ["demo"]):
+        entries += run_shape(ctx, shape, cores)
+    return entries
+
+
+def run_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
+    model_dir = prepare(ctx, shape)
+    base = {**settings(ctx, shape), "model.path": str(model_dir), "run.run_dir": str(ctx.work_dir / f"loop-{shape}")}
+    iters = ctx.size(6, 4, 2)
+    loop = measure_loop(base, model_dir, cores, iters)
+    one = measure_loop(base, model_dir, 1, ctx.size(3, 2, 2))  # the phases on one core
+    actors = measure_actors(ctx, shape, model_dir, ctx.size(8, 5, 2))
+    samples = actors["samples"]
+    work = (one["gen_s"] + one["train_s"] + one["step_s"]) / cores
+    e_star = max(work, min(one["gen_s"], loop["gen_s"]) + min(one["step_s"], loop["step_s"])) + actors["sync_s"]
+    measured = loop["wall_s"] / actors["wall_s"]  # = periodic samples/s over the loop's
+    bound = loop["wall_s"] / e_star
+    raw = rounded(
+        {
+            "loop_samples_per_s": samples / loop["wall_s"],
+            "prl_actors_samples_per_s": samples / actors["wall_s"],
+            "loop_epoch_s": loop["wall_s"],
+            "prl_actors_epoch_s": actors["wall_s"],
+            "loop_gen_s": loop["gen_s"],
+            "loop_train_s": loop["train_s"] + loop["step_s"],
+            "g1": one["gen_s"],
+            "t1": one["train_s"],
+            "s1": one["step_s"],
+            "sync_s": actors["sync_s"],
+            "e_star": e_star,
+            "cores": float(cores),
+        }
+    )
+    ctx.say(
+        f"  e2e {shape}: loop {raw['loop_samples_per_s']:.0f} samples/s, "
+        f"prl-actors {raw['prl_actors_samples_per_s']:.0f} ({measured:.2f}x; bound {bound:.2f}x)"
+    )
+    speed = Entry(
+        "e2e",
+        f"{shape}: prl-actors vs single-process loop",
+        "samples/s ratio, periodic W=1 over one process on all cores",
+        measured,
+        "x",
+        measured / bound if bound > 0 else float("nan"),
+        0.85,
+        bound=bound,
+        raw=raw,
+        note=f"faster than the loop: {'yes' if measured > 1 else 'no'}",
+    )
+    hf = engine_vs_hf(_config({**base}), model_dir, cores)
+    gen = Entry(
+        "e2e",
+        f"{shape}: engine vs HF generate",
+        "generated tokens/s, same prompts and batch",
+        hf["engine_tokens_per_s"],
+        "tok/s",
+        hf["engine_tokens_per_s"] / hf["hf_tokens_per_s"],
+        1.0,
+        bound=hf["hf_tokens_per_s"],
+        raw=rounded(hf),
+    )
+    return [speed, gen]

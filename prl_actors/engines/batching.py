@@ -1,0 +1,296 @@
+"""Continuous batching for a Hugging Face causal LM: a running KV-cache batch that admits groups as
+rows finish and hands back each group the moment its last sample is done.
+
+One step of `RunningBatch.step()`:
+1. admit pending groups while G rows are free: their prompts are encoded once per group (one
+   prefill forward for all admitted prompts), the KV cache is repeated G times and merged into the
+   running cache (left-padded to a common length), and each new row draws its first token;
+2. one decode forward for every running row (its last token at its own position id);
+3. every group whose G rows are all done (eos or `max_new_tokens`) leaves the batch and is returned.
+
+Sampling is counter-based: row r of group g draws its t-th token from a uniform that is a hash of
+(the group's key, r, t), the key being (run seed, weight version, group id). A group's samples
+therefore do not depend on which other groups share the batch or when it was admitted (up to float
+noise of batched matmuls), so a requeued group regenerates the same samples. Log-probs are the
+behaviour log-probs of `training.behaviour` (the distribution the token was drawn from), the same
+function the trainer scores tokens with.
+
+A batch holds one weight version: `RunningBatch` never sees a weight swap (the engine refuses to
+load weights while rows run). With a sliding-window model, caches are merged only while every row
+stays inside the window (the cache is then an ordinary full cache); past it, groups are admitted into
+an empty batch only (waves).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from prl_actors.engines.sampling import left_pad, top_p_filter
+from prl_actors.training.behaviour import behaviour_logprobs
+
+_M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrap-around arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def uniforms(keys: Sequence[int], rows: Sequence[int], steps: Sequence[int]) -> np.ndarray:
+    """One uniform in [0, 1) per (key, row, step), a pure function of the three (float64, [B])."""
+    k = np.asarray(keys, dtype=np.uint64)
+    counter = np.asarray(rows, dtype=np.uint64) * _ROW + np.asarray(steps, dtype=np.uint64)
+    return (_mix64(k ^ _mix64(counter)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) -> torch.Tensor:
+    """Next token per row, [B]: argmax for temperature 0, else the inverse CDF of softmax(logits / T)
+    restricted to the top-p nucleus at the row's uniform `u`. logits: [B, V] float32."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)  # [B, V]
+    cdf = probs.double().cumsum(dim=-1)  # [B, V]
+    target = torch.as_tensor(u, device=cdf.device)[:, None] * cdf[:, -1:]  # [B, 1]
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
+    return token.clamp(max=logits.shape[-1] - 1)
+
+
+@dataclass
+class Row:
+    key: int  # the group's sampling key
+    index: int  # 0..G-1 within its group
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    eos: bool = False
+
+
+@dataclass
+class Running:
+    """A group in the batch (or waiting to enter it)."""
+
+    group_id: int
+    prompt_ids: list[int]
+    key: int
+    size: int
+    tag: Any = None  # the caller's (e.g. the Prompt); handed back with the finished group
+    rows: list[Row] = field(default_factory=list)
+    t_admit: float = 0.0
+
+
+@dataclass
+class Finished:
+    group_id: int
+    prompt_ids: list[int]
+    tag: Any
+    rows: list[Row]
+    seconds: float  # from admission to its last token
+
+
+class RunningBatch:
+    """The running batch of one model. Not thread-safe: one caller (the worker's actor thread)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_rows: int,
+        eos_ids: set[int],
+        pad_id: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+    ) -> None:
+        self.model, self.max_rows = model, max_rows
+        self.eos_ids, self.pad_id = eos_ids, pad_id
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.device = next(model.parameters()).device
+        self._eos = torch.tensor(sorted(eos_ids), device=self.device)
+        self.pending: deque[Running] = deque()
+        self.groups: list[Running] = []  # in the batch
+        self.rows: list[Row] = []  # aligned with the batch dimension
+        self.cache: Any = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [B, T]
+        self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
+        self.window = _sliding_window(model)
+
+    # --- the caller's API ------------------------------------------------------------------------
+
+    def add(self, group_id: int, prompt_ids: list[int], key: int, size: int, tag: Any = None) -> None:
+        """Queue a group of `size` samples (one larger than `max_rows` runs alone in an empty batch)."""
+        self.pending.append(Running(group_id, list(prompt_ids), key, size, tag))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.groups)
+
+    @property
+    def running_rows(self) -> int:
+        return len(self.rows)
+
+    def abort(self) -> list[int]:
+        """Drop every group (running and pending); returns their ids."""
+        dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]
+        self.pending.clear()
+        self._select([])
+        return dropped
+
+    @torch.no_grad()
+    def step(self) -> list[Finished]:
+        """Admit what fits, decode one token for every running row, return the finished groups."""
+        self._admit()
+        done = self._finish()
+        if self.rows:
+            self._decode()
+            done += self._finish()
+        return done
+
+    # --- admission -------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        free = self.max_rows - len(self.rows)
+        new: list[Running] = []
+        width = self.mask.shape[1]
+        while self.pending:
+            width = max(width, len(self.pending[0].prompt_ids))
+            joining = bool(self.rows or new)  # else the batch is empty: the next group always fits
+            if joining and (self.pending[0].size > free or not self._inside_window(width)):
+                break
+            group = self.pending.popleft()
+            free -= group.size
+            new.append(group)
+        if new:
+            self._prefill(new)
+
+    def _inside_window(self, width: int) -> bool:
+        """Would a cache `width` wide stay inside the sliding window until every row is done?"""
+        return self.window is None or width + self.max_new_tokens < self.window
+
+    def _prefill(self, new: list[Running]) -> None:
+        """Encode each new prompt once, repeat its cache G times, merge, draw the first tokens."""
+        ids, mask = (t.to(self.device) for t in left_pad([g.prompt_ids for g in new], self.pad_id))  # [k, P]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [k, P]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        sizes = torch.tensor([g.size for g in new], device=self.device)
+        cache = out.past_key_values
+        if any(g.size != new[0].size for g in new):
+            cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(new), device=self.device), sizes))
+        else:
+            cache.batch_repeat_interleave(new[0].size)
+        logits = out.logits[:, -1, :].float().repeat_interleave(sizes, dim=0)  # [k*G, V]
+        now = time.monotonic()
+        rows = []
+        for g in new:
+            g.rows, g.t_admit = [Row(g.key, i) for i in range(g.size)], now
+            rows += g.rows
+        self._merge(cache, mask.repeat_interleave(sizes, dim=0), mask.sum(-1).repeat_interleave(sizes, dim=0))
+        self.groups += new
+        start = len(self.rows)
+        self.rows += rows
+        self._sample(logits, list(range(start, len(self.rows))))
+
+    def _merge(self, cache: Any, mask: torch.Tensor, pos: torch.Tensor) -> None:
+        """Append rows (their cache, mask [n, P], next positions [n]) to the batch."""
+        if self.cache is None or not self.rows:
+            self.cache, self.mask, self.pos = cache, mask, pos
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
+            mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
+        self.mask = torch.cat([_pad_left_2d(self.mask, width), _pad_left_2d(mask, width)])
+        self.pos = torch.cat([self.pos, pos])
+
+    # --- decoding --------------------------------------------------------------------------------
+
+    def _decode(self) -> None:
+        last = [r.tokens[-1] if r.tokens else self.pad_id for r in self.rows]
+        ids = torch.tensor(last, dtype=torch.long, device=self.device)[:, None]  # [B, 1]
+        self.mask = torch.cat([self.mask, torch.ones_like(ids)], dim=1)  # [B, T + 1]
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=self.pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        self.pos = self.pos + 1
+        live = [i for i, r in enumerate(self.rows) if not self._row_done(r)]
+        if live:
+            self._sample(out.logits[live, -1, :].float(), live)
+
+    def _sample(self, logits: torch.Tensor, index: list[int]) -> None:
+        """Draw the next token of rows `index` (logits [n, V]) and record token and log-prob."""
+        rows = [self.rows[i] for i in index]
+        u = uniforms([r.key for r in rows], [r.index for r in rows], [len(r.tokens) for r in rows])
+        token = draw(logits, u, self.temperature, self.top_p)  # [n]
+        logp = behaviour_logprobs(logits, token, self.temperature, self.top_p)  # [n]
+        eos = torch.isin(token, self._eos)
+        for r, t, lp, e in zip(rows, token.tolist(), logp.tolist(), eos.tolist(), strict=True):
+            r.tokens.append(t)
+            r.logprobs.append(lp)
+            r.eos = e
+
+    def _row_done(self, row: Row) -> bool:
+        return row.eos or len(row.tokens) >= self.max_new_tokens
+
+    # --- leaving ---------------------------------------------------------------------------------
+
+    def _finish(self) -> list[Finished]:
+        done = [g for g in self.groups if all(self._row_done(r) for r in g.rows)]
+        if not done:
+            return []
+        now = time.monotonic()
+        gone = {id(r) for g in done for r in g.rows}
+        keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
+        self.groups = [g for g in self.groups if not all(id(r) in gone for r in g.rows)]
+        self._select(keep)
+        return [Finished(g.group_id, g.prompt_ids, g.tag, g.rows, now - g.t_admit) for g in done]
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only batch rows `keep`, and drop the left padding nobody needs any more."""
+        if not keep:
+            self.cache, self.rows, self.groups = None, [], []
+            self.mask = self.mask[:0, :0]
+            self.pos = self.pos[:0]
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask, self.pos = self.mask[index], self.pos[index]
+        first = int(self.mask.any(dim=0).int().argmax())  # the first column some row attends to
+        if first > 0 and self._inside_window(self.mask.shape[1]):  # a cropped sliding cache stays as it is
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+
+def _sliding_window(model: torch.nn.Module) -> int | None:
+    """The model's sliding attention window, if it uses one."""
+    config = getattr(model, "config", None)
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window and getattr(config, "use_sliding_window", True) else None
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, H, T, D] -> [B, H, width, D], zeros on the left (masked out)."""
+    missing = width - t.shape[2]
+    if missing <= 0:
+        return t
+    return torch.cat([t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3]), t], dim=2)
+
+
+def _pad_left_2d(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    if missing <= 0:
+        return mask
+    return torch.cat([mask.new_zeros(mask.shape[0], missing), mask], dim=1)

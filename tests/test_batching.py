@@ -1,0 +1,105 @@
+"""Continuous batching: the running batch admits groups as rows free up, streams finished groups, and
+gives every group the samples it would get alone (counter-based sampling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from prl_actors.config import load_config
+from prl_actors.engines.base import EngineBusy
+from prl_actors.engines.batching import draw, uniforms
+from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.model import prepare_model
+from prl_actors.protocol.messages import Prompt
+
+TEXTS = ["1+2=", "13+4=", "10+11=", "7+0=", "19+20=", "5+5=", "0+0=", "12+9="]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("batching")
+    cfg = load_config(None, {"run.run_dir": str(run), "model.warm_start_steps": 40})
+    return prepare_model(cfg, run)
+
+
+def engine(model_dir: Path, max_rows: int, **sampling: float) -> TorchEngine:
+    overrides = {"worker.max_batch_rows": max_rows, "worker.sampling.max_new_tokens": 6}
+    overrides.update({f"worker.sampling.{k}": v for k, v in sampling.items()})
+    e = TorchEngine(load_config(None, overrides), model_dir)
+    e.version = 3
+    return e
+
+
+def prompts(texts: list[str]) -> list[Prompt]:
+    return [Prompt(group_id=i, prompt=t) for i, t in enumerate(texts)]
+
+
+def samples(groups: list) -> dict[int, list[tuple[list[int], list[float]]]]:  # type: ignore[type-arg]
+    return {g.group_id: [(s.token_ids, s.logprobs) for s in g.samples] for g in groups}
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.6, "top_p": 0.8}], ids=["t1", "t0.6-p0.8"])
+def test_a_group_gets_the_same_samples_whatever_shares_the_batch(model_dir: Path, sampling: dict) -> None:  # type: ignore[type-arg]
+    together = samples(engine(model_dir, 1000, **sampling).generate(prompts(TEXTS), 8))
+    streamed = samples(engine(model_dir, 16, **sampling).generate(prompts(TEXTS), 8))  # 2 groups at a time
+    alone = samples(engine(model_dir, 8, **sampling).generate([Prompt(group_id=5, prompt=TEXTS[5])], 8))
+    tokens = {g: [t for t, _ in rows] for g, rows in together.items()}
+    assert tokens == {g: [t for t, _ in rows] for g, rows in streamed.items()}
+    assert tokens[5] == [t for t, _ in alone[5]]
+    diff = max(
+        abs(a - b)
+        for g in together
+        for (_, la), (_, lb) in zip(together[g], streamed[g], strict=True)
+        for a, b in zip(la, lb, strict=True)
+    )
+    assert diff < 1e-4
+    assert len({tuple(t) for rows in tokens.values() for t in rows}) > len(TEXTS)  # samples do differ
+
+
+def test_groups_stream_out_while_later_groups_wait(model_dir: Path) -> None:
+    e = engine(model_dir, 16)
+    e.admit(prompts(TEXTS), 8)
+    seen: list[tuple[int, int]] = []  # (group id, rows still queued when it finished)
+    while e.busy:
+        seen += [(g.group_id, len(e.batch.pending)) for g in e.step()]
+    assert sorted(g for g, _ in seen) == list(range(len(TEXTS)))
+    assert seen[0][1] >= len(TEXTS) - 4, "the first group must finish while most groups still wait"
+    assert e.batch.running_rows == 0
+
+
+def test_weights_never_change_under_a_running_batch(model_dir: Path) -> None:
+    e = engine(model_dir, 16)
+    state = {k: v.clone() for k, v in e.model.state_dict().items()}
+    e.admit(prompts(TEXTS[:3]), 8)
+    e.step()
+    with pytest.raises(EngineBusy):
+        e.load_weights(4, state)
+    assert sorted(e.abort()) == [0, 1, 2] and not e.busy
+    e.load_weights(4, state)
+    assert e.version == 4
+
+
+def test_uniforms_are_a_pure_function_of_key_row_and_step() -> None:
+    keys, rows, steps = [7] * 4000, list(range(4000)), [3] * 4000
+    u = uniforms(keys, rows, steps)
+    assert np.array_equal(u, uniforms(keys, rows, steps))
+    assert np.array_equal(u[::-1], uniforms(keys[::-1], rows[::-1], steps[::-1]))  # order does not matter
+    assert u.min() >= 0.0 and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.02
+    assert not np.array_equal(u, uniforms([8] * 4000, rows, steps))
+
+
+def test_draw_follows_the_tempered_nucleus() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]]).repeat(20000, 1)  # [N, 5]
+    u = uniforms([11] * 20000, list(range(20000)), [0] * 20000)
+    token = draw(logits, u, temperature=0.7, top_p=0.9)
+    probs = torch.softmax(logits[0] / 0.7, dim=-1)
+    kept = probs.cumsum(0) - probs < 0.9  # the nucleus: tokens 0, 1 (and 2 if needed)
+    want = torch.where(kept, probs, 0.0)
+    want = want / want.sum()
+    got = torch.bincount(token, minlength=5).double() / len(token)
+    assert torch.allclose(got, want.double(), atol=0.01), (got, want)
+    assert got[~kept].sum() == 0
