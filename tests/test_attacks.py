@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,16 +150,15 @@ def test_fabricated_groups_are_refused_even_with_a_worker_key(run_dir: Path, ref
         assert isinstance(ask(pub, m.FetchWeights()), m.WeightsBegin)  # a worker key may read the weights
         coord, buf = insider(ctx, cfg, "coordinator"), insider(ctx, cfg, "buffer")
         assert isinstance(ask(coord, m.Register(role=m.Role.WORKER, sender="worker-evil")), m.Welcome)
-        assign = ask(coord, m.WorkRequest(sender="worker-evil", epoch=1, version=1))
-        assert isinstance(assign, m.WorkAssign), assign
-        mine = assign.prompts[0]  # a real ticket, for one group of epoch 1, for worker-evil
-        replies = [ask(buf, fake_group(g, 1)) for g in range(B)]  # no ticket
-        replies += [ask(buf, fake_group(g, 1, ticket=b"\x00" * 16)) for g in range(B)]  # a made-up one
+        assign = work_for_evil(coord)
+        e, mine = assign.epoch, assign.prompts[0]  # a real ticket, for one group of epoch e, for worker-evil
+        replies = [ask(buf, fake_group(g, e)) for g in range(B)]  # no ticket
+        replies += [ask(buf, fake_group(g, e, ticket=b"\x00" * 16)) for g in range(B)]  # a made-up one
         other = (mine.group_id + 1) % B
-        replies.append(ask(buf, fake_group(other, 1, ticket=mine.ticket)))  # its ticket, another group
-        replies.append(ask(buf, fake_group(mine.group_id, 2, ticket=mine.ticket)))  # ... another epoch
+        replies.append(ask(buf, fake_group(other, e, ticket=mine.ticket)))  # its ticket, another group
+        replies.append(ask(buf, fake_group(mine.group_id, e + 1, ticket=mine.ticket)))  # ... another epoch
         spoof = insider(ctx, cfg, "buffer", name="worker-0")  # a routing id its key does not cover
-        replies.append(ask(spoof, fake_group(mine.group_id, 1, worker="worker-0", ticket=mine.ticket)))
+        replies.append(ask(spoof, fake_group(mine.group_id, e, worker="worker-0", ticket=mine.ticket)))
         return replies
 
     replies = attacked(run_dir, attack)
@@ -167,6 +167,19 @@ def test_fabricated_groups_are_refused_even_with_a_worker_key(run_dir: Path, ref
     refusals = ("refused", "forbidden_message")  # by the handler (tickets), or before it (names)
     buffer_refused = [e for e in read_logs(run_dir) if e["event"] in refusals and e["actor"] == "buffer"]
     assert len(buffer_refused) == len(replies) and {e["code"] for e in buffer_refused} == {"forbidden"}
+
+
+def work_for_evil(coord: zmq.Socket, timeout_s: float = 30.0) -> m.WorkAssign:  # type: ignore[type-arg]
+    """Ask for work as worker-evil until some is assigned (the run's workers may hold the whole
+    queue of the open epoch; the next epoch has a share for every registered worker)."""
+    epoch, deadline = 1, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = ask(coord, m.WorkRequest(sender="worker-evil", epoch=epoch, version=epoch))
+        if isinstance(reply, m.WorkAssign):
+            return reply
+        epoch = max(epoch, reply.epoch if reply is not None else epoch)  # NoWork says the open epoch
+        time.sleep(0.02)
+    raise AssertionError("worker-evil was never assigned work")
 
 
 def test_credit_theft_is_refused_and_the_trainer_keeps_its_stream(run_dir: Path, reference: list[float]) -> None:
