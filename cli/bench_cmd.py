@@ -43,6 +43,13 @@ def bench(
         str,
         typer.Option("--machine", envvar="PRL_BENCH_MACHINE", help="A label for this machine in the results."),
     ] = "",
+    auth: Annotated[
+        str,
+        typer.Option(
+            "--auth",
+            help="transport.auth of the control-plane runs and sockets: curve (as a run, the default) or none.",
+        ),
+    ] = "curve",
     keep_work: Annotated[
         bool, typer.Option("--keep-work", help="Keep the benchmark runs' logs under OUT/work (default: deleted).")
     ] = False,
@@ -63,7 +70,9 @@ def bench(
     def say(line: str) -> None:
         typer.echo(line, err=True)
 
-    results = run_suite(out, quick=quick, only=only, label=machine, keep_work=keep_work, say=say)
+    if auth not in ("curve", "none"):
+        _fail(f"--auth {auth!r}: expected curve or none")
+    results = run_suite(out, quick=quick, only=only, label=machine, keep_work=keep_work, say=say, auth=auth)
     missed = [e["name"] for e in results["entries"] if e["passed"] is False]
     failed = [b["name"] for b in results["benchmarks"] if b.get("error")]
     typer.echo(

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.keys_cmd import keys_app
 from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
 
@@ -31,6 +32,15 @@ SetOpt = Annotated[
 CoordOpt = Annotated[
     str | None,
     typer.Option("--coordinator", envvar="PRL_COORDINATOR", help="Coordinator address, e.g. tcp://host:27500."),
+]
+KeysOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--keys",
+        envvar="PRL_KEYS",
+        help="CurveZMQ key directory (default: the run's RUN_DIR/keys; on another host an exported copy, "
+        "see `prl-actors keys export`).",
+    ),
 ]
 
 
@@ -145,12 +155,14 @@ def _launch(cfg: Any, rd: Any) -> int:
         fail(str(exc), code=1)
     rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
     _check_task(cfg)
+    _run_keys(cfg)
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
         _prepare_model(cfg)
     typer.echo(
         f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
         f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
+        f"transport {cfg.transport.kind} (auth {cfg.transport.auth if cfg.transport.kind != 'inproc' else 'none'}), "
         f"coordinator {cfg.address('coordinator')}, run dir {rd.root}",
         err=True,
     )
@@ -161,6 +173,20 @@ def _launch(cfg: Any, rd: Any) -> int:
     if code == 0:
         typer.echo(summary(rd.root, time.monotonic() - t0), err=True)
     return code
+
+
+def _run_keys(cfg: Any) -> None:
+    """The run's keys (RUN_DIR/keys, kept on --resume): every actor started here reads its own there."""
+    from prl_actors.transport.auth import create_keys, run_key_names
+
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), run_key_names())
+    elif cfg.transport.kind != "inproc":
+        typer.secho(
+            "warning: transport.auth is none: any process on this host can act as any actor (docs/SECURITY.md)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
 
 
 def _check_task(cfg: Any) -> None:
@@ -184,10 +210,12 @@ def _up_env(cfg: Any) -> None:
         fail(f"run dir {rd} already holds a run; use another --run-dir")
     rd.mkdir(parents=True, exist_ok=True)
     RunDir(rd).config.write_text(cfg.dump())
+    _run_keys(cfg)
     env = cfg.env
     typer.echo(
         f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
-        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind}, run dir {rd}",
+        f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind} (auth {cfg.transport.auth}), "
+        f"run dir {rd}",
         err=True,
     )
     t0 = time.monotonic()
@@ -233,12 +261,15 @@ def actor(
         str | None, typer.Option(help="Unique actor name (default: the role; worker-<host>-<pid>).")
     ] = None,
     coordinator: CoordOpt = None,
+    keys: KeysOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Run one actor in this process (what compose services and remote hosts run).
 
     Under torchrun (RANK set) with trainer.strategy ddp or fsdp2, `actor trainer` is one rank of the
     trainer group: RANK 0 runs the trainer actor, the others follow it (docs/DISTRIBUTED.md).
+
+    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
     """
     from prl_actors.topology import PEERS
 
@@ -247,6 +278,8 @@ def actor(
     extra: dict[str, Any] = {}
     if coordinator:
         extra["transport.addresses.coordinator"] = coordinator
+    if keys:
+        extra["transport.keys_dir"] = str(keys)
     cfg = _config(config, set_, extra)
     if role in ("learner", "env"):
         _env_actor(role, name, cfg)
@@ -258,15 +291,16 @@ def actor(
     if name.split("-", 1)[0] != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
-        _discover(cfg, coordinator)
+        _discover(cfg, coordinator, name)
     if role == "coordinator":
         _claim_run_dir(cfg)
     from prl_actors.config import ConfigError
     from prl_actors.process import ActorFailed, exit_now, run_actor_process
+    from prl_actors.transport.auth import KeysError
 
     try:
         code = run_actor_process(name, cfg)
-    except (ActorFailed, ConfigError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
+    except (ActorFailed, ConfigError, KeysError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         code = 1
     exit_now(code)  # no waiting on a stuck thread or on slow finalizers
@@ -284,12 +318,13 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
         fail(f"actor name {name!r} must start with its role {role!r}")
     from prl_actors.envs.hub import EnvUnavailable
     from prl_actors.envs.run import run_env_actor, run_learner
+    from prl_actors.transport.auth import KeysError
 
     try:
         raise typer.Exit(run_learner(cfg) if role == "learner" else run_env_actor(name, cfg))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    except EnvUnavailable as exc:
+    except (EnvUnavailable, KeysError) as exc:
         fail(str(exc), code=1)
 
 
@@ -329,42 +364,50 @@ def _claim_run_dir(cfg: Any) -> None:
         tmp.replace(path)  # atomic: an actor reading the config never sees half of it
 
 
-def _discover(cfg: Any, coordinator: str) -> None:
+def _discover(cfg: Any, coordinator: str, name: str) -> None:
     """Ask a running coordinator where the publisher and buffer are."""
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import StatusRequest
+    from prl_actors.transport.auth import KeyStore
 
+    keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None
     try:
-        st: Any = request(coordinator, StatusRequest(), timeout_s=cfg.transport.request_timeout_s)
+        st: Any = request(coordinator, StatusRequest(), cfg.transport.request_timeout_s, keys=keys, as_=name)
     except RequestFailed as exc:
         fail(str(exc))
     cfg.transport.addresses = {**cfg.transport.addresses, "publisher": st.publisher_addr, "buffer": st.buffer_addr}
 
 
-def _coordinator_addr(config: Path | None, coordinator: str | None, sets: list[str] | None) -> str:
-    if coordinator:
-        return coordinator
+def _target(config: Path | None, coordinator: str | None, keys: Path | None) -> tuple[str, Any]:
+    """(coordinator address, KeyStore or None) from the options, else the config (default
+    runs/latest/config.yaml): its coordinator address and its keys (RUN_DIR/keys)."""
+    from prl_actors.transport.auth import KeyStore
+
     if config is None:
         default = Path("runs/latest/config.yaml")
         config = default if default.exists() else None
-    return str(_config(config, sets).address("coordinator"))
+    cfg = _config(config, None)
+    if keys is None and cfg.authenticated() and cfg.keys_path().is_dir():
+        keys = cfg.keys_path()
+    return coordinator or str(cfg.address("coordinator")), KeyStore(keys) if keys is not None else None
 
 
 @app.command()
 def status(
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
+    keys: KeysOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw Status message as JSON.")] = False,
 ) -> None:
-    """Print the live run's epoch, version, members and progress (asks the coordinator)."""
+    """Print the live run's epoch, version, members, progress and refusals (asks the coordinator)."""
     import msgspec
 
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import StatusRequest
 
-    addr = _coordinator_addr(config, coordinator, None)
+    addr, store = _target(config, coordinator, keys)
     try:
-        st: Any = request(addr, StatusRequest())
+        st: Any = request(addr, StatusRequest(), keys=store)
     except RequestFailed as exc:
         fail(str(exc), code=1)
     if as_json:
@@ -377,13 +420,19 @@ def status(
     if st.waiting_for:
         typer.echo(f"stalled: {st.waiting_for}")
     for m in st.members:
-        typer.echo(f"  {m.name:<16} {m.role:<12} v{m.version:<4} holds {m.outstanding}  seen {m.last_seen_s:.1f}s ago")
+        refused = f"  refused {m.refused}" if m.refused else ""
+        typer.echo(
+            f"  {m.name:<16} {m.role:<12} v{m.version:<4} holds {m.outstanding}  seen {m.last_seen_s:.1f}s ago{refused}"
+        )
+    if st.refused:
+        typer.echo("coordinator refused: " + ", ".join(f"{k} {v}" for k, v in st.refused.items()))
 
 
 @app.command()
 def health(
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
+    keys: KeysOpt = None,
     member: Annotated[
         str | None, typer.Option(help="Also require this member (or name prefix, e.g. worker-HOST) to be registered.")
     ] = None,
@@ -391,14 +440,18 @@ def health(
         float | None, typer.Option(help="Seconds since last seen (default: coordinator.heartbeat_timeout_s).")
     ] = None,
 ) -> None:
-    """Exit 0 when the coordinator answers (and MEMBER is registered and recently seen): a healthcheck."""
+    """Exit 0 when the coordinator answers (and MEMBER is registered and recently seen): a healthcheck.
+
+    It asks with MEMBER's key (or its role's), else the operator key, from --keys (default RUN_DIR/keys).
+    """
     from prl_actors.client import RequestFailed, request
     from prl_actors.compose import health_problem
     from prl_actors.protocol.messages import StatusRequest
 
     cfg = _config(config, None)
+    addr, store = _target(config, coordinator, keys)
     try:
-        st: Any = request(_coordinator_addr(config, coordinator, None), StatusRequest(), timeout_s=5.0)
+        st: Any = request(addr, StatusRequest(), timeout_s=5.0, keys=store, as_=member or "operator")
     except RequestFailed as exc:
         fail(str(exc), code=1)
     problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
@@ -412,28 +465,36 @@ def scale(
     workers: Annotated[int, typer.Option(help="Wanted number of inference workers.", min=0)],
     config: ConfigOpt = None,
     coordinator: CoordOpt = None,
+    keys: KeysOpt = None,
 ) -> None:
     """Change the worker count of a running `prl-actors up` (it starts or stops workers to match;
-    under `up --compose` it scales the inference service)."""
+    under `up --compose` it scales the inference service).
+
+    Needs the operator key; at most run.max_workers.
+    """
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import Scale
 
-    addr = _coordinator_addr(config, coordinator, None)
+    addr, store = _target(config, coordinator, keys)
     try:
-        request(addr, Scale(workers=workers))
+        request(addr, Scale(workers=workers), keys=store)
     except RequestFailed as exc:
         fail(str(exc), code=1)
     typer.echo(f"asked for {workers} workers")
 
 
 @app.command()
-def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
-    """Stop a running run cleanly (every actor gets Shutdown)."""
+def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt = None) -> None:
+    """Stop a running run cleanly (every actor gets Shutdown).
+
+    Needs the operator key.
+    """
     from prl_actors.client import RequestFailed, request
     from prl_actors.protocol.messages import RequestStop
 
+    addr, store = _target(config, coordinator, keys)
     try:
-        request(_coordinator_addr(config, coordinator, None), RequestStop(reason="prl-actors stop"))
+        request(addr, RequestStop(reason="prl-actors stop"), keys=store)
     except RequestFailed as exc:
         fail(str(exc), code=1)
     typer.echo("stop requested")
@@ -441,6 +502,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None) -> None:
 
 app.command()(replay)
 app.command()(bench)
+app.add_typer(keys_app)
 app.command("export-merged")(export_merged)
 
 

@@ -4,8 +4,11 @@ What `up --compose` does, with `docker compose` (v2) or `docker-compose` (v1), w
 1. resolves the user's config and rewrites what containers need (`compose_config`): tcp, every actor
    bound on all interfaces of its container, addresses by service name, the run directory on the
    `runs` volume; writes it to a private file that compose mounts as the secret /run/secrets/prl_config;
-2. builds the image, starts the services with `--scale inference=N`, streams the core services' output
-   (the trainer's per-epoch lines);
+2. builds the image, starts the services with `--scale inference=N` (the one-shot `keys` service first:
+   it creates the run's CurveZMQ keys in RUN_DIR/keys on the volume), streams the core services' output
+   (the trainer's per-epoch lines); copies the operator key (and the coordinator's public key) out of
+   the coordinator's container to `operator_keys_dir(project)` on the host, for itself and for
+   `prl-actors status/scale/stop --keys DIR`;
 3. follows the coordinator's Status through its published port (127.0.0.1:PORT): `prl-actors scale`
    asks the coordinator, and this loop scales the `inference` service to match;
 4. ends with the coordinator's exit status (not the first service's to exit); a core service that dies
@@ -30,6 +33,7 @@ from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
+from prl_actors.transport.auth import PUBLIC, SECRET, KeyStore
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -80,8 +84,18 @@ def container_run_dir(run_dir: str) -> str:
     return str(RUNS_MOUNT.joinpath(*parts))
 
 
+def operator_keys_dir(project: str) -> Path:
+    """Where `up --compose` puts the operator key on the host (for status/scale/stop --keys)."""
+    return Path("runs") / f"{project}-operator-keys"
+
+
 def compose_config(cfg: Config) -> Config:
     """The user's config as the services need it (every other setting is passed on unchanged)."""
+    if not cfg.authenticated():
+        raise ComposeError(
+            "transport.auth none is for a single host (loopback or ipc); compose services talk over a "
+            "network, so they authenticate with the run's keys (the default, transport.auth curve)"
+        )
     out = cfg.model_copy(deep=True)
     out.transport.kind = "tcp"
     out.transport.bind_all = True
@@ -136,6 +150,7 @@ class ComposeRun:
         self.followers: list[threading.Thread] = []
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.keys: KeyStore | None = None  # the operator key, once copied out of the coordinator
 
     def compose(self, *args: str, quiet: bool = True) -> subprocess.CompletedProcess[str]:
         out = subprocess.PIPE if quiet else None
@@ -182,6 +197,23 @@ class ComposeRun:
             raise ComposeError(f"no container for {', '.join(missing)} after compose up")
         for svc in CORE:
             self.follow(svc)
+        self.keys = self.copy_operator_key()
+        console(f"compose: operator key for status/scale/stop from this host: --keys {self.keys.directory}")
+
+    def copy_operator_key(self) -> KeyStore:
+        """The operator's secret and the coordinator's public key, out of the coordinator's container
+        (the `keys` service made them on the volume) into a private directory on this host."""
+        out = operator_keys_dir(self.project)
+        out.mkdir(parents=True, exist_ok=True)
+        out.chmod(0o700)
+        keys = PurePosixPath(self.cfg.keys_path().as_posix())
+        for f in (f"operator{SECRET}", f"coordinator{PUBLIC}"):
+            argv = ["docker", "cp", f"{self.ids['coordinator']}:{keys / f}", str(out / f)]
+            done = subprocess.run(argv, env=self.env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ComposeError(f"cannot copy {f} out of the coordinator's container: {done.stderr.strip()}")
+            (out / f).chmod(0o600)
+        return KeyStore(out)
 
     def container_ids(self) -> dict[str, str]:
         """service -> container id of the core services (labels set by both compose versions)."""
@@ -235,7 +267,7 @@ class ComposeRun:
 
     def poll_status(self) -> None:
         try:
-            st = request(self.coordinator, StatusRequest(), timeout_s=1.0)
+            st = request(self.coordinator, StatusRequest(), timeout_s=1.0, keys=self.keys)
         except RequestFailed:
             return
         if not isinstance(st, Status):
@@ -265,7 +297,7 @@ class ComposeRun:
     def stop_run(self, reason: str) -> None:
         """Ask the coordinator to stop the run (every actor shuts down cleanly), wait for it to exit."""
         with contextlib.suppress(RequestFailed):
-            request(self.coordinator, RequestStop(reason=reason), timeout_s=3.0)
+            request(self.coordinator, RequestStop(reason=reason), timeout_s=3.0, keys=self.keys)
         if self.ids:
             self.wait_exited(("coordinator",), 15.0)
 

@@ -6,6 +6,7 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from prl_actors.envs.settings import EnvSection
 
 ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
+BINDS = ("coordinator", "publisher", "buffer", "learner")  # the roles that bind a socket (learner: classic RL)
+LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 VLLM_DTYPES = ("float32", "bfloat16")
 DEFAULT_BASE_PORT = 27500
 LORA_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
@@ -27,6 +30,7 @@ SAFE_ON_RESUME = (
     "run.name",
     "run.epochs",
     "run.workers",
+    "run.max_workers",
     "run.run_dir",
     "run.resume",
     "run.stop_grace_s",
@@ -77,6 +81,7 @@ class RunSection(_Section):
         "periodic", description="periodic: train groups as they arrive; sync: wait for the whole batch."
     )
     workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
+    max_workers: int = Field(64, ge=0, description="Upper bound of `prl-actors scale` (more is refused).")
     run_dir: str = Field("runs/latest", description="Where logs, metrics, checkpoints go.")
     resume: bool = Field(False, description="Continue from the last checkpoint in run_dir.")
     stop_grace_s: float = Field(
@@ -109,6 +114,20 @@ class TransportSection(_Section):
     )
     bind_all: bool = Field(False, description="tcp: bind on all interfaces (*), e.g. in containers.")
     request_timeout_s: float = Field(10.0, gt=0, description="Any request without reply fails after this.")
+    auth: Literal["curve", "none"] = Field(
+        "curve",
+        description="curve: every tcp/ipc socket is authenticated and encrypted with the run's keys "
+        "(docs/SECURITY.md); none: any process that reaches a port is trusted, allowed only when every "
+        "bound address is loopback or ipc (with a warning). inproc (one process) is never authenticated.",
+    )
+    keys_dir: str | None = Field(None, description="CurveZMQ keys (default RUN_DIR/keys); see `prl-actors keys`.")
+    max_message_bytes: int = Field(
+        0,
+        ge=0,
+        description="Largest control frame a socket accepts (ZMQ_MAXMSGSIZE; a bigger one disconnects the "
+        "peer); 0 = derived from worker.group_size and sampling.max_new_tokens. Weight sockets accept "
+        "publisher.chunk_bytes + 64 KiB.",
+    )
     join_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -385,6 +404,38 @@ class Config(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _limits_and_auth(self) -> Config:
+        if self.run.workers > self.run.max_workers:
+            raise ValueError(f"run.workers ({self.run.workers}) exceeds run.max_workers ({self.run.max_workers})")
+        binds = [self.bind_address(r) for r in self.bound_roles()]
+        exposed = [f"{r} binds {a}" for r, a in zip(self.bound_roles(), binds, strict=True) if not is_local(a)]
+        if self.transport.auth == "none" and exposed:
+            raise ValueError(
+                "transport.auth 'none' is allowed only when every bound address is loopback or ipc "
+                f"({'; '.join(exposed)}); use the default 'curve' (docs/SECURITY.md)"
+            )
+        return self
+
+    # --- trust and limits (docs/SECURITY.md) -------------------------------------------------
+
+    def authenticated(self) -> bool:
+        """CURVE on every socket (not for inproc: one process, no handshake)."""
+        return self.transport.auth == "curve" and self.transport.kind != "inproc"
+
+    def bound_roles(self) -> tuple[str, ...]:
+        """The roles that bind a socket in this run: the learner only in a classic-RL (env) run."""
+        return BINDS if self.env is not None else tuple(r for r in BINDS if r != "learner")
+
+    def keys_path(self) -> Path:
+        return Path(self.transport.keys_dir) if self.transport.keys_dir else Path(self.run.run_dir) / "keys"
+
+    def message_limits(self) -> tuple[int, int]:
+        """(control, bulk) frame bounds in bytes: control messages, and the weight-chunk sockets."""
+        sample = self.worker.sampling.max_new_tokens * 64 + 256  # token id + logprob + text per token
+        control = self.transport.max_message_bytes or (1 << 20) + self.worker.group_size * sample
+        return control, max(control, self.publisher.chunk_bytes + (64 << 10))
+
     def address(self, role: str) -> str:
         """The address `role` binds (and others connect to)."""
         if role in self.transport.addresses:
@@ -407,6 +458,19 @@ class Config(_Section):
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def is_local(address: str) -> bool:
+    """Can only this host reach `address`? inproc, ipc, or tcp on a loopback address."""
+    if not address.startswith("tcp://"):
+        return address.startswith(("inproc://", "ipc://"))
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def safe_on_resume(field: str) -> bool:

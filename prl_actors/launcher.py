@@ -22,6 +22,10 @@ Supervision:
   row, then the run fails with its error. One that exits 0 left on purpose and stays gone;
 - `prl-actors scale` is followed through the coordinator's Status.
 
+Keys (docs/SECURITY.md): `up` speaks to the coordinator with the run's operator key (RUN_DIR/keys,
+created by `up` before the launcher starts); every worker it starts gets its own key there first
+(`worker-N`; a replacement is a new name with a new key); `--resume` keeps RUN_DIR/keys.
+
 Exit codes (`run` returns them): 0 every epoch done; 3 the run was stopped before its last epoch
 (`prl-actors stop`; `--resume` continues it); 128+N `up` got signal N. A failure raises RunFailed
 (`up` exits 1).
@@ -47,6 +51,8 @@ from prl_actors.logs import console
 from prl_actors.process import LOCAL_WORKERS_ENV, SUPERVISOR_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
+from prl_actors.topology import ensure_key
+from prl_actors.transport.auth import KeyStore
 
 START_ORDER = (("coordinator",), ("publisher", "buffer"))  # each tier bound before the next starts
 CORE = ("coordinator", "publisher", "buffer", "trainer")
@@ -91,6 +97,7 @@ class Launcher:
         self.last_stall = ""
         self.signalled = 0
         self.hurry = False
+        self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -171,6 +178,7 @@ class Launcher:
     def _add_worker(self, restarts: int = 0) -> str:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
+        ensure_key(name, self.cfg)  # its own key: no other worker can speak as it
         self._spawn(name, restarts)
         return name
 
@@ -255,7 +263,7 @@ class Launcher:
 
     def _poll_status(self) -> None:
         try:
-            st = request(self.cfg.address("coordinator"), StatusRequest(), timeout_s=1.0)
+            st = request(self.cfg.address("coordinator"), StatusRequest(), timeout_s=1.0, keys=self.keys)
         except RequestFailed:
             return
         if not isinstance(st, Status):
@@ -301,7 +309,7 @@ class Launcher:
         coordinator = self.children.get("coordinator")
         if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
             with contextlib.suppress(RequestFailed):
-                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0)
+                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
         self._wait_exit(self._all(), 0.0 if self.hurry else self.cfg.run.stop_grace_s)
 
     def _reap(self) -> None:

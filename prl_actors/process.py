@@ -14,7 +14,8 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
-from prl_actors.topology import role_of, start_actor
+from prl_actors.topology import ensure_key, role_of, start_actor
+from prl_actors.transport.auth import KeysError, close_context, create_keys, run_key_names
 
 
 class ActorFailed(Exception):
@@ -36,14 +37,14 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     ctx = zmq.Context()
     try:
         host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
-    except StartFailed as exc:
-        ctx.destroy(linger=0)
+    except (StartFailed, KeysError) as exc:  # KeysError: its own or a peer's key file is missing
+        close_context(ctx)
         raise ActorFailed(f"{name}: {exc}") from None
     signalled = _catch_stop_signals()
     reason = _wait(host, signalled)
     if reason and not host.done.wait(cfg.run.stop_grace_s):
         raise ActorFailed(f"{name}: did not stop within {cfg.run.stop_grace_s:g}s of {reason} (a stuck thread?)")
-    ctx.destroy(linger=0)
+    close_context(ctx)
     if host.error:
         raise ActorFailed(f"{name}: {host.error}")
     return 0
@@ -57,6 +58,8 @@ def _wait(host: ActorHost, signalled: threading.Event) -> str:
     supervisor = int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
     while not host.done.wait(0.1):
         reason = "a signal" if signalled.is_set() else ""
+        if host.error:  # the port thread died: the actor is stopping (and exits non-zero)
+            reason = "its port's crash"
         if supervisor and os.getppid() != supervisor:
             reason = "its supervisor's exit"
         if reason:
@@ -125,6 +128,8 @@ class LocalCluster:
     def __init__(self, cfg: Config, workers: int | None = None, log_dir: Path | None = None) -> None:
         self.cfg, self.log_dir = cfg, log_dir
         self.ctx = zmq.Context()
+        if cfg.authenticated():  # the run's keys, as `prl-actors up` makes them
+            create_keys(cfg.keys_path(), run_key_names())
         self.hosts: dict[str, ActorHost] = {}
         self._next_worker = 0
         try:
@@ -139,6 +144,7 @@ class LocalCluster:
     def add_worker(self) -> str:
         name = f"worker-{self._next_worker}"
         self._next_worker += 1
+        ensure_key(name, self.cfg)
         self.hosts[name] = start_actor(name, self.cfg, self.ctx, self.log_dir, quiet=True)
         return name
 
@@ -161,4 +167,4 @@ class LocalCluster:
                 host.actor_ref.stop(block=False)
         for host in self.hosts.values():
             host.done.wait(5.0)
-        self.ctx.destroy(linger=0)
+        close_context(self.ctx)

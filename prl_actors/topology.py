@@ -29,6 +29,8 @@ from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
 from prl_actors.rundir import RunDir
+from prl_actors.transport.auth import KeyStore, Security, create_keys
+from prl_actors.transport.port import ROUTER, Limits
 
 PEERS = {
     "coordinator": (),
@@ -72,6 +74,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             buffer_addr=cfg.address("buffer"),
             request_timeout_s=cfg.transport.request_timeout_s,
             desired_workers=cfg.run.workers,
+            max_workers=cfg.run.max_workers,
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":
@@ -141,6 +144,21 @@ def _make_engine(cfg: Config):  # type: ignore[no-untyped-def]
     return make_engine(cfg, model_dir(cfg))
 
 
+def ensure_key(name: str, cfg: Config) -> None:
+    """Give `name` its own key before it starts (a worker `up` or LocalCluster starts), so that it is
+    the only holder of its name: the servers admit it at its first handshake (auth.KeyStore)."""
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), [name])
+
+
+def socket_limits(role: str, cfg: Config) -> Limits:
+    """Frame bounds per socket: weight chunks arrive on the publisher's ROUTER (uploads) and on a
+    worker's DEALER to the publisher (fetches); every other socket carries control messages."""
+    control, bulk = cfg.message_limits()
+    weights = {"publisher": frozenset({ROUTER}), "worker": frozenset({"publisher"})}.get(role, frozenset())
+    return Limits(max_msg_bytes=control, bulk_msg_bytes=bulk, bulk=weights)
+
+
 def start_actor(
     name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None, quiet: bool = False
 ) -> ActorHost:
@@ -161,7 +179,14 @@ def start_actor(
         Path(bind.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
     peers = {p: cfg.address(p) for p in PEERS[role]}
     heartbeat = None if role == "coordinator" else cfg.coordinator.heartbeat_interval_s
-    ref = ActorHost.start(core, ctx, bind, peers, heartbeat_s=heartbeat)
+    security = Security(KeyStore(cfg.keys_path()), name) if cfg.authenticated() else None
+    if security is not None:  # a missing key file is a clear error here, not later in the port thread
+        for peer in peers:
+            security.store.public(peer)
+    if not cfg.authenticated() and cfg.transport.kind != "inproc":
+        log("auth_disabled", warning="transport.auth is none: any local process can act as any actor")
+    limits = socket_limits(role, cfg)
+    ref = ActorHost.start(core, ctx, bind, peers, heartbeat_s=heartbeat, limits=limits, security=security)
     host = ref._actor_weakref()  # the running actor object (alive while its thread runs)
     assert host is not None
     return host

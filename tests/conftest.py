@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import zmq
 
 # Models in the test process compute on one thread: on a small shared machine OpenMP threads that
 # spin-wait for each other make a warm start many times slower, and the tests measure no speed.
@@ -22,6 +23,7 @@ os.environ.setdefault("PRL_CACHE_DIR", tempfile.mkdtemp(prefix="prl-test-cache-"
 
 from prl_actors.config import Config, load_config  # noqa: E402
 from prl_actors.protocol.versions import on_policy  # noqa: E402
+from prl_actors.transport.auth import KeyStore, Security, create_keys, run_key_names  # noqa: E402
 
 # Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
 _ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
@@ -95,6 +97,27 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
     for e in trained:  # some worker generated it with the very version it was trained under
         key = (e["msg_epoch"], e["group_id"])
         assert (*key, e["msg_version"]) in sent or key in external, f"no worker sent {key} at v{e['msg_version']}"
+
+
+def run_keys(cfg: Config) -> None:
+    """The run's keys, as `prl-actors up` creates them (for tests that start actors without `up`)."""
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), run_key_names())
+
+
+def dealer(
+    ctx: zmq.Context, cfg: Config, actor: str, name: str, keys: Path | None = None, key: str | None = None
+) -> zmq.Socket:
+    """A hand-driven DEALER to `actor`'s bound socket with routing id `name`, holding the key `key`
+    (default: the one that covers `name`) from the run's keys (or from `keys`); without
+    authentication (inproc, auth none) a plain one."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, name.encode())
+    if cfg.authenticated():
+        Security(KeyStore(keys or cfg.keys_path()), key or name).connect(sock, actor)
+    sock.connect(cfg.address(actor))
+    return sock
 
 
 @pytest.fixture

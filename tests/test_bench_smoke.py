@@ -67,6 +67,9 @@ def test_raw_numbers_are_finite(smoke: tuple[Path, dict]) -> None:  # type: igno
     assert _finite_positive(sync["memcpy_GBps"]) and all(_finite_positive(r["seconds"]) for r in sync["table"])
     turn = next(r for n, r in by.items() if n.startswith("epoch turnaround"))
     assert turn["boundaries"] and all(math.isfinite(b["control_ms"]) for b in turn["boundaries"])
+    auth = next(r for n, r in by.items() if "CurveZMQ" in n)  # the flood with and without auth, paired
+    assert len(auth["ratios"]) == auth["pairs"] >= 1 and all(_finite_positive(x) for x in auth["ratios"])
+    assert all(_finite_positive(x) for a in ("curve", "none") for x in auth[f"{a}_cpu_us_per_msg"])
 
 
 def test_report_files(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]

@@ -123,6 +123,7 @@ def test_a_busy_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
                 continue
         busy.listen()
         argv = ["actor", "coordinator", "--set", "worker.engine=sim", "--set", "trainer.learner=sim"]
+        argv += ["--set", "transport.auth=none"]  # no keys needed to meet the busy port
         argv += ["--set", f"transport.base_port={base}", "--set", f"run.run_dir={tmp_path}"]
         out = subprocess.run([sys.executable, "-m", "cli.main", *argv], capture_output=True, text=True, timeout=30)
     assert out.returncode == 1

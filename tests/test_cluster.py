@@ -11,7 +11,7 @@ import zmq
 from prl_actors.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
-from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
+from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for
 
 
 def run(cfg, workers: int = 2, timeout: float = 30.0) -> LocalCluster:  # type: ignore[no-untyped-def]
@@ -90,9 +90,7 @@ def test_garbage_frames_get_errors_and_every_actor_survives(run_dir: Path) -> No
     ]
     try:
         for role in ("coordinator", "publisher", "buffer"):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(cfg.address(role))
+            sock = dealer(ctx, cfg, role, "worker-garbage")  # an authenticated peer gone wrong
             codes = []
             for frames in garbage:
                 sock.send_multipart(frames)
@@ -123,29 +121,39 @@ def test_stale_and_duplicate_groups_are_rejected_over_the_wire(run_dir: Path) ->
     cfg = sim_config(run_dir, transport="ipc", run__epochs=2)
     cluster = LocalCluster(cfg, workers=0, log_dir=run_dir / "logs")  # epoch 0 opens, nobody works
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.ROUTING_ID, b"worker-raw")
-    sock.connect(cfg.address("buffer"))
+    socks = {}
+    for actor in ("coordinator", "buffer"):  # a hand-driven worker: it registers and is assigned a group
+        socks[actor] = dealer(ctx, cfg, actor, "worker-raw")
     samples = [m.Sample(text="1", token_ids=[1], logprobs=[-0.5], reward=1.0)] * cfg.worker.group_size
 
-    def send(epoch: int, version: int) -> m.GroupAck:
-        group = m.Group(group_id=0, prompt="ctx 0", prompt_ids=[0], samples=samples, worker="worker-raw")
-        sock.send_multipart(encode(m.GroupResult(sender="worker-raw", epoch=epoch, version=version, group=group)))
-        assert sock.poll(5000)
-        reply, _ = decode(sock.recv_multipart())
+    def request(actor: str, msg: m.Msg) -> m.Msg:
+        socks[actor].send_multipart(encode(msg))
+        assert socks[actor].poll(5000)
+        return decode(socks[actor].recv_multipart())[0]
+
+    def send(prompt: m.Prompt, epoch: int, version: int) -> m.GroupAck:
+        group = m.Group(group_id=prompt.group_id, prompt=prompt.prompt, prompt_ids=[0], samples=samples,
+                        worker="worker-raw")  # fmt: skip
+        reply = request("buffer", m.GroupResult(sender="worker-raw", epoch=epoch, version=version, group=group,
+                                                ticket=prompt.ticket))  # fmt: skip
         assert isinstance(reply, m.GroupAck)
         return reply
 
     try:
         wait_for(run_dir, lambda e: e["event"] == "epoch_open")
-        assert send(0, 1).reason == "stale_version"
-        assert send(0, 0).accepted
-        assert send(0, 0).reason == "duplicate"
+        assert isinstance(request("coordinator", m.Register(role=m.Role.WORKER, sender="worker-raw")), m.Welcome)
+        assign = request("coordinator", m.WorkRequest(sender="worker-raw", epoch=0, version=0))
+        assert isinstance(assign, m.WorkAssign)
+        (prompt,) = assign.prompts
+        assert send(prompt, 0, 1).reason == "stale_version"
+        assert send(prompt, 0, 0).accepted
+        assert send(prompt, 0, 0).reason == "duplicate"
         cluster.add_worker()
         assert cluster.wait(30)
     finally:
-        sock.close()
+        for sock in socks.values():
+            sock.close()
         cluster.close()
         ctx.term()
-    assert_invariants(run_dir, epochs=2, groups=6, external=frozenset({(0, 0)}))  # trained once, from worker-raw
+    external = frozenset({(0, prompt.group_id)})
+    assert_invariants(run_dir, epochs=2, groups=6, external=external)  # trained once, from worker-raw

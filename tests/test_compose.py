@@ -26,9 +26,10 @@ from typing import Any
 import pytest
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.compose import COMPOSE_FILE, ComposeError, compose_cli
+from prl_actors.compose import COMPOSE_FILE, ComposeError, compose_cli, operator_keys_dir
 from prl_actors.config import Config
 from prl_actors.protocol.messages import StatusRequest
+from prl_actors.transport.auth import KeyStore
 from tests.conftest import assert_invariants, port_base, read_logs, sim_config
 
 pytestmark = pytest.mark.compose
@@ -110,6 +111,7 @@ class Project:
         return self.tmp / "copy" / run_dir
 
     def remove(self) -> None:
+        shutil.rmtree(operator_keys_dir(self.name), ignore_errors=True)
         self.compose("down", "-v", "--remove-orphans", "-t", "5")
         leftover = self.containers()
         if leftover:
@@ -133,18 +135,23 @@ def compose_sim(name: str, epochs: int, workers: int) -> Config:
     )  # fmt: skip
 
 
-def status(cfg: Config) -> Any:
+def status(cfg: Config, keys: Path) -> Any:
+    """The coordinator's Status, asked with the operator key `up --compose` copied to the host."""
     try:
-        return request(f"tcp://127.0.0.1:{cfg.transport.base_port}", StatusRequest(), timeout_s=2.0)
+        addr = f"tcp://127.0.0.1:{cfg.transport.base_port}"
+        return request(addr, StatusRequest(), timeout_s=2.0, keys=KeyStore(keys))
     except RequestFailed:
         return None
 
 
-def wait_status(cfg: Config, pred: Callable[[Any], bool], proc: subprocess.Popen[str], timeout: float) -> Any:
+def wait_status(
+    project: Project, cfg: Config, pred: Callable[[Any], bool], proc: subprocess.Popen[str], timeout: float
+) -> Any:
     deadline = time.monotonic() + timeout
+    keys = operator_keys_dir(project.name)  # up --compose copies the operator key there
     while time.monotonic() < deadline:
         assert proc.poll() is None, "up --compose ended early"
-        st = status(cfg)
+        st = status(cfg, keys)
         if st is not None and pred(st):
             return st
         time.sleep(0.5)
@@ -167,12 +174,22 @@ def test_elastic_compose_run(project: Project) -> None:
     cfg = compose_sim(name, epochs=3, workers=2)
     t0 = time.monotonic()
     up = project.up(cfg)
-    wait_status(cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=300)
     t_running = time.monotonic() - t0
-    scale = [*CLI, "scale", "--workers", "3", "--config", str(project.tmp / "cfg.yaml")]  # reaches 127.0.0.1:PORT
+    keys = str(operator_keys_dir(project.name))
+    scale = [
+        *CLI,
+        "scale",
+        "--workers",
+        "3",
+        "--config",
+        str(project.tmp / "cfg.yaml"),
+        "--keys",
+        keys,
+    ]  # 127.0.0.1:PORT
     scaled = subprocess.run(scale, capture_output=True, text=True)
     assert scaled.returncode == 0, scaled.stderr
-    st = wait_status(cfg, lambda st: len(workers(st)) == 3 and st.epoch >= 1, up, timeout=300)
+    st = wait_status(project, cfg, lambda st: len(workers(st)) == 3 and st.epoch >= 1, up, timeout=300)
     victim = next(m.name for m in sorted(workers(st), key=lambda m: -m.outstanding))
     host = victim.split("-")[1]  # worker-<container hostname = short id>-<pid>
     assert host in [c[:12] for c in project.containers("inference")]
@@ -206,7 +223,7 @@ def test_ctrl_c_stops_the_run_and_removes_the_containers(project: Project) -> No
     name = f"interrupt-{project.name}"
     cfg = compose_sim(name, epochs=50, workers=1)
     up = project.up(cfg)
-    wait_status(cfg, lambda st: st.state == "running" and workers(st), up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and workers(st), up, timeout=300)
     t0 = time.monotonic()
     up.send_signal(signal.SIGINT)
     assert up.wait(120) == 130, project.log.read_text()

@@ -37,16 +37,23 @@ SPEC = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
 def cli_params(argv: list[str]) -> dict[str, Any]:
-    """Parse `prl-actors SUB ...` with the real CLI (raises on an invalid call)."""
+    """Parse `prl-actors SUB ...` (or `prl-actors GROUP SUB ...`) with the real CLI (raises on an invalid call)."""
     assert argv[0] == "prl-actors"
-    group: Any = typer.main.get_command(app)
-    return group.commands[argv[1]].make_context(argv[1], list(argv[2:])).params
+    command: Any = typer.main.get_command(app)
+    args = list(argv[1:])
+    while hasattr(command, "commands"):  # a group: descend into its subcommand
+        command = command.commands[args[0]]
+        name, args = args[0], args[1:]
+    return dict(command.make_context(name, args).params)
+
+
+ACTORS = {"coordinator", "publisher", "buffer", "trainer", "inference"}
 
 
 def test_every_service_runs_a_valid_actor_call_on_the_mounted_config() -> None:
     services = SPEC["services"]
-    assert set(services) == {"coordinator", "publisher", "buffer", "trainer", "inference"}
-    roles = {name: cli_params(svc["command"])["role"] for name, svc in services.items()}
+    assert set(services) == ACTORS | {"keys"}
+    roles = {name: cli_params(services[name]["command"])["role"] for name in ACTORS}
     assert roles == {s: s for s in ("coordinator", "publisher", "buffer", "trainer")} | {"inference": "worker"}
     for name, svc in services.items():
         assert str(cli_params(svc["command"])["config"]) == SECRET_PATH, name
@@ -55,8 +62,32 @@ def test_every_service_runs_a_valid_actor_call_on_the_mounted_config() -> None:
     load_config(ROOT / "configs/compose.yaml")
 
 
+def test_the_keys_service_creates_the_run_keys_before_any_actor_starts(tmp_path: Path) -> None:
+    """With the default transport.auth curve every actor needs its key in RUN_DIR/keys on the volume:
+    the one-shot `keys` service makes them (from the same mounted config), every actor waits for it."""
+    keys = SPEC["services"]["keys"]
+    assert keys["command"][1:3] == ["keys", "create"] and not cli_params(keys["command"])["names"]
+    for name in ACTORS:
+        assert SPEC["services"][name]["depends_on"]["keys"] == {"condition": "service_completed_successfully"}, name
+    cfg = compose_config(load_config(ROOT / "configs/compose.yaml", {"run.run_dir": "runs/k"}))
+    cfg.transport.keys_dir = str(tmp_path / "keys")  # where the service would write /runs/k/keys
+    (tmp_path / "cfg.yaml").write_text(cfg.dump())
+    argv = [a.replace(SECRET_PATH, str(tmp_path / "cfg.yaml")) for a in keys["command"]]
+    made = CliRunner().invoke(app, argv[1:])
+    assert made.exit_code == 0, made.output
+    assert {p.name for p in (tmp_path / "keys").glob("*.key_secret")} >= {
+        f"{r}.key_secret" for r in ("coordinator", "publisher", "buffer", "trainer", "worker", "operator")
+    }
+    assert load_config(tmp_path / "cfg.yaml").keys_path() == tmp_path / "keys"
+
+
+def test_compose_refuses_transport_auth_none() -> None:
+    with pytest.raises(ComposeError, match="auth none"):
+        compose_config(load_config(ROOT / "configs/sim.yaml", {"transport.auth": "none"}))
+
+
 def test_every_service_has_a_healthcheck_that_is_a_valid_health_call() -> None:
-    for name, svc in SPEC["services"].items():
+    for name, svc in ((n, s) for n, s in SPEC["services"].items() if n in ACTORS):
         test = svc["healthcheck"]["test"]
         argv = test[1:] if test[0] == "CMD" else shlex.split(test[1].replace("$$HOSTNAME", "abc123"))
         params = cli_params(argv)
@@ -136,25 +167,33 @@ def test_up_compose_without_docker_is_one_clear_line(tmp_path: Path) -> None:
 def test_health_command_against_a_live_coordinator(run_dir: Path) -> None:
     cfg = sim_config(run_dir, transport="tcp", run__workers=1, run__epochs=50, sim__gen_s_per_token=0.01)
     cluster = LocalCluster(cfg)
+    keys = str(cfg.keys_path())  # the run's keys: health asks as the member (its role's key) or the operator
     try:
         addr = cfg.address("coordinator")
         for member in ("buffer", "worker"):  # the worker is worker-0: a prefix match
-            ok = _health(addr, "--member", member)
+            ok = _health(addr, "--member", member, "--keys", keys, wait=True)
             assert ok.returncode == 0 and "healthy" in ok.stdout, ok.stderr
-        bad = _health(addr, "--member", "worker-elsewhere")
+        bad = _health(addr, "--member", "worker-elsewhere", "--keys", keys)
         assert bad.returncode == 1 and "not registered" in bad.stderr
+        stranger = _health(addr, "--keys", str(run_dir / "no-keys"))
+        assert stranger.returncode == 1 and "no secret key" in stranger.stderr
+        keyless = _health(addr, "--config", str(run_dir / "none.yaml"))
+        assert keyless.returncode == 1 and "refused our handshake" in keyless.stderr
     finally:
         cluster.close()
-    gone = _health(addr)
+    gone = _health(addr, "--keys", keys)
     assert gone.returncode == 1 and "no reply" in gone.stderr
 
 
-def _health(addr: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _health(addr: str, *args: str, wait: bool = False) -> subprocess.CompletedProcess[str]:
+    """`prl-actors health`; `wait`: ask again until healthy (members register a moment after starting)."""
+    if "--config" in args:  # a config without keys of this run (auth none), as a stray client would be
+        Path(args[args.index("--config") + 1]).write_text("transport:\n  auth: none\n")
     argv = [*CLI, "health", "--coordinator", addr, *args]
     deadline = time.monotonic() + 10
-    while True:  # members register within a moment of starting
+    while True:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        if out.returncode == 0 or "worker-elsewhere" in args or time.monotonic() > deadline or not args:
+        if out.returncode == 0 or not wait or time.monotonic() > deadline:
             return out
         time.sleep(0.2)
 
@@ -164,6 +203,10 @@ def test_a_standalone_coordinator_writes_config_and_refuses_a_used_run_dir(tmp_p
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(cfg.dump())
     assert load_config(cfg_path).dump() == cfg.dump()  # `up` writes it, the coordinator rewrites nothing
+    keyless = subprocess.run([*CLI, "actor", "coordinator", "--config", str(cfg_path)], capture_output=True, text=True)
+    assert keyless.returncode == 1 and "no secret key for 'coordinator'" in keyless.stderr  # keys come first
+    made = subprocess.run([*CLI, "keys", "create", "--config", str(cfg_path)], capture_output=True, text=True)
+    assert made.returncode == 0 and (run_dir / "keys" / "coordinator.key_secret").exists(), made.stderr
     proc = subprocess.Popen([*CLI, "actor", "coordinator", "--config", str(cfg_path)], stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 20
@@ -171,7 +214,8 @@ def test_a_standalone_coordinator_writes_config_and_refuses_a_used_run_dir(tmp_p
             time.sleep(0.05)
         assert (run_dir / "config.yaml").read_text() == cfg.dump()
     finally:
-        subprocess.run([*CLI, "stop", "--coordinator", cfg.address("coordinator")], capture_output=True, timeout=30)
+        stop = [*CLI, "stop", "--coordinator", cfg.address("coordinator"), "--keys", str(run_dir / "keys")]
+        subprocess.run(stop, capture_output=True, timeout=30)
         assert proc.wait(20) == 0
     (run_dir / "metrics.jsonl").write_text("{}\n")
     again = subprocess.run([*CLI, "actor", "coordinator", "--config", str(cfg_path)], capture_output=True, text=True)

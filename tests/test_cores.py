@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from prl_actors.actors import tickets
 from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
 from prl_actors.actors.worker import WorkerCore
@@ -14,6 +15,7 @@ from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
 
 B, G = 4, 2
+KEY = b"k" * 32  # the coordinator's ticket key, as the buffer learns it from EpochOpen
 
 
 def inbound(msg: m.Msg, sender: str, peer: str | None = None) -> Inbound:
@@ -142,26 +144,26 @@ def test_epoch_advances_on_new_weights_after_all_groups_accepted() -> None:
 
 def test_unknown_heartbeat_is_told_to_register() -> None:
     core = coordinator()
-    ((_, ack),) = drive(core, 0.0, m.Heartbeat(version=0), "ghost")
+    ((_, ack),) = drive(core, 0.0, m.Heartbeat(version=0), "worker-ghost")
     assert isinstance(ack, m.HeartbeatAck) and not ack.known
 
 
 def buffer(mode: str = "periodic") -> BufferCore:
     core = BufferCore("buffer", EventLog("buffer", "buffer"), mode, G, max_groups=100)
-    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2, ticket_key=KEY), "coordinator", "coordinator"))
     core.handle(0.0, inbound(m.Credit(n=10), "trainer"))
     core.outbox.clear()
     return core
 
 
-def result(epoch: int, version: int, gid: int, n: int = G) -> m.GroupResult:
+def result(epoch: int, version: int, gid: int, n: int = G, worker: str = "worker-w") -> m.GroupResult:
     samples = [m.Sample(text="1", token_ids=[1], logprobs=[0.0], reward=1.0)] * n
-    group = m.Group(group_id=gid, prompt="p", prompt_ids=[1], samples=samples, worker="w")
-    return m.GroupResult(epoch=epoch, version=version, group=group)
+    group = m.Group(group_id=gid, prompt="p", prompt_ids=[1], samples=samples, worker=worker)
+    return m.GroupResult(epoch=epoch, version=version, group=group, ticket=tickets.mint(KEY, epoch, gid, worker))
 
 
 def send_group(core: BufferCore, msg: m.GroupResult) -> tuple[m.GroupAck, list[m.Msg]]:
-    core.handle(0.0, inbound(msg, "w"))
+    core.handle(0.0, inbound(msg, msg.group.worker))
     out, core.outbox = core.outbox, []
     acks = [x for _, x, _ in out if isinstance(x, m.GroupAck)]
     return acks[0], [x for _, x, _ in out if not isinstance(x, m.GroupAck)]
@@ -199,7 +201,7 @@ def test_buffer_periodic_streams_on_arrival_sync_releases_the_batch() -> None:
 
 def test_buffer_respects_credits() -> None:
     core = BufferCore("buffer", EventLog("buffer", "buffer"), "periodic", G, max_groups=100)
-    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=2, ticket_key=KEY), "coordinator", "coordinator"))
     core.handle(0.0, inbound(m.Credit(n=1), "trainer"))
     send_group(core, result(0, 0, 0))
     _, out = send_group(core, result(0, 0, 1))
@@ -283,7 +285,7 @@ def test_a_stalled_epoch_says_why() -> None:
         core.now = now
         core.tick(now)
     assert core.stall_reason == "no worker is registered"
-    (_, status), *_ = drive(core, 12.0, m.StatusRequest(), "cli")
+    (_, status), *_ = drive(core, 12.0, m.StatusRequest(), "operator-cli")
     assert status.waiting_for == "no worker is registered"  # type: ignore[attr-defined]
 
 

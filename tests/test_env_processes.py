@@ -15,6 +15,7 @@ import pytest
 import zmq
 
 from prl_actors.envs.client import EnvClient
+from prl_actors.transport.auth import close_context, create_keys, run_key_names
 from tests.env_utils import env_config
 
 pytestmark = pytest.mark.integration
@@ -33,6 +34,7 @@ def test_killed_env_process_loses_no_step_and_a_joiner_takes_slots(run_dir: Path
     cfg = env_config(run_dir, transport="tcp", num_envs=6, wait_actors_s=60.0)
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(cfg.dump())
+    create_keys(cfg.keys_path(), [*run_key_names(), "env-0", "env-1", "env-2"])  # as `up` does (CurveZMQ on tcp)
     ctx = zmq.Context()
     envs = EnvClient.from_config(cfg, ctx=ctx, log_dir=run_dir / "logs")
     procs = {n: _spawn(run_dir / "config.yaml", n) for n in ("env-0", "env-1")}
@@ -63,7 +65,7 @@ def test_killed_env_process_loses_no_step_and_a_joiner_takes_slots(run_dir: Path
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        ctx.destroy(linger=0)
+        close_context(ctx)
     assert victim and set(np.flatnonzero(lost)) == set(victim) and lost.max() == 1  # each lost once
     assert procs["env-0"].returncode == 0 and procs["env-2"].returncode == 0  # shut down cleanly at the end
     learner = _events(run_dir, "learner")

@@ -104,7 +104,7 @@ def test_a_name_held_by_a_live_process_is_refused_not_taken_over() -> None:
 def test_a_late_joiner_is_told_the_run_is_over() -> None:
     core = coordinator()
     open_epoch(core)
-    drive(core, 0.2, m.RequestStop(reason="prl-actors stop"), "cli")
+    drive(core, 0.2, m.RequestStop(reason="prl-actors stop"), "operator-cli")  # only the operator key may stop
     reply = register(core, 0.3, "worker-late", pid=9)
     assert isinstance(reply, m.Shutdown) and "the run is over (stop requested: prl-actors stop)" in reply.reason
     joiner = member()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config
+from prl_actors.launcher import EXIT_STOPPED
 from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -28,13 +29,13 @@ def start_up(cfg: Config, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+def finish(proc: subprocess.Popen[str], timeout: float = 60.0, code: int = 0) -> str:
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
-    assert proc.returncode == 0, err
+    assert proc.returncode == code, err
     return err
 
 
@@ -62,13 +63,19 @@ def test_remote_worker_joins_and_scale_and_status(tmp_path: Path, run_dir: Path)
     proc = start_up(cfg, tmp_path)
     coord = cfg.address("coordinator")
     wait_for(run_dir, lambda e: e["event"] == "epoch_open")
-    status = subprocess.run([*CLI, "status", "--coordinator", coord], capture_output=True, text=True, timeout=20)
+    keys = ["--keys", str(run_dir / "keys")]  # the operator's: the run's key directory
+    status = subprocess.run([*CLI, "status", "--coordinator", coord, *keys], capture_output=True, text=True, timeout=20)
     assert status.returncode == 0 and "state" in status.stdout and "worker-0" in status.stdout
+    bundle = tmp_path / "joiner-keys"  # what a worker on another host gets: its secret + public keys
+    exported = subprocess.run([*CLI, "keys", "export", "worker", "--out", str(bundle), "--run-dir", str(run_dir)])
+    assert exported.returncode == 0 and not (bundle / "operator.key_secret").exists()
     extra = subprocess.Popen(
         [*CLI, "actor", "worker", "--config", str(tmp_path / "cfg.yaml"), "--name", "worker-remote",
-         "--coordinator", coord],
+         "--coordinator", coord, "--keys", str(bundle)],
     )  # fmt: skip
-    scaled = subprocess.run([*CLI, "scale", "--workers", "2", "--coordinator", coord], capture_output=True, text=True)
+    scaled = subprocess.run(
+        [*CLI, "scale", "--workers", "2", "--coordinator", coord, *keys], capture_output=True, text=True
+    )
     assert scaled.returncode == 0, scaled.stderr
     err = finish(proc)
     assert extra.wait(20) == 0
@@ -87,3 +94,34 @@ def test_up_writes_run_directory(tmp_path: Path, run_dir: Path) -> None:
     assert names == ["buffer", "coordinator", "publisher", "trainer", "worker-0", "worker-1"]
     for e in read_logs(run_dir):
         assert {"event", "actor", "role", "epoch", "version", "t_mono", "t_wall"} <= e.keys()
+
+
+def test_stop_and_scale_need_the_operator_key_and_status_shows_refusals(tmp_path: Path, run_dir: Path) -> None:
+    """`up` over tcp with its keys: the CLI without them is refused at the handshake (a clear error,
+    counted in `status`); with the operator key `scale` is bounded by run.max_workers and `stop` works."""
+    cfg = sim_config(run_dir, transport="tcp", run__epochs=100, run__max_workers=3, sim__gen_s_per_token=0.01)
+    proc = start_up(cfg, tmp_path)
+    coord = ["--coordinator", cfg.address("coordinator")]
+    keys = ["--keys", str(run_dir / "keys")]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    try:
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open", timeout=60)
+        nokey = cli("stop", *coord)  # no --keys, and no runs/latest here: a plain client
+        assert nokey.returncode == 1 and "refused our handshake" in nokey.stderr, nokey.stderr
+        too_many = cli("scale", "--workers", "4", *coord, *keys)
+        assert too_many.returncode == 1 and "over_limit" in too_many.stderr, too_many.stderr
+        status = cli("status", *coord, *keys)
+        assert status.returncode == 0 and "coordinator refused: auth_refused" in status.stdout, status.stdout
+        stopped = cli("stop", *coord, *keys)
+        assert stopped.returncode == 0, stopped.stderr
+        err = finish(proc, code=EXIT_STOPPED)  # stopped before its last epoch
+    finally:
+        if proc.poll() is None:  # a failed assertion: stop the run (and its actors) like Ctrl-C
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    assert "done: 100 epochs" not in err
+    done = [e for e in read_logs(run_dir) if e["event"] == "run_done"]
+    assert done and done[0]["reason"] == "stop requested: prl-actors stop"

@@ -85,10 +85,10 @@ def test_every_type_has_a_sample() -> None:
 
 @pytest.mark.parametrize("msg", sample_messages(), ids=lambda msg: m.tag_of(msg))
 def test_round_trip(msg: m.Msg) -> None:
-    payload = b"\x00\x01raw"
-    decoded, payloads = decode(encode(msg, [payload]))
+    payload = [b"\x00\x01raw"] if isinstance(msg, m.WeightChunk) else []  # only chunks carry raw frames
+    decoded, payloads = decode(encode(msg, payload))
     assert decoded == msg
-    assert [bytes(p) for p in payloads] == [payload]
+    assert [bytes(p) for p in payloads] == payload
 
 
 def test_header_fields_are_typed_fields() -> None:

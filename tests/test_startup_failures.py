@@ -13,14 +13,16 @@ import zmq
 
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import ActorHost
+from prl_actors.config import load_config
 from prl_actors.logs import EventLog
 from prl_actors.rundir import RunDir
-from tests.conftest import sim_config
+from tests.conftest import run_keys, sim_config
 
 CLI = [sys.executable, "-m", "cli.main"]
 
 
 def actor(role: str, config: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    run_keys(load_config(config))  # as `up` would have made them
     t0 = time.monotonic()
     argv = [*CLI, "actor", role, "--config", str(config), *extra]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)

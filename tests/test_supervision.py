@@ -17,7 +17,7 @@ from prl_actors.config import Config, load_config
 from prl_actors.launcher import Launcher, RunFailed
 from prl_actors.rundir import RunDir
 from prl_actors.training.sim import SimLearner
-from tests.conftest import read_logs, sim_config, wait_for
+from tests.conftest import read_logs, run_keys, sim_config, wait_for
 from tests.test_processes import CLI, write_config
 
 pytestmark = pytest.mark.integration
@@ -128,6 +128,7 @@ def test_a_second_up_on_bound_ports_cannot_touch_the_first_run(tmp_path: Path) -
         # without the up-front check, the start order is what protects the first run:
         cfg = sim_config(second_dir, transport="tcp", transport__base_port=port)
         RunDir(second_dir).config.write_text(cfg.dump())
+        run_keys(cfg)  # what `up` does before its launcher starts
         with pytest.raises(RunFailed, match=r"coordinator exited \(code 1: .*Address already in use"):
             Launcher(cfg, RunDir(second_dir).config, progress=False).run()
         assert not (second_dir / "logs" / "publisher.jsonl").exists(), "it started more than its coordinator"
@@ -190,6 +191,7 @@ def test_a_worker_whose_engine_fails_at_start_is_restarted_a_bounded_number_of_t
 def test_a_joiner_without_a_coordinator_gives_up_with_a_clear_error(tmp_path: Path) -> None:
     cfg = sim_config(tmp_path / "run", transport="tcp", transport__join_timeout_s=2.0)
     (tmp_path / "cfg.yaml").write_text(cfg.dump())
+    run_keys(cfg)  # a worker with the run's keys: what is missing is the coordinator
     out = subprocess.run(
         [*CLI, "actor", "worker", "--config", str(tmp_path / "cfg.yaml"), "--name", "worker-9"],
         capture_output=True, text=True, timeout=60,

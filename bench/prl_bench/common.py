@@ -62,6 +62,7 @@ class BenchContext:
     work_dir: Path
     say: Callable[[str], None] = print
     smoke: bool = False  # tiny sizes for tests: numbers meaningless, structure checked
+    auth: str = "curve"  # transport.auth of the runs and sockets the benchmarks set up (curve or none)
 
     def size(self, full: Any, quick: Any, smoke: Any) -> Any:
         return smoke if self.smoke else (quick if self.quick else full)

@@ -3,17 +3,23 @@ and the epoch turnaround.
 
   core     CoordinatorCore driven directly (no sockets): a realistic mix per group of WorkRequest,
            GroupAccepted and a Heartbeat, epochs closing and reopening; logging to a real file.
-  zmq      the coordinator in its real ActorHost, bound on tcp; one other OS process holds N DEALER
+  zmq      the coordinator in its real ActorHost, bound on tcp with CurveZMQ as in a run (every
+           member authenticates with the run's keys; `--auth none`: plain tcp); one other OS process holds N DEALER
            members (swarm.py): join, heartbeats every 0.2 s with a work-request prober (assignment
            latency p50/p99 under that load), a heartbeat flood (messages/s), leave.
-  turnaround  from the logs of a `prl-actors up` sim run (one process per actor, tcp): last group
+  auth     the zmq flood with CurveZMQ and without (`transport.auth` curve / none), N members, in
+           interleaved pairs so that the machine's drift hits both alike: the median ratio of the
+           pairs (issue 12: "within 10% with auth on"), and the coordinator's CPU per message.
+  turnaround  from the logs of a `prl-actors up` sim run (one process per actor, tcp, transport.auth
+           as `--auth`): last group
            consumed -> first assignment of the next epoch, minus the optimizer step, the weight
            upload and the first-assigned worker's weight fetch (weight transfer excluded).
-Goals: >= 20,000 msg/s; turnaround <= 20 ms.
+Goals: >= 20,000 msg/s; turnaround <= 20 ms; CURVE / plain >= 0.9.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import statistics
 import sys
@@ -28,6 +34,7 @@ from prl_bench.swarm import serve
 
 MSG_GOAL = 20_000.0
 TURNAROUND_GOAL_MS = 20.0
+AUTH_RATIO_GOAL = 0.9  # CurveZMQ costs at most 10% of the coordinator's plain throughput
 
 
 class CoreDriver:
@@ -92,12 +99,12 @@ def core_direct(ctx: BenchContext, log_dir: Path) -> dict[str, Any]:
     return {"mix_msgs_per_s": mix, "heartbeat_msgs_per_s": hb_rate, "workers": workers, "groups": groups}
 
 
-def start_coordinator(addr: str, log_path: Path, groups: int):  # type: ignore[no-untyped-def]
+def start_coordinator(addr: str, log_path: Path, groups: int, keys: Path | None):  # type: ignore[no-untyped-def]
     import zmq
 
     zctx = zmq.Context()
     core = internals.coordinator_core(log_path, groups, epochs=1, timeout_s=3.0)  # 15 heartbeat intervals
-    host = internals.start_host(core, zctx, addr, {})
+    host = internals.start_host(core, zctx, addr, {}, security=internals.security(keys, "coordinator"))
     return zctx, host
 
 
@@ -128,10 +135,11 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
     """One coordinator, n members: idle latency, join, steady heartbeats + latency, flood, leave."""
     seconds = ctx.size(4.0, 2.0, 0.5)
     addr = f"tcp://127.0.0.1:{free_port()}"
-    zctx, host = start_coordinator(addr, log_dir / f"coordinator-{n}.jsonl", groups=200_000)
+    keys = log_dir / "keys" if ctx.auth == "curve" else None
+    zctx, host = start_coordinator(addr, log_dir / f"coordinator-{n}.jsonl", groups=200_000, keys=keys)
     out: dict[str, Any] = {}
     try:
-        swarm("start", addr)
+        swarm("start", addr, str(keys) if keys else None)
         swarm("open_epoch")
         idle = swarm("steady", seconds / 2, 0.2, 0.005)
         out.update(idle_assign_p50_ms=idle["assign_p50_ms"], idle_assign_p99_ms=idle["assign_p99_ms"])
@@ -152,8 +160,30 @@ def over_sockets(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> 
         out["false_timeouts"] = _timeouts(log_dir / f"coordinator-{n}.jsonl")
     finally:
         internals.stop_host(host, 10.0)
-        zctx.destroy(linger=0)
+        internals.close_context(zctx)
     return rounded(out, 4)
+
+
+def auth_pairs(ctx: BenchContext, swarm: SwarmProc, log_dir: Path) -> dict[str, Any]:
+    """The flood with and without CurveZMQ, alternating which goes first; per pair curve / plain."""
+    n, pairs = ctx.size((100, 5), (100, 3), (20, 1))
+    runs: list[dict[str, dict[str, Any]]] = []
+    for i in range(pairs):
+        order = ("none", "curve") if i % 2 == 0 else ("curve", "none")
+        runs.append({a: _flood(dataclasses.replace(ctx, auth=a), n, swarm, log_dir / f"auth-{i}-{a}") for a in order})
+    ratios = [r["curve"]["msgs_per_s"] / r["none"]["msgs_per_s"] for r in runs]
+    out = {"members": n, "pairs": pairs, "ratio_median": statistics.median(ratios), "ratios": ratios}
+    for a in ("curve", "none"):
+        out[f"{a}_msgs_per_s"] = [r[a]["msgs_per_s"] for r in runs]
+        out[f"{a}_cpu_us_per_msg"] = [r[a]["cpu_us_per_msg"] for r in runs]
+    return out
+
+
+def _flood(ctx: BenchContext, n: int, swarm: SwarmProc, log_dir: Path) -> dict[str, float]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    r = over_sockets(ctx, n, swarm, log_dir)
+    cpu = r["flood_coordinator_cpu"] / max(r["flood_msgs_per_s"], 1e-9) * 1e6
+    return {"msgs_per_s": r["flood_msgs_per_s"], "cpu_us_per_msg": cpu}
 
 
 def _timeouts(log_path: Path) -> int:
@@ -171,6 +201,7 @@ def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
         "trainer.learner": "sim",
         "trainer.checkpoint_every": 0,
         "transport.kind": "tcp",
+        "transport.auth": ctx.auth,
         "transport.base_port": free_port() + 7,
         "coordinator.groups_per_epoch": 16,
         "sim.gen_s_per_token": 0.0005,
@@ -216,6 +247,7 @@ def run(ctx: BenchContext) -> list[Entry]:
     swarm = SwarmProc()
     try:
         scale = [over_sockets(ctx, n, swarm, log_dir) for n in ctx.size([100, 300, 1000], [100, 1000], [20])]
+        auth = rounded(auth_pairs(ctx, swarm, log_dir), 4)
     finally:
         swarm.close()
     for r in scale:
@@ -223,11 +255,32 @@ def run(ctx: BenchContext) -> list[Entry]:
             f"  control zmq {r['members']:>4} members: flood {r['flood_msgs_per_s']:.0f} msg/s, assign p50/p99 "
             f"{r['steady_assign_p50_ms']:.2f}/{r['steady_assign_p99_ms']:.2f} ms, join {r['join_s']:.2f}s"
         )
+    ctx.say(
+        f"  control auth: curve / plain flood {auth['ratio_median']:.3f} (median of {auth['pairs']} pairs: "
+        f"{', '.join(f'{x:.2f}' for x in auth['ratios'])})"
+    )
     turn = turnaround(ctx, ctx.work_dir / "turnaround-run")
     control = [b["control_ms"] for b in turn["boundaries"]]
     med = statistics.median(control)
     ctx.say(f"  control turnaround: median {med:.2f} ms (max {max(control):.2f}) over {len(control)} epochs")
-    return _entries(core, scale, turn, med)
+    return [*_entries(core, scale, turn, med), _auth_entry(ctx, auth)]
+
+
+def _auth_entry(ctx: BenchContext, auth: dict[str, Any]) -> Entry:
+    cpu = {a: statistics.median(auth[f"{a}_cpu_us_per_msg"]) for a in ("curve", "none")}
+    rate = {a: statistics.median(auth[f"{a}_msgs_per_s"]) for a in ("curve", "none")}
+    return Entry(
+        "control_plane",
+        f"coordinator flood with CurveZMQ / without ({auth['members']} members)",
+        "heartbeat flood msg/s, transport.auth curve / none, median of interleaved pairs",
+        auth["ratio_median"],
+        "x",
+        auth["ratio_median"],
+        AUTH_RATIO_GOAL,
+        raw=auth,
+        note=f"curve {rate['curve']:.0f} / none {rate['none']:.0f} msg/s, coordinator CPU {cpu['curve']:.1f} / "
+        f"{cpu['none']:.1f} us per message (medians); pairs {', '.join(f'{x:.2f}' for x in auth['ratios'])}",
+    )
 
 
 def _entries(core: dict, scale: list[dict], turn: dict, med: float) -> list[Entry]:  # type: ignore[type-arg]
@@ -276,7 +329,8 @@ def _entries(core: dict, scale: list[dict], turn: dict, med: float) -> list[Entr
             float(top["false_timeouts"]),
             0.0,
             "<=",
-            note=f"join {top['join_s']:.2f}s, leave {top['leave_s']:.2f}s, hb p99 {top['steady_hb_rtt_p99_ms']:.1f} ms",
+            note=f"connect {top['connect_s']:.2f}s, join {top['join_s']:.2f}s, leave {top['leave_s']:.2f}s, "
+            f"hb p99 {top['steady_hb_rtt_p99_ms']:.1f} ms",
         ),
         Entry(
             e,

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -41,14 +42,18 @@ def run(ctx: BenchContext) -> list[Entry]:
 # --- 1. env steps/s ------------------------------------------------------------------------------
 
 
-def _env_config(work: Path, n: int, port: int) -> tuple[Any, Path]:
+def _env_config(work: Path, n: int, port: int, auth: str) -> tuple[Any, Path]:
+    """A remote-mode config on tcp, written where the env actor processes read it; with `auth` curve
+    the run's keys too (as `prl-actors up` makes them)."""
     from prl_actors.config import load_config
+    from prl_actors.transport.auth import create_keys, run_key_names
 
     overrides = {
         "run.name": f"bench-envs-{n}",
         "run.run_dir": str(work / f"steps-{n}"),
         "transport.kind": "tcp",
         "transport.base_port": port,
+        "transport.auth": auth,
         "coordinator.heartbeat_timeout_s": 10.0,
         "env": {"mode": "remote", "actors": ACTORS, "num_envs": n, "wait_actors_s": 120.0},
     }
@@ -56,6 +61,8 @@ def _env_config(work: Path, n: int, port: int) -> tuple[Any, Path]:
     Path(cfg.run.run_dir).mkdir(parents=True, exist_ok=True)
     path = Path(cfg.run.run_dir) / "config.yaml"
     path.write_text(cfg.dump())
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), run_key_names())
     return cfg, path
 
 
@@ -90,10 +97,10 @@ def local_rate(n: int, steps: int, repeats: int) -> float:
         envs.close()
 
 
-def remote_rate(work: Path, n: int, steps: int, repeats: int, port: int) -> float:
+def remote_rate(work: Path, n: int, steps: int, repeats: int, port: int, auth: str) -> float:
     from prl_actors.envs.client import EnvClient
 
-    cfg, path = _env_config(work, n, port)
+    cfg, path = _env_config(work, n, port, auth)
     envs = EnvClient.from_config(cfg)
     procs = [_spawn_env(path, f"env-{i}") for i in range(ACTORS)]
     try:
@@ -112,9 +119,10 @@ def steps_entries(ctx: BenchContext) -> list[Entry]:
     steps, repeats = ctx.size(1000, 300, 20), ctx.size(3, 2, 1)
     port = 28800
     c = 1.0 / (local_rate(256, max(20, steps // 8), repeats) * 256) if not ctx.smoke else 1e-5
-    remote_vec = {n: remote_rate(ctx.work_dir, n, steps, repeats, port + 10 * i) for i, n in enumerate(sizes)}
+    rate = functools.partial(remote_rate, ctx.work_dir, steps=steps, repeats=repeats, auth=ctx.auth)
+    remote_vec = {n: rate(n, port=port + 10 * i) for i, n in enumerate(sizes)}
     if ACTORS not in remote_vec:
-        remote_vec[ACTORS] = remote_rate(ctx.work_dir, ACTORS, steps, repeats, port + 10 * len(sizes))
+        remote_vec[ACTORS] = rate(ACTORS, port=port + 10 * len(sizes))
     m = max(0.0, 1.0 / remote_vec[ACTORS] - c)
     ctx.say(f"[envs] c = {c * 1e6:.1f} us per env step, m = {m * 1e6:.0f} us per remote round trip")
     entries = []

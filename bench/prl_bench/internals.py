@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 
-def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str]) -> Any:
-    """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object."""
+def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str], security: Any = None) -> Any:
+    """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object.
+    `security` (transport.auth.Security): CurveZMQ on its sockets, as in a run (None: plain)."""
     from prl_actors.actors.runtime import ActorHost
 
-    host = ActorHost.start(core, zctx, bind, peers)._actor_weakref()  # type: ignore[attr-defined]
+    host = ActorHost.start(core, zctx, bind, peers, security=security)._actor_weakref()  # type: ignore[attr-defined]
     assert host is not None, "the actor stopped while starting"
     return host
 
@@ -27,6 +28,24 @@ def stop_host(host: Any, timeout_s: float) -> None:
     """Ask the host's actor to stop and wait (at most `timeout_s`) until its port is closed."""
     host.actor_ref.stop(block=False)
     host.done.wait(timeout_s)
+
+
+def security(keys: Path | None, name: str) -> Any:
+    """CurveZMQ for the actor or client `name` with the run keys in `keys` (created there if missing);
+    None when `keys` is None (plain sockets: transport.auth none)."""
+    if keys is None:
+        return None
+    from prl_actors.transport.auth import KeyStore, Security, create_keys, run_key_names
+
+    create_keys(keys, run_key_names())
+    return Security(KeyStore(keys), name)
+
+
+def close_context(zctx: Any) -> None:
+    """Destroy a context, stopping its ZAP handler first (if it has one)."""
+    from prl_actors.transport.auth import close_context as close
+
+    close(zctx)
 
 
 def send(host: Any, peer: str, msg: Any) -> None:

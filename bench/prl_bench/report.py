@@ -165,7 +165,7 @@ def _control_details(entries: list[dict[str, Any]]) -> list[str]:
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
-        f"# prl-actors benchmarks ({results['preset']})",
+        f"# prl-actors benchmarks ({results['preset']}, transport.auth {results.get('auth', 'curve')})",
         "",
         f"Machine: {m['label']} ({m['cpu_model']}, {m['cpus_usable']} usable CPUs, {m['mem_total_gib']} GiB), "
         f"{m['platform']}; Python {m['python']}, torch {m.get('torch', '-')}, libzmq {m['libzmq']}. "

@@ -65,6 +65,7 @@ def run_suite(
     smoke: bool = False,
     keep_work: bool = False,
     say: Callable[[str], None] = print,
+    auth: str = "curve",
 ) -> dict[str, Any]:
     """Run the benchmarks into `out` (results.json, results.md, *.png); returns the results."""
     names = resolve(only)
@@ -74,12 +75,13 @@ def run_suite(
     results: dict[str, Any] = {
         "machine": machine_info(label),
         "preset": "smoke" if smoke else ("quick" if quick else "full"),
+        "auth": auth,
         "benchmarks": [],
         "entries": [],
     }
     try:
         for name in names:
-            results["benchmarks"].append(_run_one(name, BenchContext(quick, out, work / name, say, smoke), say))
+            results["benchmarks"].append(_run_one(name, BenchContext(quick, out, work / name, say, smoke, auth), say))
             results["entries"] += results["benchmarks"][-1].pop("entries")
             save(out, results)
     finally:

@@ -1,15 +1,18 @@
 """Many simulated members in one OS process: N DEALER sockets speaking the real protocol to a
 coordinator (the control-plane benchmark's load generator). Driven over a multiprocessing Pipe.
 
-Each member is a DEALER whose routing id is its name (as a Port's), so the coordinator sees N
-distinct members. Frames are encoded once per member and re-sent (the coordinator does not
-deduplicate heartbeats), so the generator spends its time on sockets, not on encoding.
+Each member is a DEALER whose routing id is its name, so the coordinator sees N distinct members;
+with a key directory every socket is a CurveZMQ client (members share the `worker` role key, the
+buffer and publisher sockets use theirs), as in a run. Frames are encoded once per member and re-sent
+(the coordinator does not deduplicate heartbeats), so the generator spends its time on sockets, not on
+encoding.
 """
 
 from __future__ import annotations
 
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -31,30 +34,39 @@ from prl_bench.common import percentile
 
 
 class Swarm:
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, keys: str | None = None) -> None:
+        from prl_actors.transport.auth import KeyStore
+
         self.addr = addr
+        self.keys = KeyStore(Path(keys)) if keys else None
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, 8192)
         self.members: list[zmq.Socket] = []
         self.names: list[str] = []
         self.buffer = self._socket("buffer")
+        self.publisher = self._socket("publisher")
         self.prober = self._socket("worker-probe")
 
-    def _socket(self, name: str) -> zmq.Socket:
+    def _socket(self, name: str, immediate: bool = False) -> zmq.Socket:
+        from prl_actors.transport.auth import Security
+
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.ROUTING_ID, name.encode())
+        s.setsockopt(zmq.IMMEDIATE, int(immediate))
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
+        if self.keys is not None:
+            Security(self.keys, name).connect(s, "coordinator")
         s.connect(self.addr)
         return s
 
     # --- setup -------------------------------------------------------------------------------
 
     def open_epoch(self) -> dict[str, float]:
-        """Play the buffer (and publisher): register, announce v0, ack EpochOpen; register the prober."""
+        """Play the buffer and the publisher: register, announce v0, ack EpochOpen; register the prober."""
         self._request(self.buffer, Register(role=Role.BUFFER, sender="buffer"))
-        self.buffer.send_multipart(encode(WeightsAvailable(version=0, sender="buffer")))
+        self.publisher.send_multipart(encode(WeightsAvailable(version=0, sender="publisher")))
         while True:
             msg, _ = decode(self.buffer.recv_multipart())
             if isinstance(msg, EpochOpen):
@@ -64,16 +76,38 @@ class Swarm:
         return {}
 
     def join(self, n: int) -> dict[str, float]:
-        """n new members register at once; seconds until every Welcome is back."""
+        """n new members connect (`connect_s`: until every handshake is done, CurveZMQ's cost), then
+        register at once (`join_s`: until every Welcome is back). Split, because a member that waits
+        for 999 others' handshakes before its first heartbeat would look dead to the coordinator."""
         start = len(self.members)
-        new = [self._socket(f"worker-{i}") for i in range(start, start + n)]
-        self.names += [f"worker-{i}" for i in range(start, start + n)]
         t0 = time.monotonic()
+        new: list[zmq.Socket] = []
+        for first in range(start, start + n, 50):  # in batches, so handshakes interleave with heartbeats
+            batch = [self._socket(f"worker-{i}", immediate=True) for i in range(first, min(first + 50, start + n))]
+            self._wait_connected(batch)
+            new += batch
+        t1 = time.monotonic()
+        self.names += [f"worker-{i}" for i in range(start, start + n)]
         for s, name in zip(new, self.names[start:], strict=True):
             s.send_multipart(encode(Register(role=Role.WORKER, sender=name)))
         self.members += new
         self._drain_replies(new, 1, "welcome")
-        return {"members": float(len(self.members)), "join_s": time.monotonic() - t0}
+        return {"members": float(len(self.members)), "connect_s": t1 - t0, "join_s": time.monotonic() - t1}
+
+    def _wait_connected(self, socks: list[zmq.Socket], timeout_s: float = 120.0) -> None:
+        """With ZMQ_IMMEDIATE a DEALER is writable only once its connection (handshake) is complete.
+        Meanwhile the members that already joined keep heartbeating, as real ones would."""
+        deadline = time.monotonic() + timeout_s
+        beat = 0.0
+        for s in socks:
+            while not s.poll(20, zmq.POLLOUT):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("members did not finish connecting")
+                if time.monotonic() - beat > 0.2:
+                    beat = time.monotonic()
+                    for member, frames in zip(*self._heartbeaters(), strict=True):
+                        member.send_multipart(frames)
+                    self._settle(0.0)
 
     def leave(self) -> dict[str, float]:
         t0 = time.monotonic()
@@ -215,7 +249,7 @@ def serve(conn: Connection) -> None:
             if cmd[0] == "start":
                 if swarm is not None:
                     swarm.close()
-                swarm = Swarm(cmd[1])
+                swarm = Swarm(*cmd[1:])
                 reply: Any = {}
             else:
                 assert swarm is not None, "start first"

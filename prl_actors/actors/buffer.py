@@ -1,5 +1,9 @@
 """RolloutBuffer: admits each group of the open epoch exactly once and streams it to the Trainer.
 
+Who: a group is admitted only from the worker the coordinator assigned it to — the sender's key
+covers its name (runtime.Core), `group.worker` is that name, and the group carries the coordinator's
+ticket for exactly (epoch, group id, worker) (tickets.py; the key arrives with EpochOpen).
+Otherwise the reply is `error` `forbidden` and nothing changes. Credits come only from the trainer.
 Admission (in this order; the first failing rule is the rejection reason, counted and logged):
   wrong_epoch / epoch_closed  the group's epoch is not the open one
   stale_version               its version is not the open epoch's version (on-policy)
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from prl_actors.actors import tickets
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
@@ -24,6 +29,7 @@ from prl_actors.protocol.messages import (
     Credit,
     EpochComplete,
     EpochOpen,
+    ErrorCode,
     GroupAccepted,
     GroupAck,
     GroupResult,
@@ -50,6 +56,7 @@ class BufferCore(Core):
         self.trainer: bytes = b""
         self.seq = 0
         self.opened_at = 0.0
+        self.ticket_keys: list[bytes] = []  # the coordinator's (a restarted coordinator adds one)
 
     def start(self, now: float) -> None:
         self.register()
@@ -59,6 +66,8 @@ class BufferCore(Core):
     @handles(EpochOpen)
     def on_epoch_open(self, now: float, inbound: Inbound[EpochOpen]) -> None:
         msg = inbound.msg
+        if msg.ticket_key and msg.ticket_key not in self.ticket_keys:
+            self.ticket_keys = [*self.ticket_keys[-7:], msg.ticket_key]
         if msg.epoch != self.epoch:
             if self.groups and len(self.accepted) < self.groups:
                 self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
@@ -74,6 +83,10 @@ class BufferCore(Core):
     def on_group_result(self, now: float, inbound: Inbound[GroupResult]) -> None:
         msg = inbound.msg
         group = msg.group
+        why = self._not_assigned(msg)
+        if why:
+            self.refuse(inbound, why, ErrorCode.FORBIDDEN, quiet=True)
+            return
         reason = self._reject_reason(msg.epoch, msg.version, group.group_id, len(group.samples))
         fields = dict(group_id=group.group_id, worker=group.worker, msg_id=msg.id, msg_epoch=msg.epoch)
         if reason is not None:
@@ -100,6 +113,15 @@ class BufferCore(Core):
             self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
             self.log("batch_complete", groups=self.groups)
         self._pump()
+
+    def _not_assigned(self, msg: GroupResult) -> str:
+        """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""
+        gid = msg.group.group_id
+        if msg.group.worker != msg.sender:
+            return f"group {gid} names worker {msg.group.worker!r} but was sent by {msg.sender!r}"
+        if not tickets.valid(self.ticket_keys, msg.ticket, msg.epoch, gid, msg.sender):
+            return f"group {gid} of epoch {msg.epoch} was not assigned to {msg.sender!r} (no valid ticket)"
+        return ""
 
     def _reject_reason(self, epoch: int, version: int, group_id: int, n_samples: int) -> RejectReason | None:
         if self.groups == 0 or epoch > self.epoch:

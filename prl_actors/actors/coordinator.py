@@ -9,8 +9,12 @@ Invariants it keeps:
 - every group of the epoch is queued, held by exactly one live worker, or done (accepted by the
   buffer); a leaving or silent worker's held groups go back to the queue; a done group is never handed
   out again.
-Every input (message or effective tick) is logged as `coord_input` with the message in full, so
-`prl-actors replay` can feed a run's inputs back into this class and compare its decisions.
+Every input (a message its sender may send, or an effective tick) is logged as `coord_input` with the
+message in full, so `prl-actors replay` can feed a run's inputs back into this class and compare its
+decisions.
+Trust (docs/SECURITY.md): who may send what is checked before any handler runs (runtime.Core); on
+top of that `scale` is bounded by `max_workers`, and every assigned group carries a ticket
+(tickets.py) without which the buffer refuses the group.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from dataclasses import dataclass
 
 import msgspec
 
+from prl_actors.actors import tickets
 from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
-from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.runtime import REFUSALS, Core, handles
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
     EpochOpen,
     EpochStart,
+    ErrorCode,
     GroupAccepted,
     Heartbeat,
     HeartbeatAck,
@@ -75,6 +81,7 @@ class CoordinatorSettings:
     buffer_addr: str
     request_timeout_s: float = 10.0
     desired_workers: int = -1
+    max_workers: int = 64  # `scale` above this is refused (over_limit)
 
 
 class CoordinatorCore(Core):
@@ -94,15 +101,22 @@ class CoordinatorCore(Core):
         self._progress_at = 0.0
         self.stall_reason = ""
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
+        self.ticket_key = tickets.new_key()  # shared with the buffer through EpochOpen
         self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def handle(self, now: float, inbound: Inbound[Msg]) -> None:
-        self.log("coord_input", now=now, identity=inbound.identity.hex(), msg=msgspec.to_builtins(inbound.msg))
+    def admitted(self, now: float, inbound: Inbound[Msg]) -> None:
+        """An input its sender may send (refused ones change nothing, so replay needs none of them)."""
+        self.log(
+            "coord_input",
+            now=now,
+            identity=inbound.identity.hex(),
+            principal=inbound.principal,  # "" when the transport authenticates nothing (see Inbound.who)
+            msg=msgspec.to_builtins(inbound.msg),
+        )
         if not isinstance(inbound.msg, Register):  # a Register under a held name must not keep it alive
             self.members.seen(inbound.msg.sender, now)
-        super().handle(now, inbound)
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
@@ -203,7 +217,7 @@ class CoordinatorCore(Core):
     def on_heartbeat(self, now: float, inbound: Inbound[Heartbeat]) -> None:
         member = self.members.get(inbound.msg.sender)
         if member is not None:
-            member.version = inbound.msg.version
+            member.version, member.refused = inbound.msg.version, inbound.msg.refused
         epoch = self._open_epoch()
         version = version_for(epoch) if epoch >= 0 else -1
         self.reply(
@@ -245,10 +259,14 @@ class CoordinatorCore(Core):
             self._no_work(inbound, member.name, NoWorkReason.FAIR_SHARE)
             return
         groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
-        prompts = [self.prompts[g] for g in groups]
+        prompts = [self._ticketed(self.prompts[g], member.name) for g in groups]
         reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
         self.reply(inbound, reply)
         self.log("assign", worker=member.name, groups=groups, msg_id=reply.id, request_id=msg.id)
+
+    def _ticketed(self, prompt: Prompt, worker: str) -> Prompt:
+        ticket = tickets.mint(self.ticket_key, self.epoch, prompt.group_id, worker)
+        return msgspec.structs.replace(prompt, ticket=ticket)
 
     def _no_work(self, inbound: Inbound[WorkRequest], worker: str, reason: NoWorkReason) -> None:
         version = version_for(self.epoch)
@@ -317,7 +335,8 @@ class CoordinatorCore(Core):
         self.prompts = {p.group_id: p for p in self.task.prompts_for_epoch(e, self.s.groups_per_epoch)}
         self.work = EpochWork(list(self.prompts))
         self.phase.to(Phase.OPENING)
-        msg = self.emit(Dest.reply(buffer.identity), EpochOpen(epoch=e, version=v, groups=self.s.groups_per_epoch))
+        open_ = EpochOpen(epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key)
+        msg = self.emit(Dest.reply(buffer.identity), open_)
         self._open_id = msg.id
         self.expect(msg, self.s.request_timeout_s, "buffer ack of epoch_open", self._open_timed_out)
 
@@ -353,6 +372,7 @@ class CoordinatorCore(Core):
                 version=m.version,
                 outstanding=len(self.work.held_by(m.name)),
                 last_seen_s=round(now - m.last_seen, 3),
+                refused=m.refused,
             )
             for m in self.members.sorted()
         ]
@@ -371,11 +391,16 @@ class CoordinatorCore(Core):
             publisher_addr=self.s.publisher_addr,
             buffer_addr=self.s.buffer_addr,
             waiting_for=self.stall_reason,
+            refused={k: v for k, v in sorted(self.counters.items()) if k.startswith(REFUSALS)},
         )
         self.reply(inbound, status)
 
     @handles(Scale)
     def on_scale(self, now: float, inbound: Inbound[Scale]) -> None:
+        if not 0 <= inbound.msg.workers <= self.s.max_workers:
+            detail = f"scale to {inbound.msg.workers} workers: allowed 0..{self.s.max_workers} (run.max_workers)"
+            self.refuse(inbound, detail, ErrorCode.OVER_LIMIT)
+            return
         self.s.desired_workers = inbound.msg.workers
         self.log("scale", workers=inbound.msg.workers)
         self.reply(inbound, Ack(reply_to=inbound.msg.id))

@@ -19,6 +19,7 @@ class Member:
     identity: bytes
     last_seen: float
     version: int = -1  # the weight version it last said it holds
+    refused: int = 0  # refusals it reported in its last heartbeat (handshakes, forbidden, malformed)
     pid: int = 0  # the process it registered from (a name is held by one process)
     host: str = ""
 

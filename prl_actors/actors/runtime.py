@@ -12,6 +12,15 @@ so mypy checks every field it reads. Each core's table (message class -> method 
 from its class and bases; a core that lacks a handler for a message its role can receive (per
 `protocol.routes`) fails when it is built, and a message its role cannot receive is answered
 `unexpected` whatever handlers exist.
+
+Trust: before a handler runs, `forbidden` checks the message against its *authenticated* sender
+(`Inbound.who`, see transport/port.py): the sender's role (the part of its key name before '-') must
+be one that `protocol.routes` lets send this message to this role; on the bound socket the message's
+`sender` field and routing id must be names its key covers (`auth.speaks_for`); a `register` must
+claim the key's own role. Anything else is refused with `error` `forbidden`, counted and logged, and
+changes nothing. Refusals (failed handshakes, forbidden, malformed, unexpected) are also summed into
+every heartbeat's `refused`, so `prl-actors status` shows them per member; their log lines are
+rate-limited (the first `LOUD_FIRST` of each kind, then one per `LOUD_EVERY`), their counts are not.
 """
 
 from __future__ import annotations
@@ -46,8 +55,9 @@ from prl_actors.protocol.messages import (
     new_id,
     tag_of,
 )
-from prl_actors.protocol.routes import receivable
-from prl_actors.transport.port import BadFrame, Dest, Inbound, Limits, Port
+from prl_actors.protocol.routes import receivable, senders_of
+from prl_actors.transport.auth import Security, role_of_name, speaks_for
+from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port, name_of_id
 
 M = TypeVar("M", bound=Msg)
 C = TypeVar("C", bound="Core")
@@ -56,6 +66,9 @@ HandlerFn = Callable[[C, float, Inbound[M]], None]
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
 # env_step/env_step_result: one per vector step; the learner logs their accounting as `env_steps` instead.
 QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit", "env_step", "env_step_result"})
+REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
+LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
+VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
 
 
 def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
@@ -108,6 +121,20 @@ class Deferred:
 
 
 @dataclass
+class AuthFailed:
+    """A failed handshake on one socket: `where` is ROUTER (a peer we refused) or a peer name (a
+    server that refused us, or whose key is not the one we hold)."""
+
+    where: str
+    why: str
+
+
+@dataclass
+class PortCrashed:
+    error: str
+
+
+@dataclass
 class StopRequest:
     """From outside the actor (signal, test): stop cleanly; a worker leaves gracefully first."""
 
@@ -151,7 +178,10 @@ class Core:
         self.deferred: list[Callable[[float], None]] = []
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
         self.counters: dict[str, int] = {}
+        self.refused = 0  # the sum of the REFUSALS counters (sent in heartbeats)
         self._pending: dict[str, _Pending] = {}
+        self._senders = {t: senders_of(t, self.role) for t in self.receives}
+        self._verdicts: dict[tuple[object, ...], str] = {}
         self._register_id = ""
         self._coordinator_heard = 0.0  # when the coordinator last said anything to this member
 
@@ -172,8 +202,16 @@ class Core:
     def version(self, value: int) -> None:
         self.log.version = value
 
-    def count(self, key: str, n: int = 1) -> None:
-        self.counters[key] = self.counters.get(key, 0) + n
+    def count(self, key: str, n: int = 1) -> int:
+        total = self.counters[key] = self.counters.get(key, 0) + n
+        if key.startswith(REFUSALS):
+            self.refused += n
+        return total
+
+    def count_loud(self, key: str) -> bool:
+        """Count one refusal of kind `key`; True when it should also be logged (rate limit)."""
+        n = self.count(key)
+        return n <= LOUD_FIRST or n % LOUD_EVERY == 0
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -201,12 +239,58 @@ class Core:
         """Where a reply to `inbound` goes."""
         return Dest.peer(inbound.peer) if inbound.peer else Dest.reply(inbound.identity)
 
-    def refuse(self, inbound: Inbound[Msg], detail: str, code: ErrorCode = ErrorCode.REJECTED) -> None:
-        """Answer `inbound` with an Error (the uniform refusal), counted and logged."""
+    def refuse(
+        self, inbound: Inbound[Msg], detail: str, code: ErrorCode = ErrorCode.REJECTED, quiet: bool = False
+    ) -> None:
+        """Answer `inbound` with an Error (the uniform refusal), counted and logged (rate-limited).
+        `quiet`: log the answer's `send` only with its `refused` event (a flood cannot fill the disk)."""
+        loud = self._note_refusal(inbound, "refused", f"refused.{code}", code, detail)
+        self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud or not quiet)
+
+    def _note_refusal(self, inbound: Inbound[Msg], event: str, key: str, code: ErrorCode, detail: str) -> bool:
         msg = inbound.msg
-        self.count(f"refused.{code}")
-        self.log("refused", code=code, detail=detail, type=tag_of(msg), msg_id=msg.id, sender=msg.sender)
-        self.reply(inbound, Error(reply_to=msg.id, code=code, detail=detail))
+        loud = self.count_loud(key)
+        if loud:
+            fields = dict(type=tag_of(msg), msg_id=msg.id, sender=msg.sender, principal=inbound.who)
+            self.log(event, code=code, detail=detail, count=self.counters[key], **fields)
+        return loud
+
+    def _refuse_early(self, inbound: Inbound[Msg], event: str, code: ErrorCode, detail: str) -> None:
+        """Refused before any handler (unexpected, forbidden): nothing changes, nothing is logged as
+        received; the refusal is counted and logged rate-limited, its answer logged only with it."""
+        key = "unexpected" if code == ErrorCode.UNEXPECTED else f"refused.{code}"
+        loud = self._note_refusal(inbound, event, key, code, detail)
+        self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud)
+
+    def forbidden(self, inbound: Inbound[Msg]) -> str:
+        """Why the authenticated sender may not send this message here ("" when it may). The verdict
+        depends only on the key below, so it is remembered (bounded: a flood of new names clears it)."""
+        msg = inbound.msg
+        if type(msg) is Register:  # its verdict also depends on the role it claims (and it is rare)
+            return self._judge(inbound)
+        key = (type(msg), inbound.principal, inbound.peer, inbound.identity, msg.sender)
+        why = self._verdicts.get(key)
+        if why is None:
+            if len(self._verdicts) >= VERDICTS_KEPT:
+                self._verdicts.clear()
+            why = self._verdicts[key] = self._judge(inbound)
+        return why
+
+    def _judge(self, inbound: Inbound[Msg]) -> str:
+        msg, who = inbound.msg, inbound.who
+        role = role_of_name(who)
+        allowed = self._senders.get(type(msg), frozenset())
+        if role is None or role not in allowed:
+            roles = ", ".join(sorted(allowed))
+            return f"{tag_of(msg)!r} to a {self.role} is accepted only from {roles}, not from {who!r}"
+        if inbound.peer is None:  # on our bound socket: names must be ones the sender's key covers
+            if not speaks_for(who, msg.sender):
+                return f"sender {msg.sender!r} is not a name the key {who!r} may use"
+            if inbound.identity and not speaks_for(who, name_of_id(inbound.identity)):
+                return f"routing id {name_of_id(inbound.identity)!r} is not a name the key {who!r} may use"
+        if isinstance(msg, Register) and msg.role != role:
+            return f"the key {who!r} may register only as a {role}, not as a {msg.role}"
+        return ""
 
     def defer(self, fn: Callable[[float], None]) -> None:
         """Run `fn(now)` as a later inbox item: what was emitted so far is sent first, and messages
@@ -225,6 +309,17 @@ class Core:
     def handle(self, now: float, inbound: Inbound[Msg]) -> None:
         msg = inbound.msg
         tag = tag_of(msg)
+        name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
+        if name is None:
+            self._refuse_early(
+                inbound, "unexpected_message", ErrorCode.UNEXPECTED, f"{self.role} does not handle {tag!r}"
+            )
+            return
+        why = self.forbidden(inbound)
+        if why:
+            self._refuse_early(inbound, "forbidden_message", ErrorCode.FORBIDDEN, why)
+            return
+        self.admitted(now, inbound)
         reply_to = getattr(msg, "reply_to", "")
         if reply_to:
             self._pending.pop(reply_to, None)
@@ -240,22 +335,28 @@ class Core:
                 msg_epoch=msg.epoch,
                 msg_version=msg.version,
             )
-        name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
-        if name is None:
-            self.count("unexpected")
-            self.log("unexpected_message", type=tag, msg_id=msg.id, sender=msg.sender)
-            detail = f"{self.role} does not handle {tag!r}"
-            self.reply(inbound, Error(reply_to=msg.id, code=ErrorCode.UNEXPECTED, detail=detail))
-            return
         getattr(self, name)(now, inbound)
+
+    def admitted(self, now: float, inbound: Inbound[Msg]) -> None:  # noqa: B027 - optional hook
+        """Called for every message that passed the checks, before it is logged as received and handled."""
 
     def bad_frame(self, now: float, bad: BadFrame) -> None:
         """A frame that failed decoding: log it, count it, answer with an Error; keep running."""
         err = bad.error
-        self.count(f"bad_frame.{err.code}")
-        self.log("bad_frame", code=err.code, detail=err.detail, msg_id=err.reply_to, sender=err.sender)
+        key = f"bad_frame.{err.code}"
+        if self.count_loud(key):
+            self.log("bad_frame", code=err.code, detail=err.detail, msg_id=err.reply_to, sender=err.sender)
         dest = Dest.peer(bad.peer) if bad.peer else Dest.reply(bad.identity)
-        self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail))
+        self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail), log=False)
+
+    def auth_failed(self, now: float, failed: AuthFailed) -> None:
+        """A handshake failed: a peer we refused (ROUTER), or a server that refused us."""
+        if failed.where == ROUTER:
+            if self.count_loud("auth_refused"):
+                self.log("auth_refused", detail=failed.why, count=self.counters["auth_refused"])
+        elif self.count_loud("auth_failed"):
+            hint = "our key is not admitted there, or we hold a wrong public key of it (docs/SECURITY.md)"
+            self.log("auth_failed", peer=failed.where, detail=failed.why, hint=hint)
 
     def tick(self, now: float) -> None:
         overdue = [(mid, p) for mid, p in self._pending.items() if p.deadline <= now]
@@ -330,7 +431,7 @@ class Core:
     def heartbeat(self) -> Heartbeat | None:
         """What this member's heartbeats say now (None: send none). The host asks after every input
         and the port thread sends the latest answer: it never reads the core itself."""
-        return Heartbeat(epoch=self.epoch, version=self.version) if self.registered else None
+        return Heartbeat(epoch=self.epoch, version=self.version, refused=self.refused) if self.registered else None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (engines, files)."""
@@ -348,6 +449,7 @@ class ActorHost(pykka.ThreadingActor):
         tick_s: float = 0.05,
         heartbeat_s: float | None = None,
         limits: Limits = Limits(),
+        security: Security | None = None,
     ) -> None:
         super().__init__()
         self.core, self.ctx = core, ctx
@@ -369,7 +471,16 @@ class ActorHost(pykka.ThreadingActor):
             timer_s=tick_s,
             on_send_failed=lambda dest, why: self._tell(SendFailed(dest, why)),
             limits=limits,
+            security=security,
+            on_auth_failed=lambda where, why: self._tell(AuthFailed(where, why)),
+            on_crash=self._port_crashed,
+            backlog=self._backlog,
         )
+
+    def _backlog(self) -> int:
+        """Items waiting in the actor's inbox (a queue.Queue in a ThreadingActor); port thread."""
+        inbox: Any = self.actor_inbox
+        return int(inbox.qsize())
 
     def _tell(self, message: object) -> None:
         """From the port thread; after the actor stopped there is nobody to tell (shutdown race)."""
@@ -397,6 +508,10 @@ class ActorHost(pykka.ThreadingActor):
         self._run(lambda now: self.core.start(now), failing="failed to start")
 
     def on_receive(self, message: Any) -> None:
+        if isinstance(message, PortCrashed):  # `error` is already set (by the port thread)
+            self.core.log("actor_crashed", error=message.error)
+            self.stop()
+            return
         if self.error is not None:  # failed: it only waits for its stop to be processed
             return
         if isinstance(message, Inbound):
@@ -410,8 +525,16 @@ class ActorHost(pykka.ThreadingActor):
             self._run(lambda now: self.core.send_failed(now, message))
         elif isinstance(message, Deferred):
             self._run(message.fn)
+        elif isinstance(message, AuthFailed):
+            self._run(lambda now: self.core.auth_failed(now, message))
         elif isinstance(message, StopRequest):
             self._run(lambda now: self.core.request_stop(message.reason))
+
+    def _port_crashed(self, error: str) -> None:
+        """Port thread: its loop died. The actor cannot talk any more, so it ends, loudly: `error` is
+        set at once (the process exits non-zero with it) and the actor thread logs it and stops."""
+        self.error = error
+        self._tell(PortCrashed(error))
 
     def _run(self, fn: Callable[[float], None], failing: str | None = None) -> None:
         """Call into the core. An exception is logged as `handler_error` and the actor lives on (a

@@ -92,7 +92,9 @@ class WorkerCore(Core):
     def heartbeat(self) -> Heartbeat | None:
         if not self.registered:
             return None
-        return Heartbeat(epoch=self.epoch, version=self.engine.version, busy_groups=sorted(self.assigned))
+        return Heartbeat(
+            epoch=self.epoch, version=self.engine.version, busy_groups=sorted(self.assigned), refused=self.refused
+        )
 
     def request_stop(self, reason: str) -> None:
         """Graceful leave: the coordinator requeues whatever we held."""
@@ -310,8 +312,10 @@ class WorkerCore(Core):
         for g in finished:
             entry = self.assigned.pop(g.group_id, None)
             if entry is not None:
+                msg, prompt = entry
+                group = self._score(g, prompt)
                 self._send_group(
-                    GroupResult(epoch=entry[0].epoch, version=entry[0].version, group=self._score(g, entry[1])), 1
+                    GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket), 1
                 )
         self.log("span_end", span="score")
 

@@ -28,8 +28,10 @@ from gymnasium.vector.utils import batch_space
 
 from prl_actors.actors.learner_acting import LearnerSettings
 from prl_actors.config import Config
-from prl_actors.envs.hub import Hub, learner_settings
+from prl_actors.envs.hub import Hub, env_transport, learner_settings
 from prl_actors.envs.local import UNSEEDED
+from prl_actors.transport.auth import Security
+from prl_actors.transport.port import Limits
 
 
 class EnvClient(VectorEnv):  # type: ignore[misc]
@@ -39,6 +41,8 @@ class EnvClient(VectorEnv):  # type: ignore[misc]
         ctx: zmq.Context | None = None,  # type: ignore[type-arg]
         log_dir: Path | None = None,
         call_timeout_s: float = 120.0,
+        security: Security | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         super().__init__()
         if settings.mode != "remote":
@@ -52,13 +56,14 @@ class EnvClient(VectorEnv):  # type: ignore[misc]
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.call_timeout_s = call_timeout_s
-        self.hub = Hub(settings, ctx, log_dir)
+        self.hub = Hub(settings, ctx, log_dir, security, limits)
         self._was_reset = False
 
     @classmethod
     def from_config(cls, cfg: Config, ctx: zmq.Context | None = None, log_dir: Path | None = None) -> EnvClient:  # type: ignore[type-arg]
         assert cfg.env is not None
-        return cls(learner_settings(cfg, mode="remote"), ctx, log_dir, cfg.env.call_timeout_s)
+        security, limits = env_transport(cfg, "learner")
+        return cls(learner_settings(cfg, mode="remote"), ctx, log_dir, cfg.env.call_timeout_s, security, limits)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> Any:
         if options:

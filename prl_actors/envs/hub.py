@@ -4,6 +4,11 @@ The main thread (a PPO loop) never touches the core's state: `Hub.call(fn)` queu
 a `Deferred` item in the actor's inbox and blocks until the core calls `done(result)` (or the timeout
 passes, which is an `EnvUnavailable` error with the reason). Env actors are started here too
 (`start_env_actor`), in this process over inproc:// for tests, or one per OS process (envs/run.py).
+
+Trust (docs/SECURITY.md): on tcp/ipc the learner's ROUTER is a CurveZMQ server with the `learner` key
+and every env actor a client with its own key (`env-N`, else the `env` role key) from the run's key
+directory; the role checks of `Core.forbidden` and the hop table cover the env messages as any other.
+Arrays and policy chunks share one socket per env actor, so its frames are bounded by `ENV_FRAME_BYTES`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,22 @@ from prl_actors.actors.runtime import ActorHost, Deferred
 from prl_actors.config import Config
 from prl_actors.envs.local import SlotEnvs, make_env
 from prl_actors.logs import EventLog
+from prl_actors.transport.auth import KeyStore, Security, close_context
+from prl_actors.transport.port import Limits
+
+ENV_FRAME_BYTES = 64 << 20  # largest frame on the env plane (a segment's obs array, a policy chunk)
+
+
+def env_transport(cfg: Config, name: str) -> tuple[Security | None, Limits]:
+    """The CurveZMQ settings (None: transport.auth none, or inproc) and frame bounds of the env-plane
+    actor `name` (the learner, or an env actor)."""
+    _, bulk = cfg.message_limits()
+    limits = Limits(max_msg_bytes=max(bulk, ENV_FRAME_BYTES))
+    if not cfg.authenticated():
+        return None, limits
+    security = Security(KeyStore(cfg.keys_path()), name)
+    security.store.public("learner")  # a missing key file is a clear error here, not in the port thread
+    return security, limits
 
 
 class EnvUnavailable(RuntimeError):
@@ -76,8 +97,10 @@ class Hub:
     def __init__(
         self,
         settings: LearnerSettings,
-        ctx: zmq.Context | None = None,
-        log_dir: Path | None = None,  # type: ignore[type-arg]
+        ctx: zmq.Context | None = None,  # type: ignore[type-arg]
+        log_dir: Path | None = None,
+        security: Security | None = None,
+        limits: Limits = Limits(),
     ) -> None:
         self.own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -85,7 +108,7 @@ class Hub:
         log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=settings.address)
         self.core = LearnerCore("learner", log, settings)
         _ipc_dir(settings.address)
-        ref = ActorHost.start(self.core, self.ctx, settings.address, {})
+        ref = ActorHost.start(self.core, self.ctx, settings.address, {}, limits=limits, security=security)
         host = ref._actor_weakref()
         assert host is not None
         self.host: ActorHost = host
@@ -131,7 +154,7 @@ class Hub:
             self.tell(lambda now: self.core.finish(reason))
             self.host.done.wait(5.0)
         if self.own_ctx:
-            self.ctx.destroy(linger=0)
+            close_context(self.ctx)
 
 
 def _ipc_dir(address: str) -> None:
@@ -153,7 +176,9 @@ def start_env_actor(name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | No
     )
     core = EnvCore(name, log, SlotEnvs(), settings)
     peers = {"learner": cfg.address("learner")}
-    ref = ActorHost.start(core, ctx, None, peers, heartbeat_s=cfg.coordinator.heartbeat_interval_s)
+    security, limits = env_transport(cfg, name)
+    heartbeat_s = cfg.coordinator.heartbeat_interval_s
+    ref = ActorHost.start(core, ctx, None, peers, heartbeat_s=heartbeat_s, limits=limits, security=security)
     host = ref._actor_weakref()
     assert host is not None
     return host

@@ -23,6 +23,7 @@ import zmq
 from prl_actors.config import Config
 from prl_actors.logs import console
 from prl_actors.rundir import RunDir
+from prl_actors.transport.auth import close_context, create_keys
 
 ENV_ROLES = ("learner", "env")
 
@@ -51,9 +52,9 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
             envs.close()
     else:
         from prl_actors.envs.detach import train_acting
-        from prl_actors.envs.hub import Hub, learner_settings
+        from prl_actors.envs.hub import Hub, env_transport, learner_settings
 
-        hub = Hub(learner_settings(cfg), log_dir=rd.logs)
+        hub = Hub(learner_settings(cfg), None, rd.logs, *env_transport(cfg, "learner"))
         try:
             result = train_acting(hub, cfg, emit)
         finally:
@@ -102,7 +103,7 @@ def run_env_actor(name: str, cfg: Config) -> int:
                 host.done.wait(5.0)
                 break
     finally:
-        ctx.destroy(linger=0)
+        close_context(ctx)
     return 1 if host.error else 0
 
 
@@ -122,6 +123,8 @@ class EnvLauncher:
     def add_env(self) -> str:
         name = f"env-{self.next_env}"
         self.next_env += 1
+        if self.cfg.authenticated():  # its own key (RUN_DIR/keys, made by `up`): no env actor speaks as another
+            create_keys(self.cfg.keys_path(), [name])
         self.spawn("env", name)
         return name
 

@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 NONE = -1  # epoch / version "not applicable"
 
 
@@ -62,6 +62,8 @@ class ErrorCode(DocEnum):
     UNKNOWN_TYPE = "unknown_type", "type tag not in this protocol"
     UNEXPECTED = "unexpected", "valid message, but not one this actor handles"
     REJECTED = "rejected", "valid and handled, but refused (see detail)"
+    FORBIDDEN = "forbidden", "the sender's key may not send this (role, a name it does not cover, unassigned)"
+    OVER_LIMIT = "over_limit", "exceeds a configured limit (e.g. `scale` above run.max_workers)"
 
 
 class RejectReason(DocEnum):
@@ -140,9 +142,11 @@ class Welcome(Msg, tag="welcome", kw_only=True):
 
 
 class Heartbeat(Msg, tag="heartbeat", kw_only=True):
-    """Liveness; `version` is the weight version the sender holds. Reply: HeartbeatAck."""
+    """Liveness; `version` is the weight version the sender holds; `refused`: how many peers and
+    frames the sender has refused so far (failed handshakes, forbidden, malformed). Reply: HeartbeatAck."""
 
     busy_groups: list[int] = []
+    refused: int = 0
 
 
 class HeartbeatAck(Msg, tag="heartbeat_ack", kw_only=True):
@@ -190,9 +194,13 @@ class WorkRequest(Msg, tag="work_request", kw_only=True):
 
 
 class Prompt(msgspec.Struct, kw_only=True):
+    """One group to generate. In a WorkAssign, `ticket` is the coordinator's proof that this group of
+    this epoch was assigned to this worker (actors/tickets.py); the worker returns it with the group."""
+
     group_id: int
     prompt: str
     answer: str = ""
+    ticket: bytes = b""
 
 
 class WorkAssign(Msg, tag="work_assign", kw_only=True):
@@ -232,9 +240,12 @@ class Group(msgspec.Struct, kw_only=True):
 
 
 class GroupResult(Msg, tag="group_result", kw_only=True):
-    """Worker -> Buffer: a finished, scored group of `epoch` generated with `version`. Reply: GroupAck."""
+    """Worker -> Buffer: a finished, scored group of `epoch` generated with `version`, with the
+    assignment's `ticket` (the buffer admits only groups the coordinator assigned to the sender).
+    Reply: GroupAck (or Error `forbidden` without a valid ticket)."""
 
     group: Group
+    ticket: bytes = b""
 
 
 class GroupAck(Msg, tag="group_ack", kw_only=True):
@@ -247,9 +258,12 @@ class GroupAck(Msg, tag="group_ack", kw_only=True):
 
 
 class EpochOpen(Msg, tag="epoch_open", kw_only=True):
-    """Coordinator -> Buffer: accept groups 0..groups-1 of `epoch` generated with `version`. Reply: Ack."""
+    """Coordinator -> Buffer: accept groups 0..groups-1 of `epoch` generated with `version`; the
+    assignment tickets of this run are keyed with `ticket_key` (empty on the buffer -> trainer stream).
+    Reply: Ack."""
 
     groups: int
+    ticket_key: bytes = b""
 
 
 class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
@@ -454,6 +468,7 @@ class MemberInfo(msgspec.Struct, kw_only=True):
     version: int
     outstanding: int
     last_seen_s: float
+    refused: int = 0  # refusals the member reported in its last heartbeat
 
 
 class Status(Msg, tag="status", kw_only=True):
@@ -469,6 +484,7 @@ class Status(Msg, tag="status", kw_only=True):
     publisher_addr: str = ""
     buffer_addr: str = ""
     waiting_for: str = ""  # why the run is stalled, when it is (empty otherwise)
+    refused: dict[str, int] = {}  # the coordinator's own refusals by kind (auth, forbidden, malformed, ...)
 
 
 class Scale(Msg, tag="scale", kw_only=True):

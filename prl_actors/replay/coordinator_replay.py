@@ -14,7 +14,8 @@ Message ids are fresh in the replay, so the ids of recorded sends map onto the r
 replies that come back as later inputs are rewritten (the buffer's Ack of epoch_open clears the
 right pending request). A restarted coordinator (a second `actor_start`) restarts the replay, with
 the epoch count that coordinator logged (`coord_settings`: `--resume --epochs N` may change it).
-Events after a `bad_frame`, `send_failed` or `stop_requested` belong to no input and are skipped.
+Events after a `bad_frame`, `unexpected_message`, `forbidden_message`, `send_failed` or
+`stop_requested` belong to no input and are skipped.
 """
 
 from __future__ import annotations
@@ -46,12 +47,21 @@ DECISION_EVENTS = frozenset(
         "request_timeout",
         "run_done",
         "scale",
-        "unexpected_message",
         "handler_error",
     }
 )
 VOLATILE = frozenset({"event", "actor", "role", "t_mono", "t_wall", "t", "where", "_seq", "msg_id", "trace"})
-NOT_AN_INPUT = frozenset({"bad_frame", "send_failed", "stop_requested", "actor_stopped", "actor_crashed"})
+NOT_AN_INPUT = frozenset(
+    {
+        "bad_frame",
+        "unexpected_message",
+        "forbidden_message",
+        "send_failed",
+        "stop_requested",
+        "actor_stopped",
+        "actor_crashed",
+    }
+)  # refused before any handler (no coord_input): nothing to replay
 
 
 class CaptureLog(EventLog):
@@ -159,7 +169,8 @@ def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     if reply_to in ids:
         msg = msgspec.structs.replace(msg, reply_to=ids[reply_to])  # type: ignore[call-arg]
     identity = bytes.fromhex(str(e.get("identity", "")))
-    return Inbound(msg, [], None, identity)  # type: ignore[arg-type]
+    principal = str(e.get("principal", ""))  # the authenticated sender, so refusals replay as refusals
+    return Inbound(msg, [], None, identity, principal=principal)  # type: ignore[arg-type]
 
 
 def feed(core: Any, step: Step, ids: dict[str, str]) -> None:
