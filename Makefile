@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-slow test-compose lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: lint
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+
+# The trainer as a torch.distributed group: FSDP2, sharded checkpoints, a hung rank, a whole run whose
+# rank is killed and resumed (gloo on CPU, 2 ranks; docs/DISTRIBUTED.md). make test runs one DDP case.
+test-dist: $(STAMP)
+	$(BIN)/pytest -q -m dist
 
 # Needs a Docker engine (DOCKER_HOST; on the dev VM ../shared/tools/local-docker.sh); skips without one.
 # Where local wheels stand in for the PyTorch index (/opt/wheels, as in the dev VM's base image), the

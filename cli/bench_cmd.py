@@ -34,7 +34,8 @@ def bench(
         list[str] | None,
         typer.Option(
             "--only",
-            help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs "
+            help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs, "
+            "dist_step "
             "(repeatable or a,b).",
         ),
     ] = None,

@@ -267,6 +267,9 @@ def actor(
     """Run one actor in this process (what compose services and remote hosts run).
 
     It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
+
+    Under torchrun (RANK set) with trainer.strategy ddp or fsdp2, `actor trainer` is one rank of the
+    trainer group: RANK 0 runs the trainer actor, the others follow it (docs/DISTRIBUTED.md).
     """
     from prl_actors.topology import PEERS
 
@@ -280,6 +283,8 @@ def actor(
     cfg = _config(config, set_, extra)
     if role in ("learner", "env"):
         _env_actor(role, name, cfg)
+    if role == "trainer":
+        _trainer_rank(cfg)
     import socket
 
     name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
@@ -321,6 +326,28 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
         raise typer.Exit(130) from None
     except (EnvUnavailable, KeysError) as exc:
         fail(str(exc), code=1)
+
+
+def _trainer_rank(cfg: Any) -> None:
+    """Under torchrun (RANK set), a rank other than 0 of the trainer group follows rank 0 (which runs
+    the trainer actor): docs/DISTRIBUTED.md."""
+    from prl_actors.config import ConfigError
+    from prl_actors.process import exit_now
+    from prl_actors.training.rank_group import RankEnv
+
+    try:
+        env = RankEnv.from_environ()
+    except ConfigError as exc:
+        fail(str(exc))
+    if env is None or env.rank == 0 or cfg.trainer.strategy == "single":
+        return
+    from prl_actors.training.distributed import run_rank
+
+    try:
+        code = run_rank(cfg, env)
+    except ConfigError as exc:  # WORLD_SIZE / RANK that do not fit the config
+        fail(str(exc))
+    exit_now(code)
 
 
 def _claim_run_dir(cfg: Any) -> None:

@@ -46,6 +46,10 @@ SAFE_ON_RESUME = (
     "buffer.",
     "trainer.threads",
     "trainer.device",
+    "trainer.world_size",
+    "trainer.dist_timeout_s",
+    "worker.shm",
+    "worker.tensor_parallel_size",
     "trainer.credits",
     "trainer.checkpoint_every",
     "publisher.",
@@ -184,6 +188,17 @@ class WorkerSection(_Section):
     max_model_len: int | None = Field(
         None, ge=1, description="vllm: context length (prompt + response); None = the model's own."
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vllm: devices one worker spans (vllm.LLM tensor_parallel_size); weight updates reach "
+        "every TP rank through the worker extension. Unverified without GPUs (docs/DISTRIBUTED.md).",
+    )
+    shm: bool = Field(
+        True,
+        description="Take weights from the publisher's /dev/shm snapshot when on its host (proved by reading "
+        "its host file), else chunked ZeroMQ (docs/PROTOCOL.md).",
+    )
 
 
 class BufferSection(_Section):
@@ -223,8 +238,9 @@ class TrainerSection(_Section):
         "auto",
         description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
         "are split between the trainer (half) and the local workers (the rest, evenly, at least 1 each) "
-        "while they generate, and the trainer takes every core once the epoch's last group has arrived "
-        "(the workers then wait for weights); an actor started on its own takes every core.",
+        "while they generate; a trainer of a model with 1M parameters or more takes every core once the "
+        "epoch's last group has arrived (the workers then wait for weights); an actor started on its own "
+        "takes every core.",
     )
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
@@ -242,15 +258,43 @@ class TrainerSection(_Section):
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
     credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
-    device: str = Field("cpu")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N (with world_size > 1: each rank cuda:LOCAL_RANK).")
     lora: LoraSection | None = Field(
         None, description="LoRA (r, alpha, target_modules, dropout); absent or null = full fine-tuning."
     )
+    world_size: int = Field(
+        1,
+        ge=1,
+        description="Trainer ranks (torch.distributed); the trainer actor is rank 0 and starts the others on "
+        "its host, or joins a torchrun launch (docs/DISTRIBUTED.md).",
+    )
+    strategy: Literal["single", "ddp", "fsdp2"] = Field(
+        "single",
+        description="single: one process; ddp: replicas, gradients all-reduced once per step; fsdp2: "
+        "parameters, gradients and optimizer state sharded (fully_shard).",
+    )
+    dist_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="A collective or command that a rank does not join within this fails the step (no hang); "
+        "a rank whose process dies fails it at once.",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_need_a_strategy(self) -> TrainerSection:
+        if self.world_size > 1 and self.strategy == "single":
+            raise ValueError("world_size > 1 needs strategy ddp or fsdp2")
+        return self
 
 
 class PublisherSection(_Section):
     chunk_bytes: int = Field(4 << 20, ge=1024, description="Weight transfer chunk size.")
     transfer_timeout_s: float = Field(60.0, gt=0)
+    shm: bool = Field(
+        True,
+        description="Write each version once to /dev/shm for workers that prove they share this host "
+        "(one copy per host); others get chunks. Off, or /dev/shm too small: chunks for all.",
+    )
 
 
 class ModelSection(_Section):
@@ -340,6 +384,16 @@ class Config(_Section):
     def _lora_needs_grpo(self) -> Config:
         if self.trainer.lora is not None and self.trainer.learner != "grpo":
             raise ValueError("trainer.lora needs trainer.learner 'grpo' (the sim learner has no model to adapt)")
+        return self
+
+    @model_validator(mode="after")
+    def _distributed_trainer(self) -> Config:
+        if self.trainer.strategy != "single" and self.trainer.learner != "grpo":
+            raise ValueError(f"trainer.strategy {self.trainer.strategy} needs trainer.learner grpo")
+        if self.trainer.lora is not None and self.trainer.strategy != "single":
+            raise ValueError("trainer.lora with trainer.strategy ddp/fsdp2 is not supported yet (untested): use single")
+        if self.worker.tensor_parallel_size > 1 and self.worker.engine != "vllm":
+            raise ValueError("worker.tensor_parallel_size > 1 needs worker.engine vllm")
         return self
 
     @model_validator(mode="after")

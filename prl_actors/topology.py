@@ -78,24 +78,32 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":
-        return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s)
+        from prl_actors.weights_shm import ShmPublisher
+
+        shm = ShmPublisher() if cfg.publisher.shm else None
+        return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
         return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
     if role == "trainer":
-        return TrainerCore(
+        learner = _make_learner(cfg)
+        core = TrainerCore(
             name,
             log,
-            _make_learner(cfg),
+            learner,
             RunDir(run_dir, echo=not quiet),
             credits=cfg.trainer.credits,
             chunk_bytes=cfg.publisher.chunk_bytes,
             request_timeout_s=cfg.transport.request_timeout_s,
             checkpoint_every=cfg.trainer.checkpoint_every,
             resume=cfg.run.resume,
-            threads=_trainer_threads(cfg),
+            threads=_trainer_threads(cfg, learner),
         )
+        if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
+            learner.on_fatal = core.fail
+        return core
     if role == "worker":
         from prl_actors.tasks import load_task
+        from prl_actors.weights_shm import ShmReader
 
         return WorkerCore(
             name,
@@ -107,6 +115,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             as_torch=cfg.worker.engine != "sim",
             prefetch=cfg.worker.prefetch,
+            shm=ShmReader() if cfg.worker.shm else None,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 
@@ -116,6 +125,10 @@ def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
         from prl_actors.training.sim import SimLearner
 
         return SimLearner(cfg)
+    if cfg.trainer.strategy != "single":  # rank 0 of a torch.distributed group (docs/DISTRIBUTED.md)
+        from prl_actors.training.distributed import start_distributed
+
+        return start_distributed(cfg, model_dir(cfg))
     from prl_actors.training.grpo import GRPOLearner
 
     return GRPOLearner(cfg, model_dir(cfg))
@@ -179,14 +192,25 @@ def start_actor(
     return host
 
 
-def _trainer_threads(cfg: Config) -> ThreadPlan | None:
+BOOST_MIN_PARAMS = 1_000_000
+"""Below this many policy parameters the trainer stays on its share of the cores: for a model that
+small, more OpenMP threads mostly wait for each other (and on a busy host far worse, bench e2e)."""
+
+
+def _trainer_threads(cfg: Config, learner: object) -> ThreadPlan | None:
     """With `trainer.threads: auto` under `up` (workers on this host): the share while they generate
     and every core once the epoch is generated (process.threads_for); sync mode trains only while the
-    workers wait, so on every core. None: a fixed setting, the sim learner, or no local workers."""
+    workers wait, so on every core. None: a fixed setting, the sim learner, no local workers, a
+    trainer group (its ranks split the cores) or a model below BOOST_MIN_PARAMS."""
     from prl_actors.process import LOCAL_WORKERS_ENV, threads_for
 
     local = os.environ.get(LOCAL_WORKERS_ENV)
     if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local or not int(local):
+        return None
+    if cfg.trainer.world_size > 1:  # the ranks split the cores (training/distributed.py)
+        return None
+    policy = getattr(learner, "policy", None)
+    if policy is None or sum(p.numel() for p in policy.parameters()) < BOOST_MIN_PARAMS:
         return None
     import torch
 

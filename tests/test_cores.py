@@ -298,3 +298,35 @@ def test_worker_asks_for_the_next_group_before_generating() -> None:
     core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
     assert [m.tag_of(x) for _, x, _ in core.outbox] == ["work_request"]  # flushed first
     assert len(core.deferred) == 1 and core.stepping  # generation is the next inbox item
+
+
+def test_worker_sends_one_fetch_and_a_late_snapshot_drops_nothing() -> None:
+    """While a FetchWeights is out, other inputs (a NoWork, a heartbeat ack) send no second one; a
+    snapshot no newer than the engine's (the answer to an earlier fetch) swaps nothing and leaves the
+    running batch alone (dropping it would strand groups the coordinator believes are generating)."""
+    from prl_actors.actors.transfer import Snapshot, transfer_messages
+
+    engine = SimEngine(sim_config_for_cores())
+    engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    core = worker(engine)
+    core.now = 0.0
+    core.handle(0.0, inbound(m.EpochStart(epoch=1, version=1, groups=1), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.NoWork(reply_to="r", reason=m.NoWorkReason.NO_EPOCH), "coordinator", peer="coordinator"))
+    core.handle(0.0, inbound(m.HeartbeatAck(reply_to="h", known=True, version=1), "coordinator", peer="coordinator"))
+    fetches = [x for _, x, _ in core.outbox if isinstance(x, m.FetchWeights)]
+    assert len(fetches) == 1
+    core.outbox.clear()
+    snap = Snapshot.from_tensors(1, {"theta": np.ones((8, 8), dtype=np.float32)})
+    for _ in range(2):  # the answer, then a duplicate of it
+        for part, payloads in transfer_messages(snap, 1 << 20, epoch=1):
+            core.handle(0.0, m_inbound(part, payloads))
+        if engine.version == 1 and not engine.busy:
+            msg = m.WorkAssign(reply_to="r", epoch=1, version=1, prompts=[m.Prompt(group_id=5, prompt="c", answer="4")])
+            core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
+    assert engine.version == 1 and engine.busy and 5 in core.assigned  # still generating group 5
+    assert core.counters.get("groups_dropped", 0) == 0
+
+
+def m_inbound(msg: m.Msg, payloads: list) -> Inbound:  # type: ignore[type-arg]
+    msg.sender = "publisher"
+    return Inbound(msg, payloads, peer="publisher")

@@ -58,3 +58,16 @@ def test_up_without_vllm_stops_before_starting_workers(tmp_path: Path) -> None:
     )
     assert code == 2
     assert [line for line in out.splitlines() if line.startswith("error:")] == [f"error: {MISSING}"]
+
+
+def test_tensor_parallel_size_must_divide_the_heads(tmp_path: Path) -> None:
+    """worker.tensor_parallel_size reaches vllm.LLM (unverified beyond 1: no GPU); a split vLLM would
+    refuse is refused first, in one line."""
+    import json
+
+    from prl_actors.engines.vllm_engine import check_tensor_parallel
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4}))
+    check_tensor_parallel(1, tmp_path)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide the model's 4 attention heads"):
+        check_tensor_parallel(3, tmp_path)

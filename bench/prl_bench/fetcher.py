@@ -2,13 +2,14 @@
 
 Each process hosts the real `WorkerCore` in the real `ActorHost` (a Port thread + a pykka actor),
 with a stub engine, so a fetch runs exactly the worker's code: FetchWeights -> WeightsBegin, chunks
-(assembled into one buffer by `Assembler`), WeightsEnd -> `unpack` -> `engine.load_weights`.
+(assembled into one buffer by `Assembler`), WeightsEnd -> `unpack` -> `engine.load_weights`; or, on
+the same host, FetchWeights(host_proof) -> WeightsBegin(shm_path) -> the validated mapping -> `unpack`
+-> `engine.load_weights` (which then copies, as a real engine does).
 The parent drives the processes over a multiprocessing Pipe with small commands (see `serve`).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -24,18 +25,29 @@ DEAD_ADDR = {"tcp": "tcp://127.0.0.1:1", "ipc": "ipc:///nonexistent/prl-bench-no
 
 
 class StubEngine:
-    """Records when weights arrive; holds nothing (so memory stays flat between fetches) and never
+    """Records when weights arrive. With `copy`, copies every tensor into memory it keeps (allocated
+    at the first load, as an engine's parameters exist before an update), as load_state_dict does;
+    without, holds nothing (so memory stays flat between fetches). It never
     generates (an engine that is never busy)."""
 
     max_rows, rows, busy = 1, 0, False
 
-    def __init__(self) -> None:
+    def __init__(self, copy: bool = False) -> None:
         self.version = -1
         self.loaded = threading.Event()
         self.t_loaded = 0.0
         self.nbytes = 0
+        self.copy = copy
+        self.params: dict[str, np.ndarray] = {}
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
+        if self.copy:
+            for name, t in tensors.items():
+                src = np.asarray(t)
+                dst = self.params.get(name)
+                if dst is None or dst.shape != src.shape:
+                    dst = self.params[name] = np.ones_like(src)  # touched: not a first-touch cost later
+                np.copyto(dst, src)
         self.t_loaded = time.monotonic()
         self.nbytes = sum(int(np.asarray(t).nbytes) for t in tensors.values())
         self.version = -1  # every fetch is a fresh one
@@ -58,23 +70,22 @@ class StubEngine:
 
 
 class FetchWorker:
-    """A WorkerCore in an ActorHost, connected to the publisher at `addr`."""
+    """A WorkerCore in an ActorHost, connected to the publisher at `addr`; with `shm_run_id` it proves
+    its host and takes the publisher's shared-memory snapshot (and its engine copies, see StubEngine)."""
 
-    def __init__(self, name: str, kind: str, addr: str) -> None:
+    def __init__(self, name: str, kind: str, addr: str, shm_run_id: str = "") -> None:
         import zmq
 
-        self.name, self.engine = name, StubEngine()
+        self.name, self.engine = name, StubEngine(copy=bool(shm_run_id))
         self.ctx = zmq.Context()
-        core = internals.worker_core(name, self.engine)
+        self.core = internals.worker_core(name, self.engine, shm_run_id)
         peers = {"coordinator": DEAD_ADDR[kind], "publisher": addr, "buffer": DEAD_ADDR[kind]}
-        self.host = internals.start_host(core, self.ctx, None, peers)
+        self.host = internals.start_host(self.core, self.ctx, None, peers)
 
     def fetch(self, timeout_s: float) -> dict[str, float]:
-        from prl_actors.protocol.messages import FetchWeights
-
         self.engine.loaded.clear()
         t0 = time.monotonic()
-        internals.send(self.host, "publisher", FetchWeights(version=-1, sender=self.name))
+        internals.send(self.host, "publisher", internals.fetch_request(self.core))
         if not self.engine.loaded.wait(timeout_s):
             raise TimeoutError(f"{self.name}: no weights within {timeout_s}s")
         return {"t_start": t0, "t_end": self.engine.t_loaded, "bytes": float(self.engine.nbytes)}
@@ -103,36 +114,6 @@ def raw_receive(addr: str, nbytes: int) -> dict[str, float]:
         ctx.term()
 
 
-class ShmReader:
-    """Shared-memory prototype, worker side. The worker maps the publisher's /dev/shm file once and
-    keeps the mapping (a real design would keep two slots, written alternately, so versions never
-    tear); each load copies from the mapping into memory the worker already owns, as
-    load_state_dict copies into parameters. The first load of a path also pays the mapping."""
-
-    def __init__(self) -> None:
-        self.path = ""
-        self.mm: mmap.mmap | None = None
-        self.dst = np.zeros(0, dtype=np.uint8)
-
-    def load(self, path: str, nbytes: int) -> dict[str, float]:
-        if self.dst.nbytes != nbytes:
-            self.dst = np.ones(nbytes, dtype=np.uint8)  # the engine's parameters exist already
-        t0 = time.monotonic()
-        if path != self.path:
-            self._map(path, nbytes)
-        assert self.mm is not None
-        np.copyto(self.dst, np.frombuffer(self.mm, dtype=np.uint8, count=nbytes))
-        return {"t_start": t0, "t_end": time.monotonic(), "bytes": float(nbytes)}
-
-    def _map(self, path: str, nbytes: int) -> None:
-        if self.mm is not None:
-            self.mm.close()
-        with open(path, "rb") as f:
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self.mm = mmap.mmap(f.fileno(), nbytes, flags=flags, prot=mmap.PROT_READ)
-        self.path = path
-
-
 def torch_unpack_s(nbytes: int) -> float:
     """What `unpack(..., as_torch=True)` costs on top (it copies every tensor into a new bytearray)."""
     import torch  # noqa: F401 - imported before the clock starts
@@ -152,7 +133,6 @@ def torch_unpack_s(nbytes: int) -> float:
 def serve(conn: Connection, name: str) -> None:
     """Process entry point: answer commands until ("exit",). Replies are dicts (or an error)."""
     worker: FetchWorker | None = None
-    shm = ShmReader()
     while True:
         cmd = conn.recv()
         try:
@@ -161,15 +141,13 @@ def serve(conn: Connection, name: str) -> None:
             if cmd[0] == "prepare":
                 if worker is not None:
                     worker.close()
-                worker = FetchWorker(f"worker-{name}", cmd[1], cmd[2])
+                worker = FetchWorker(f"worker-{name}", cmd[1], cmd[2], cmd[3] if len(cmd) > 3 else "")
                 reply: Any = {"pid": os.getpid()}
             elif cmd[0] == "fetch":
                 assert worker is not None, "prepare first"
                 reply = worker.fetch(cmd[1])
             elif cmd[0] == "raw":
                 reply = raw_receive(cmd[1], cmd[2])
-            elif cmd[0] == "shm":
-                reply = shm.load(cmd[1], cmd[2])
             elif cmd[0] == "torch_unpack":
                 reply = {"seconds": torch_unpack_s(cmd[1])}
             else:

@@ -98,22 +98,31 @@ def member_names(core: Any) -> list[str]:
     return [m.name for m in core.members.sorted()]
 
 
-def publisher_core(chunk_bytes: int) -> Any:
-    """The real PublisherCore, logging nowhere, with a transfer timeout long enough for 500 MB."""
+def publisher_core(chunk_bytes: int, shm_run_id: str = "") -> Any:
+    """The real PublisherCore, logging nowhere, with a transfer timeout long enough for 500 MB; with
+    `shm_run_id`, its shared-memory files as a registered publisher of that run would write them."""
     from prl_actors.actors.publisher import PublisherCore
     from prl_actors.logs import EventLog
+    from prl_actors.weights_shm import ShmPublisher
 
-    return PublisherCore("publisher", EventLog("publisher", "publisher"), chunk_bytes, transfer_timeout_s=600.0)
+    shm = ShmPublisher() if shm_run_id else None
+    core = PublisherCore("publisher", EventLog("publisher", "publisher"), chunk_bytes, 600.0, shm)
+    if shm is not None:
+        shm.open_run(shm_run_id)  # what its Welcome does
+    return core
 
 
-def worker_core(name: str, engine: Any) -> Any:
-    """The real WorkerCore around `engine`, with numpy weights (as_torch=False) and long timeouts."""
+def worker_core(name: str, engine: Any, shm_run_id: str = "") -> Any:
+    """The real WorkerCore around `engine`, with numpy weights (as_torch=False) and long timeouts;
+    with `shm_run_id`, reading same-host snapshots of that run (as after its Welcome)."""
     from prl_actors.actors.worker import WorkerCore
     from prl_actors.logs import EventLog
     from prl_actors.tasks.base import Task, exact_match
+    from prl_actors.weights_shm import ShmReader
 
     task = Task(items=[("x", "y")], reward=exact_match)
-    return WorkerCore(
+    shm = ShmReader() if shm_run_id else None
+    core = WorkerCore(
         name,
         EventLog(name, "worker"),
         engine,
@@ -122,7 +131,18 @@ def worker_core(name: str, engine: Any) -> Any:
         fetch_timeout_s=600.0,
         request_timeout_s=600.0,
         as_torch=False,
+        shm=shm,
     )
+    core.run_id = shm_run_id
+    return core
+
+
+def fetch_request(core: Any) -> Any:
+    """The FetchWeights the worker core sends (its host proof included)."""
+    from prl_actors.protocol.messages import FetchWeights
+
+    proof = core.shm.proof(core.run_id) if core.shm is not None else ""
+    return FetchWeights(version=-1, sender=core.name, host_proof=proof)
 
 
 def snapshot(version: int, tensors: dict[str, Any]) -> Any:

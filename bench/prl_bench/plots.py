@@ -27,6 +27,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("lora_sync", _lora_sync),
         ("control_plane", _control_plane),
         ("envs", _envs),
+        ("dist_step", _dist_step),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -201,4 +202,19 @@ def _envs(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     r2.plot(xs, [r["final_return"] or 0.0 for r in aaps], "ro", label="final return (100 ep.)")
     r2.set_ylabel("final mean return")
     b.set_title("AAPS: fetches and return by threshold")
+    return fig
+
+
+def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Each case's epoch time next to world size 1's epochs it was paired with."""
+    table = entries[0]["raw"]["table"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(table))
+    ax.bar([x - 0.2 for x in xs], [r["one_s"] for r in table], 0.4, label="1 process, 1 thread (paired)")
+    ax.bar([x + 0.2 for x in xs], [r["epoch_s"] for r in table], 0.4, label="the case")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['strategy']} x{r['world_size']}, {r['threads']} thr" for r in table])
+    ax.set_ylabel("seconds per epoch (median)")
+    ax.set_title("Trainer epoch vs world size (gloo, CPU)")
+    ax.legend(fontsize=8)
     return fig

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "lora_sync": "prl_bench.lora_sync",
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
+    "dist_step": "prl_bench.dist_step",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -34,6 +35,7 @@ ALIASES = {
     "weights": "weight_sync",
     "loop": "e2e",
     "lora": "lora_sync",
+    "dist": "dist_step",
 }
 
 

@@ -6,6 +6,10 @@ the stored one is refused. Fetch (worker -> Publisher): FetchWeights -> the curr
 WeightsBegin/chunks/WeightsEnd (replying to the fetch's id), or Error `rejected` if none is stored yet.
 A late joiner therefore always gets the current snapshot. An upload not finished within
 `transfer_timeout_s` is dropped and logged as `transfer_failed`.
+
+Same host: with a `ShmPublisher` (publisher.shm), each stored version is also written once to
+/dev/shm and served from that mapping; a fetch whose `host_proof` matches the publisher's host file is
+answered with WeightsBegin(shm_path, chunks 0) + WeightsEnd instead of chunks (weights_shm.py).
 """
 
 from __future__ import annotations
@@ -27,24 +31,60 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.transport.port import Dest, Inbound
+from prl_actors.weights_shm import ShmPublisher, ShmUnavailable
 
 
 class PublisherCore(Core):
     role = Role.PUBLISHER
 
-    def __init__(self, name: str, log: EventLog, chunk_bytes: int, transfer_timeout_s: float) -> None:
+    def __init__(
+        self, name: str, log: EventLog, chunk_bytes: int, transfer_timeout_s: float, shm: ShmPublisher | None = None
+    ) -> None:
         super().__init__(name, log)
         self.chunk_bytes, self.transfer_timeout_s = chunk_bytes, transfer_timeout_s
         self.current: Snapshot | None = None
         self.uploads: dict[bytes, Assembler] = {}  # by uploader identity
+        self.shm = shm
 
     def start(self, now: float) -> None:
         self.register()
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         super().on_welcome(now, inbound)
+        self._open_shm(inbound.msg.run_id)
         if self.current is not None:  # re-registered after a coordinator restart: re-announce
             self.emit(Dest.peer("coordinator"), WeightsAvailable(version=self.current.version))
+
+    # --- same-host shared memory ---------------------------------------------------------------
+
+    def _open_shm(self, run_id: str) -> None:
+        if self.shm is None or run_id == self.shm.run_id:
+            return
+        try:
+            self.shm.open_run(run_id)
+        except OSError as exc:
+            self.log("shm_unavailable", reason=f"cannot write the host file: {exc}")
+            self.shm = None
+            return
+        if self.current is not None:
+            self.current = self._to_shm(self.current)
+
+    def _to_shm(self, snap: Snapshot) -> Snapshot:
+        """`snap`, also written to shared memory and served from that mapping (one copy in RAM)."""
+        if self.shm is None or not self.shm.run_id:
+            return snap
+        try:
+            mapped = self.shm.publish(snap.version, snap.data)
+        except ShmUnavailable as exc:
+            self.count("shm_unavailable")
+            self.log("shm_unavailable", reason=str(exc), new_version=snap.version)
+            return snap
+        self.log("shm_published", new_version=snap.version, path=self.shm.path(snap.version), bytes=snap.nbytes)
+        return Snapshot(snap.version, snap.metas, mapped)
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
 
     # --- upload ------------------------------------------------------------------------------
 
@@ -85,7 +125,7 @@ class PublisherCore(Core):
         except TransferError as exc:
             self._fail(inbound, upload.begin.id, str(exc))
             return
-        self.current = snap
+        self.current = self._to_shm(snap)
         self.version = snap.version
         self.log("weights_stored", new_version=snap.version, bytes=snap.nbytes, upload_s=round(now - upload.started, 6))
         self.reply(inbound, WeightsStored(reply_to=upload.begin.id, version=snap.version))
@@ -113,6 +153,27 @@ class PublisherCore(Core):
             self.refuse(inbound, "no weights published yet")
             return
         snap = self.current
-        for part, payloads in transfer_messages(snap, self.chunk_bytes, reply_to=msg.id):
-            self.reply(inbound, part, payloads)  # chunks are not logged one by one (QUIET_TYPES)
-        self.log("weights_served", to=msg.sender, msg_id=msg.id, served_version=snap.version, bytes=snap.nbytes)
+        path = self._shm_path_for(msg)
+        if path:
+            self._serve_shared(inbound, snap, path)
+        else:
+            for part, payloads in transfer_messages(snap, self.chunk_bytes, reply_to=msg.id):
+                self.reply(inbound, part, payloads)  # chunks are not logged one by one (QUIET_TYPES)
+        served = {"served_version": snap.version, "bytes": snap.nbytes, "via": "shm" if path else "chunks"}
+        self.log("weights_served", to=msg.sender, msg_id=msg.id, **served)
+
+    def _serve_shared(self, inbound: Inbound[FetchWeights], snap: Snapshot, path: str) -> None:
+        metas, n = snap.metas, snap.nbytes
+        begin = WeightsBegin(version=snap.version, tensors=metas, total_bytes=n, chunks=0, reply_to=inbound.msg.id)
+        begin.shm_path = path
+        self.reply(inbound, begin)
+        self.reply(inbound, WeightsEnd(version=snap.version, transfer=begin.id))
+
+    def _shm_path_for(self, msg: FetchWeights) -> str:
+        """The current version's shared-memory file, for a fetcher that proved it shares this host."""
+        if self.shm is None or self.current is None or not msg.host_proof:
+            return ""
+        if not self.shm.proves(msg.host_proof):
+            self.count("shm_proof_refused")
+            return ""
+        return self.shm.path(self.current.version)

@@ -215,6 +215,12 @@ class TrainerCore(Core):
         self.sink.epoch_metrics(row)
         self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))
 
+    def close(self) -> None:
+        """A learner that holds resources (a trainer rank group) releases them."""
+        close = getattr(self.learner, "close", None)
+        if close is not None:
+            close()
+
     def _checkpoint(self) -> None:
         v = self.learner.version
         if not self.checkpoint_every or v % self.checkpoint_every:

@@ -18,7 +18,7 @@ import time
 import msgspec
 
 from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.transfer import Assembler, TransferError
+from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
@@ -48,6 +48,7 @@ from prl_actors.protocol.versions import on_policy
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
+from prl_actors.weights_shm import ShmReader, ShmRefused
 
 MAX_SEND_ATTEMPTS = 3
 
@@ -66,6 +67,7 @@ class WorkerCore(Core):
         request_timeout_s: float,
         as_torch: bool = True,
         prefetch: int = 1,
+        shm: ShmReader | None = None,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -81,6 +83,8 @@ class WorkerCore(Core):
         self.assigned: dict[int, tuple[WorkAssign, Prompt]] = {}  # group id -> its assignment, in the engine
         self.stepping = False  # a step of the engine is queued in the inbox
         self.busy_since = 0.0
+        self.shm = shm  # same-host snapshots (weights_shm.py); None: chunks only
+        self.run_id = ""
 
     def start(self, now: float) -> None:
         self.register()
@@ -102,6 +106,7 @@ class WorkerCore(Core):
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
         super().on_welcome(now, inbound)
+        self.run_id = inbound.msg.run_id
         self._learn_target(inbound.msg.version)
 
     @handles(EpochStart)
@@ -127,6 +132,8 @@ class WorkerCore(Core):
         """Decide the next step: fetch weights, ask for work, or wait. Work is asked for while the
         batch runs, up to the running batch plus `prefetch` queued groups, so freed rows never wait."""
         if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
+            return
+        if self.fetch_sent:  # a fetch is out: its reply (or its timeout in tick) decides what is next
             return
         if self.engine.version < self.target:
             self._drop_running("a newer epoch is open")
@@ -171,14 +178,19 @@ class WorkerCore(Core):
     def _fetch(self) -> None:
         self.log("span_begin", span="weight_sync", target=self.target)
         self.fetch_sent = self.now
-        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version))
+        proof = self.shm.proof(self.run_id) if self.shm is not None else ""
+        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version, host_proof=proof))
 
     @handles(WeightsBegin)
     def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
+        if inbound.msg.shm_path:
+            self._load_shared(now, inbound.msg)
+            return
         try:
             self.fetching = Assembler(inbound.msg, now)
         except TransferError as exc:
             self.log("weight_sync_failed", reason=str(exc))
+            self.fetch_sent, self.retry_at = 0.0, now + 0.1
 
     @handles(WeightChunk)
     def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
@@ -188,7 +200,7 @@ class WorkerCore(Core):
             self.fetching.chunk(inbound.msg, inbound.payloads)
         except TransferError as exc:
             self.log("weight_sync_failed", reason=str(exc))
-            self.fetching = None
+            self.fetching, self.fetch_sent, self.retry_at = None, 0.0, now + 0.1
 
     @handles(WeightsEnd)
     def on_weights_end(self, now: float, inbound: Inbound[WeightsEnd]) -> None:
@@ -199,7 +211,28 @@ class WorkerCore(Core):
             snap = fetching.end(inbound.msg)
         except TransferError as exc:
             self.log("weight_sync_failed", reason=str(exc))
-            self.retry_at = now + 0.1
+            self.fetch_sent, self.retry_at = 0.0, now + 0.1
+            return
+        self._install(snap, fetching.started, via="chunks")
+
+    def _load_shared(self, now: float, begin: WeightsBegin) -> None:
+        """A same-host snapshot: validated and mapped, never trusted (a refusal means chunks from now on)."""
+        try:
+            if self.shm is None:
+                raise ShmRefused("a shared-memory reply to a fetch that offered no host proof")
+            data = self.shm.open(self.run_id, begin)
+        except ShmRefused as exc:
+            self.count("shm_refused")
+            self.log("weight_sync_failed", reason=f"shared memory: {exc}; fetching chunks instead")
+            self.shm, self.fetch_sent, self.retry_at = None, 0.0, now + 0.01
+            return
+        self._install(Snapshot(begin.version, begin.tensors, data), now, via="shm")
+
+    def _install(self, snap: Snapshot, started: float, via: str) -> None:
+        self.fetch_sent = 0.0
+        if snap.version <= self.engine.version:  # a late answer to an earlier fetch: nothing to swap
+            self.log("weights_ignored", new_version=snap.version, held=self.engine.version)
+            self._next()
             return
         self._drop_running("weights swap")
         try:
@@ -209,13 +242,8 @@ class WorkerCore(Core):
             return
         self.version = snap.version
         self.fetch_sent = 0.0
-        self.log(
-            "span_end",
-            span="weight_sync",
-            new_version=snap.version,
-            bytes=snap.nbytes,
-            seconds=round(time.monotonic() - fetching.started, 6),
-        )
+        seconds = round(time.monotonic() - started, 6)
+        self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes, seconds=seconds, via=via)
         self._next()
 
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:

@@ -36,6 +36,10 @@ LoRARequest; the previous adapter is removed and its directory deleted. Tested o
 (tests/test_vllm_lora.py: log-probs of the trainer's adapted policy within 5e-6, `up` through the actors).
 
 Each group is sampled with `seed = seed_for(run.seed, version, group_id)` (vLLM per-request seed).
+One worker may span several devices: `worker.tensor_parallel_size` is vLLM's tensor_parallel_size
+(one worker = one TP group); `collective_rpc` runs the weight load on every TP rank, each of which
+reads the same /dev/shm file and keeps its shard (vLLM's own loader). Unverified: no GPU here.
+
 vLLM is imported lazily, so this module imports fine without it.
 """
 
@@ -92,6 +96,7 @@ def check_vllm_setup(cfg: Config, model_dir: Path | str, workers: int = 1) -> No
     vLLM missing, `worker.device` of another kind than the installed build; on the CPU build, a head
     size its attention kernel lacks (it supports 32, 64, 80, ...; the built-in model's default
     64/4 = 16 is not among them) or `workers` x gpu_memory_utilization of the RAM not available."""
+    check_tensor_parallel(cfg.worker.tensor_parallel_size, model_dir)
     import_vllm()
     kind = vllm_device()
     if cfg.worker.device.split(":")[0] != kind:
@@ -99,6 +104,19 @@ def check_vllm_setup(cfg: Config, model_dir: Path | str, workers: int = 1) -> No
     if kind == "cpu":
         _check_cpu_head_dim(model_dir)
         _check_cpu_memory(cfg.worker.gpu_memory_utilization, workers)
+
+
+def check_tensor_parallel(tp: int, model_dir: Path | str) -> None:
+    """vLLM splits attention heads (and KV heads, or replicates them) over the TP ranks: the heads
+    must divide evenly, and on CUDA each rank needs its own device."""
+    if tp == 1:
+        return
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = int(c["num_attention_heads"])
+    if heads % tp:
+        raise ConfigError(f"worker.tensor_parallel_size {tp} does not divide the model's {heads} attention heads")
+    if torch.cuda.is_available() and torch.cuda.device_count() < tp:
+        raise ConfigError(f"worker.tensor_parallel_size {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible")
 
 
 def _check_cpu_head_dim(model_dir: Path | str) -> None:
@@ -230,6 +248,7 @@ class VllmEngine(OneCallStreaming):
             gpu_memory_utilization=w.gpu_memory_utilization,
             enforce_eager=w.enforce_eager,
             max_model_len=w.max_model_len,
+            tensor_parallel_size=w.tensor_parallel_size,  # unverified beyond 1 (no GPU): docs/DISTRIBUTED.md
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
             **lora_options(cfg),

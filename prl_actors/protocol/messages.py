@@ -322,12 +322,15 @@ class TensorMeta(msgspec.Struct, kw_only=True, array_like=True):
 
 class WeightsBegin(Msg, tag="weights_begin", kw_only=True):
     """Start of a weight transfer for `version`: the tensors in order, then `chunks` WeightChunk
-    messages whose raw bytes (frame 1) concatenate to the tensors' bytes in that order."""
+    messages whose raw bytes (frame 1) concatenate to the tensors' bytes in that order. A fetch reply
+    to a worker that proved it shares the publisher's host may instead name `shm_path`, a file in
+    /dev/shm holding those bytes (`chunks` 0); the worker validates it (prl_actors/weights_shm.py)."""
 
     tensors: list[TensorMeta]
     total_bytes: int
     chunks: int
     reply_to: str = ""
+    shm_path: str = ""
 
 
 class WeightChunk(Msg, tag="weight_chunk", kw_only=True):
@@ -353,7 +356,11 @@ class WeightsStored(Msg, tag="weights_stored", kw_only=True):
 
 class FetchWeights(Msg, tag="fetch_weights", kw_only=True):
     """Worker -> Publisher: send me the current weights (if newer than `version` I hold, or any when
-    `version` is -1). Reply: WeightsBegin + chunks + WeightsEnd, or Error (code rejected, none yet)."""
+    `version` is -1). Reply: WeightsBegin + chunks + WeightsEnd, or Error (code rejected, none yet).
+    `host_proof`: the token of the publisher's host file, when the worker could read it (same host):
+    the publisher may then answer with a shared-memory snapshot (WeightsBegin.shm_path)."""
+
+    host_proof: str = ""
 
 
 class WeightsAvailable(Msg, tag="weights_available", kw_only=True):

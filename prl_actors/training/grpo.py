@@ -211,6 +211,7 @@ class GRPOLearner:
     def step(self) -> dict[str, float]:
         """Flush, scale gradients by 1 / (epoch's response tokens), clip, step once, version += 1."""
         self._flush()
+        self._synchronise()
         params = [p for p in self.policy.parameters() if p.requires_grad]
         scale = 1.0 / max(self.stats.tokens, 1)
         for p in params:
@@ -224,6 +225,10 @@ class GRPOLearner:
         metrics.update(grad_norm=float(grad_norm), version=float(self.version))
         self.stats = EpochStats()  # the next epoch starts clean even without begin_epoch
         return metrics
+
+    def _synchronise(self) -> None:
+        """Before the scaling: make the gradients and `stats` the whole epoch's. One process holds
+        them already; a distributed rank (training/rank_learner.py) sums them over its group."""
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype

@@ -1,0 +1,98 @@
+"""The trainer as a torch.distributed group, fast tier: shares balanced by tokens, configs refused with
+one line, and one 2-rank gloo group (DDP) that gives world size 1's weights. The FSDP2, checkpoint,
+hung-rank and whole-run cases are in test_distributed_slow.py (`make test-dist`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
+from prl_actors.protocol.messages import Group, Sample
+from prl_actors.training.rank_group import RankEnv
+from prl_actors.training.rank_learner import group_cost, partition
+from tests.dist_utils import group_of, max_diff, rollouts, single, train_epoch
+
+
+def group(gid: int, prompt: int, *responses: int) -> Group:
+    samples = [Sample(text="", token_ids=[1] * n, logprobs=[], reward=0.0, finished=True) for n in responses]
+    return Group(group_id=gid, prompt="", prompt_ids=[1] * prompt, samples=samples, worker="w")
+
+
+def test_partition_balances_tokens_and_keeps_arrival_order() -> None:
+    groups = [group(0, 2, 1, 1), group(1, 2, 30, 30), group(2, 2, 5, 5), group(3, 2, 20, 20), group(4, 2, 9, 9)]
+    shares = partition(groups, 2)
+    assert sorted(g.group_id for s in shares for g in s) == [0, 1, 2, 3, 4]  # each group exactly once
+    loads = [sum(group_cost(g) for g in s) for s in shares]
+    assert max(loads) - min(loads) <= max(group_cost(g) for g in groups[2:])  # LPT: within the largest
+    assert [g.group_id for g in shares[0]] == sorted(g.group_id for g in shares[0])  # arrival order kept
+    assert [g.group_id for g in shares[1]] == sorted(g.group_id for g in shares[1])
+    assert loads == [74, 66]  # 1 (62) -> r0, 3 (42) -> r1, 4 (20) -> r1, 2 (12) -> r0 (tie), 0 (4) -> r1
+    assert partition(groups[:1], 3) == [groups[:1], [], []]  # fewer groups than ranks: idle ranks
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"trainer.world_size": 2}, "world_size > 1 needs strategy ddp or fsdp2"),
+        (
+            {"trainer.strategy": "ddp", "worker.engine": "sim", "trainer.learner": "sim"},
+            "trainer.strategy ddp needs trainer.learner grpo",
+        ),
+        ({"worker.tensor_parallel_size": 2}, "tensor_parallel_size > 1 needs worker.engine vllm"),
+    ],
+)
+def test_configs_that_cannot_work_are_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_rank_environment_is_torchruns() -> None:
+    assert RankEnv.from_environ({}) is None
+    env = RankEnv.from_environ(
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    )
+    assert env == RankEnv(1, 2, 1, "10.0.0.1", 29500)
+    assert RankEnv.from_environ(env.variables()) == env
+    with pytest.raises(ConfigError, match="torchrun environment incomplete"):
+        RankEnv.from_environ({"RANK": "1"})
+
+
+def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
+    """float64: summation order is the only difference (measured 8e-16); the steps move weights by
+    ~lr = 1e-3, so atol 1e-9 is 1e6 times below the effect. 5 groups in rounds of 2: the last round
+    leaves rank 1 idle, and the shares hold different token counts. Clipping off and a second epoch
+    of other groups: AdamW's first step and a clipped gradient are blind to a wrong normalisation
+    (they are scale-free), the second unclipped step is not."""
+    cfg, model_dir, groups = rollouts(tmp_path, trainer__max_grad_norm=1e6)
+    epochs = [groups, groups[1:4]]
+    one = single(cfg, model_dir)
+    initial = one.weights()
+    m1 = [train_epoch(one, gs, e) for e, gs in enumerate(epochs)]
+    two = group_of(cfg, model_dir, "ddp")
+    try:
+        m2 = [train_epoch(two, gs, e) for e, gs in enumerate(epochs)]
+        w2 = two.weights()
+    finally:
+        two.close()
+    assert max_diff(one.weights(), initial) > 1e-4  # it learned: the effect
+    assert max_diff(one.weights(), w2) < 1e-9
+    for a, b in zip(m1, m2, strict=True):
+        for key in ("tokens", "samples", "groups", "reward_mean"):
+            assert b[key] == a[key], key
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
+    assert two.version == 2
+    assert two.pending == 0 and two.flush() == 0  # the Learner interface's flush: nothing queued
+
+
+def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:
+    """ddp and single write the same checkpoint and fsdp2's sharded one reshards on load (tested in
+    test_distributed_slow.py), so world_size may change on --resume; strategy may not."""
+    assert safe_on_resume("trainer.world_size") and safe_on_resume("trainer.dist_timeout_s")
+    assert not safe_on_resume("trainer.strategy")
+    run = load_config(None, {"trainer.world_size": 2, "trainer.strategy": "fsdp2"})
+    check_resume(run, load_config(None, {"trainer.world_size": 4, "trainer.strategy": "fsdp2"}))
+    with pytest.raises(ConfigError, match=r"trainer\.strategy \('fsdp2' -> 'ddp'\)"):
+        check_resume(run, load_config(None, {"trainer.world_size": 2, "trainer.strategy": "ddp"}))
