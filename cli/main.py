@@ -266,10 +266,10 @@ def actor(
 ) -> None:
     """Run one actor in this process (what compose services and remote hosts run).
 
-    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
-
     Under torchrun (RANK set) with trainer.strategy ddp or fsdp2, `actor trainer` is one rank of the
     trainer group: RANK 0 runs the trainer actor, the others follow it (docs/DISTRIBUTED.md).
+
+    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
     """
     from prl_actors.topology import PEERS
 

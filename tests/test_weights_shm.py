@@ -190,7 +190,7 @@ def publisher_with(tmp_path: Path, s: Snapshot) -> PublisherCore:
     )  # fmt: skip
     core.handle(0.0, inbound(welcome, "coordinator", peer="coordinator"))
     for part, payloads in transfer_messages(s, 16):
-        part.sender = "trainer"  # as the trainer's runtime stamps it (the publisher checks it: docs/SECURITY.md)
+        part.sender = "trainer"  # the name the trainer's key covers (a role-bound message)
         core.handle(0.0, Inbound(part, list(payloads), peer=None, identity=b"trainer"))
     core.outbox = []
     return core
