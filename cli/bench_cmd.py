@@ -47,7 +47,8 @@ def bench(
         str,
         typer.Option(
             "--auth",
-            help="transport.auth of the control-plane runs and sockets: curve (as a run, the default) or none.",
+            help="transport.auth of the benchmarks' runs over tcp (control plane, tiny-LM pipeline, envs): "
+            "curve (as a run, the default) or none.",
         ),
     ] = "curve",
     keep_work: Annotated[

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import time
 from pathlib import Path
@@ -45,6 +46,21 @@ def test_registry_follows_the_directory(tmp_path: Path) -> None:
     assert store.keypair_for("worker-gpu1-7")[0] == "worker-gpu1"  # own key, else the longest prefix's
     with pytest.raises(auth.KeysError):
         store.keypair_for("trainer")
+
+
+def test_a_key_created_in_the_same_clock_tick_as_the_last_read_is_admitted(tmp_path: Path) -> None:
+    """Directory mtimes move in clock ticks (milliseconds): LocalCluster and `up` create a worker's key
+    just before starting it, maybe within the tick of the servers' last read. libzmq does not retry a
+    refused handshake, so such a worker was deaf for good (seen: a run that trained without worker-1)."""
+    keys = tmp_path / "keys"
+    auth.create_keys(keys, ["worker-0", "operator"])
+    store = auth.KeyStore(keys)
+    assert store.name_of(store.public("worker-0")) == "worker-0"
+    tick = os.stat(keys).st_mtime_ns
+    auth.create_keys(keys, ["worker-1"])
+    os.utime(keys, ns=(tick, tick))  # as if created within the same tick
+    assert store.name_of(store.public("worker-1")) == "worker-1"
+    assert store.name_of(b"0" * 40) is None  # still unknown: nothing else changed
 
 
 def test_names_roles_and_what_a_key_covers() -> None:
@@ -101,3 +117,27 @@ def test_an_exception_in_the_port_thread_crashes_the_actor_loudly(run_dir: Path,
     time.sleep(0.1)
     crashed = [e for e in read_logs(run_dir) if e["event"] == "actor_crashed"]
     assert crashed and "RuntimeError" in crashed[0]["error"]
+
+
+def test_a_member_whose_key_is_refused_fails_at_once_with_the_reason(run_dir: Path, tmp_path: Path) -> None:
+    """libzmq does not retry a handshake the server refused: a worker with an unregistered key would
+    hold nothing and wait for the join timeout (60 s). It fails at once, naming the refusal."""
+    from prl_actors.process import LocalCluster
+    from prl_actors.topology import start_actor
+
+    cfg = sim_config(run_dir, transport="tcp", run__epochs=50, sim__gen_s_per_token=0.01)
+    cluster = LocalCluster(cfg, workers=1)
+    ctx = zmq.Context()
+    try:
+        own = tmp_path / "stranger"
+        auth.export_keys(cfg.keys_path(), "operator", own)  # the servers' public keys ...
+        (own / "operator.key_secret").unlink()
+        auth.create_keys(own, ["worker-x"])  # ... and a key of its own that the run never registered
+        t0 = time.monotonic()
+        host = start_actor("worker-x", cfg.model_copy(update={"transport": cfg.transport.model_copy(
+            update={"keys_dir": str(own)})}), ctx, None, quiet=True)  # fmt: skip
+        assert host.done.wait(20.0) and time.monotonic() - t0 < 20.0
+        assert host.error is not None and "the coordinator refused our key" in host.error, host.error
+    finally:
+        cluster.close()
+        auth.close_context(ctx)

@@ -183,6 +183,28 @@ def test_trainer_one_step_per_epoch_then_metrics_after_the_publisher_stored_it()
     assert [(r["epoch"], r["version"], r["samples"]) for r in sink.rows] == [(0, 1, 4.0)]
 
 
+def test_trainer_reports_each_step_when_the_publishers_reply_comes_after_the_next_epoch() -> None:
+    """The publisher's WeightsStored of v1 can reach the trainer after epoch 1 was trained (the buffer's
+    and coordinator's messages come on other sockets and overtake it): each StepDone still names its
+    own epoch and version. With one slot for the finished step, v1's reply took epoch 1's numbers and
+    v2's found none: the coordinator never heard of v2 and the run stalled."""
+    sink = MemorySink()
+    core = trainer(sink)
+    core.start(0.0)
+    core.outbox.clear()
+    begins = []
+    for e in (0, 1):
+        feed(core, m.EpochOpen(epoch=e, version=e, groups=1), "buffer")
+        feed(core, m.TrainGroup(epoch=e, version=e, seq=0, group=group(e, [4, 1])), "buffer")
+        out = feed(core, m.EpochComplete(epoch=e, groups=1), "buffer")
+        begins.append(next(x for x in out if isinstance(x, m.WeightsBegin)))
+    done = []
+    for version, begin in ((1, begins[0]), (2, begins[1])):
+        done += feed(core, m.WeightsStored(reply_to=begin.id, version=version), "publisher", now=0.5)
+    assert [(x.epoch, x.version) for x in done if isinstance(x, m.StepDone)] == [(0, 1), (1, 2)]
+    assert [(r["epoch"], r["version"]) for r in sink.rows] == [(0, 1), (1, 2)]
+
+
 def test_trainer_resumes_from_the_sinks_latest_checkpoint(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     first = trainer(run)

@@ -42,6 +42,7 @@ def settings(ctx: BenchContext, workers: int, mode: str, model_dir: Path, port: 
         "run.workers": workers,
         "run.epochs": ctx.size(8, 5, 2),
         "transport.kind": "tcp",
+        "transport.auth": ctx.auth,  # curve, as a run (the default), unless `prl-actors bench --auth none`
         "transport.base_port": port,
         "coordinator.groups_per_epoch": ctx.size(32, 32, 4),
         "coordinator.heartbeat_interval_s": 0.5,

@@ -350,13 +350,19 @@ class Core:
         self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail), log=False)
 
     def auth_failed(self, now: float, failed: AuthFailed) -> None:
-        """A handshake failed: a peer we refused (ROUTER), or a server that refused us."""
+        """A handshake failed: a peer we refused (ROUTER), or a server that refused us. libzmq does not
+        retry a connection whose server refused our key, so that peer is gone for good: the actor
+        fails at once, with the reason (a worker `up` started is replaced), rather than hold work it
+        can never deliver or wait for a join timeout."""
         if failed.where == ROUTER:
             if self.count_loud("auth_refused"):
                 self.log("auth_refused", detail=failed.why, count=self.counters["auth_refused"])
-        elif self.count_loud("auth_failed"):
-            hint = "our key is not admitted there, or we hold a wrong public key of it (docs/SECURITY.md)"
+            return
+        hint = "our key is not admitted there, or we hold a wrong public key of it (docs/SECURITY.md)"
+        if self.count_loud("auth_failed"):
             self.log("auth_failed", peer=failed.where, detail=failed.why, hint=hint)
+        if "handshake_failed_auth" in failed.why:
+            self.fail(f"the {failed.where} refused our key ({failed.why}): {hint}")
 
     def tick(self, now: float) -> None:
         overdue = [(mid, p) for mid, p in self._pending.items() if p.deadline <= now]

@@ -86,7 +86,9 @@ class TrainerCore(Core):
         self.t_open = 0.0
         self.train_s = 0.0
         self.t_upload = 0.0
-        self.finished: tuple[int, float, dict[str, float]] | None = None
+        # weight version uploaded -> (epoch, t_open, metrics) of the step that made it: the publisher's
+        # WeightsStored of one step can arrive after the next epoch was trained (other sockets first)
+        self.finished: dict[int, tuple[int, float, dict[str, float]]] = {}
         self.flush_queued = False
 
     def start(self, now: float) -> None:
@@ -183,7 +185,7 @@ class TrainerCore(Core):
         self._checkpoint()
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
         # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
-        self.finished = (self.epoch, self.t_open, metrics)
+        self.finished[self.learner.version] = (self.epoch, self.t_open, metrics)
         self._upload()
 
     # --- weights out -------------------------------------------------------------------------
@@ -202,7 +204,7 @@ class TrainerCore(Core):
     @handles(WeightsStored)
     def on_weights_stored(self, now: float, inbound: Inbound[WeightsStored]) -> None:
         self.log("span_end", span="weight_upload", seconds=round(now - self.t_upload, 6))
-        finished, self.finished = self.finished, None
+        finished = self.finished.pop(inbound.msg.version, None)
         if finished is None:  # the initial (or resumed) weights: no epoch was trained
             return
         epoch, t_open, metrics = finished

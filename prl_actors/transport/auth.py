@@ -114,11 +114,16 @@ def export_keys(directory: Path, name: str, out: Path) -> list[str]:
 
 @dataclass
 class KeyStore:
-    """The key directory of a run, read lazily; the public-key registry is re-read when it changes."""
+    """The key directory of a run, read lazily; the public-key registry is re-read when it changes:
+    when the directory's mtime moved, and, for a key not in the registry, when its file names differ
+    from those read (mtimes are as coarse as the kernel's clock tick: a key created a moment after
+    the last read may leave the mtime where it was, and a refused handshake is not retried by libzmq,
+    so a new member must never be refused for that)."""
 
     directory: Path
     _registry: dict[bytes, str] = field(default_factory=dict)
     _stamp: int = -1
+    _names: frozenset[str] = frozenset()
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def public(self, name: str) -> bytes:
@@ -146,7 +151,18 @@ class KeyStore:
         """The key name registered for a public key, or None (not admitted)."""
         with self._lock:
             self._refresh()
-            return self._registry.get(public_z85)
+            name = self._registry.get(public_z85)
+            if name is None and self._listing() != self._names:  # created in the same tick as the last read
+                self._stamp = -1
+                self._refresh()
+                name = self._registry.get(public_z85)
+            return name
+
+    def _listing(self) -> frozenset[str]:
+        try:
+            return frozenset(os.listdir(self.directory))
+        except OSError:
+            return frozenset()
 
     def _refresh(self) -> None:
         try:
@@ -156,6 +172,7 @@ class KeyStore:
             return
         if stamp == self._stamp:
             return
+        names = self._listing()
         registry: dict[bytes, str] = {}
         for path in sorted(self.directory.glob(f"*{PUBLIC}")):
             name = path.name[: -len(PUBLIC)]
@@ -165,7 +182,7 @@ class KeyStore:
                 registry.setdefault(zmq.auth.load_certificate(path)[0], name)
             except (OSError, ValueError):
                 continue
-        self._registry, self._stamp = registry, stamp
+        self._registry, self._stamp, self._names = registry, stamp, names
 
 
 # --- the ZAP handler ---------------------------------------------------------------------------
