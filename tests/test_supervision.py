@@ -177,9 +177,10 @@ def test_a_worker_whose_engine_fails_at_start_is_restarted_a_bounded_number_of_t
     tmp_path: Path, run_dir: Path
 ) -> None:
     cfg = sim_config(
-        run_dir, transport="tcp", run__workers=1, run__worker_restarts=1, worker__engine="vllm",
-        trainer__learner="grpo", model__warm_start_steps=0, model__hidden_size=16, model__layers=1,
-    )  # fmt: skip  # vLLM is not installed here: the engine fails to load, as in the issue
+        run_dir, transport="tcp", run__workers=1, run__worker_restarts=1, worker__engine="torch",
+        worker__device="cuda", trainer__learner="grpo", model__warm_start_steps=0, model__hidden_size=16,
+        model__layers=1,
+    )  # fmt: skip  # no CUDA here: the worker's engine fails to load (`up` refuses a missing vLLM before any start)
     code, err = ended(start_up(cfg, tmp_path), 180.0)
     assert code == 1, err
     assert "worker-0 exited (code 1: failed to start: " in err and "restarting it in 0.5s" in err
