@@ -24,13 +24,31 @@ from prl_bench import internals
 DEAD_ADDR = {"tcp": "tcp://127.0.0.1:1", "ipc": "ipc:///nonexistent/prl-bench-none"}
 
 
-class StubEngine:
-    """Records when weights arrive. With `copy`, copies every tensor into memory it keeps (allocated
-    at the first load, as an engine's parameters exist before an update), as load_state_dict does;
-    without, holds nothing (so memory stays flat between fetches). It never
-    generates (an engine that is never busy)."""
+class IdleEngine:
+    """The streaming engine protocol of an engine that only takes weights: never busy, never generates."""
 
     max_rows, rows, busy = 1, 0, False
+
+    def admit(self, prompts: list, group_size: int) -> None:  # type: ignore[type-arg]
+        pass
+
+    def step(self) -> list:  # type: ignore[type-arg]
+        return []
+
+    def abort(self) -> list[int]:
+        return []
+
+    def generate(self, prompts: list, group_size: int) -> list:  # type: ignore[type-arg]
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class StubEngine(IdleEngine):
+    """Records when weights arrive. With `copy`, copies every tensor into memory it keeps (allocated
+    at the first load, as an engine's parameters exist before an update), as load_state_dict does;
+    without, holds nothing (so memory stays flat between fetches)."""
 
     def __init__(self, copy: bool = False) -> None:
         self.version = -1
@@ -52,21 +70,6 @@ class StubEngine:
         self.nbytes = sum(int(np.asarray(t).nbytes) for t in tensors.values())
         self.version = -1  # every fetch is a fresh one
         self.loaded.set()
-
-    def admit(self, prompts: list, group_size: int) -> None:  # type: ignore[type-arg]
-        pass
-
-    def step(self) -> list:  # type: ignore[type-arg]
-        return []
-
-    def abort(self) -> list[int]:
-        return []
-
-    def generate(self, prompts: list, group_size: int) -> list:  # type: ignore[type-arg]
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 class FetchWorker:

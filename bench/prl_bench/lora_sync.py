@@ -25,7 +25,7 @@ from typing import Any
 
 from prl_bench import internals
 from prl_bench.common import BenchContext, Entry, free_port, rounded
-from prl_bench.fetcher import DEAD_ADDR
+from prl_bench.fetcher import DEAD_ADDR, IdleEngine
 
 CHUNK = 4 << 20  # publisher.chunk_bytes default
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -68,11 +68,9 @@ def setup_config(model_dir: Path, targets: list[str] | None) -> Any:
     return load_config(None, {"model.path": str(model_dir), "model.dtype": "bfloat16", "trainer.lora": lora})
 
 
-class TimedEngine:
-    """The real TorchEngine; records when load_weights was called and when it returned. It never
-    generates (an engine that is never busy, as the worker's streaming protocol sees it)."""
-
-    max_rows, rows, busy = 1, 0, False
+class TimedEngine(IdleEngine):
+    """The real TorchEngine; records when load_weights was called and when it returned (it never
+    generates)."""
 
     def __init__(self, cfg: Any, model_dir: Path) -> None:
         from prl_actors.engines.torch_engine import TorchEngine
@@ -88,21 +86,6 @@ class TimedEngine:
         self.t_end = time.monotonic()
         self.version = -1  # every fetch is a fresh one
         self.loaded.set()
-
-    def admit(self, prompts: list, group_size: int) -> None:  # type: ignore[type-arg]
-        pass
-
-    def step(self) -> list:  # type: ignore[type-arg]
-        return []
-
-    def abort(self) -> list[int]:
-        return []
-
-    def generate(self, prompts: list, group_size: int) -> list:  # type: ignore[type-arg]
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 def serve(conn: Connection, cfg_yaml: str, model_dir: str, addr: str) -> None:
