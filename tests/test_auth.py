@@ -63,6 +63,24 @@ def test_a_key_created_in_the_same_clock_tick_as_the_last_read_is_admitted(tmp_p
     assert store.name_of(b"0" * 40) is None  # still unknown: nothing else changed
 
 
+def test_a_key_file_read_half_written_is_read_again(tmp_path: Path) -> None:
+    """A server that lists the directory while a key file exists but is not yet written through must
+    not remember that listing as complete (seen: worker-1 refused for good in a loaded test run).
+    create_keys renames whole files into place; a file copied in by hand may still be caught midway."""
+    keys = tmp_path / "keys"
+    auth.create_keys(keys, ["worker-0"])
+    store = auth.KeyStore(keys)
+    assert store.name_of(store.public("worker-0")) == "worker-0"
+    auth.create_keys(tmp_path / "other", ["worker-1"])
+    (keys / "worker-1.key").write_text("")  # being copied: the name is there, the content not yet
+    tick = os.stat(keys).st_mtime_ns
+    assert store.name_of(b"0" * 40) is None  # a read that sees the half-written file
+    (keys / "worker-1.key").write_text((tmp_path / "other" / "worker-1.key").read_text())
+    os.utime(keys, ns=(tick, tick))  # completed within the same tick: the listing is the same
+    assert store.name_of(auth.KeyStore(tmp_path / "other").public("worker-1")) == "worker-1"
+    assert not [p.name for p in keys.iterdir() if p.name.endswith(".tmp")]  # create_keys left none
+
+
 def test_names_roles_and_what_a_key_covers() -> None:
     assert auth.role_of_name("worker-gpu1") == m.Role.WORKER and auth.role_of_name("workers") is None
     assert auth.speaks_for("worker", "worker-3") and auth.speaks_for("worker-3", "worker-3")

@@ -67,10 +67,14 @@ def run_key_names() -> list[str]:
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Write `text` to `path` (0600) whole or not at all: a server reading the directory meanwhile
+    must never see a key file half written (it would refuse that key, and libzmq does not retry)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(path, 0o600)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
 
 
 def _cert(public: bytes, secret: bytes | None) -> str:
@@ -174,15 +178,16 @@ class KeyStore:
             return
         names = self._listing()
         registry: dict[bytes, str] = {}
+        complete = True
         for path in sorted(self.directory.glob(f"*{PUBLIC}")):
             name = path.name[: -len(PUBLIC)]
             if role_of_name(name) is None:
                 continue
             try:
                 registry.setdefault(zmq.auth.load_certificate(path)[0], name)
-            except (OSError, ValueError):
-                continue
-        self._registry, self._stamp, self._names = registry, stamp, names
+            except (OSError, ValueError):  # being written by a tool that does not rename: read it again
+                complete = False
+        self._registry, self._stamp, self._names = registry, stamp if complete else -1, names
 
 
 # --- the ZAP handler ---------------------------------------------------------------------------
