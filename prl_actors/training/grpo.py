@@ -98,6 +98,15 @@ class EpochStats:
         return float("nan") if self.tokens and not self.diff_tokens else value
 
 
+def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """AdamW, fused where the parameters' device has the fused kernel (CPU and CUDA: one kernel for
+    every tensor instead of a loop of small ops; 2-3x faster steps on CPU), else the default."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except (RuntimeError, ValueError):  # a device (or tensor type) without the fused kernel
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
 def engine_logprobs(groups: list[Group]) -> torch.Tensor:
     """[N] float64: the engine's log-prob of every response token (group, sample, position order,
     as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its tokens."""
@@ -132,7 +141,7 @@ class GRPOLearner:
         self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
         self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
         trained = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=cfg.trainer.lr, weight_decay=0.0)
+        self.optimizer = adamw(trained, cfg.trainer.lr)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
@@ -178,10 +187,18 @@ class GRPOLearner:
     def pending(self) -> int:
         return len(self._pending)
 
-    def flush(self) -> int:
-        """Train what is queued now (the trainer calls this when no other group waits)."""
-        n = len(self._pending)
+    def flush(self, max_groups: int | None = None) -> int:
+        """Train what is queued now (the trainer calls this when no other group waits): all of it, or
+        the first `max_groups` groups (the rest stays queued, in order). Returns how many trained."""
+        if max_groups is None or max_groups >= len(self._pending):
+            n = len(self._pending)
+            self._flush()
+            return n
+        n = max(1, max_groups)
+        rest = self._pending[n:]
+        self._pending = self._pending[:n]
         self._flush()
+        self._pending, self._pending_tokens = rest, sum(self._cost(g) for g in rest)
         return n
 
     def _flush(self) -> None:
