@@ -24,7 +24,8 @@ from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import ActorHost, Core, StartFailed, one_line
-from prl_actors.actors.trainer import ThreadPlan, TrainerCore
+from prl_actors.actors.threads import ThreadPlan
+from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
@@ -85,6 +86,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     if role == "buffer":
         return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
     if role == "trainer":
+        from prl_actors.weights_shm import ShmReader
+
         learner = _make_learner(cfg)
         core = TrainerCore(
             name,
@@ -97,6 +100,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             checkpoint_every=cfg.trainer.checkpoint_every,
             resume=cfg.run.resume,
             threads=_trainer_threads(cfg, learner),
+            shm=ShmReader() if cfg.publisher.shm else None,
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
@@ -105,10 +109,11 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         from prl_actors.tasks import load_task
         from prl_actors.weights_shm import ShmReader
 
+        engine = _make_engine(cfg)
         return WorkerCore(
             name,
             log,
-            _make_engine(cfg),
+            engine,
             load_task(cfg),
             cfg.worker.group_size,
             fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
@@ -116,6 +121,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             as_torch=cfg.worker.engine != "sim",
             prefetch=cfg.worker.prefetch,
             shm=ShmReader() if cfg.worker.shm else None,
+            threads=_worker_threads(cfg, engine),
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 
@@ -193,27 +199,54 @@ def start_actor(
 
 
 BOOST_MIN_PARAMS = 1_000_000
-"""Below this many policy parameters the trainer stays on its share of the cores: for a model that
-small, more OpenMP threads mostly wait for each other (and on a busy host far worse, bench e2e)."""
+"""Below this many policy parameters the trainer and the worker stay on their share of the cores: for
+a model that small, more OpenMP threads mostly wait for each other (on a busy host far worse)."""
 
 
 def _trainer_threads(cfg: Config, learner: object) -> ThreadPlan | None:
     """With `trainer.threads: auto` under `up` (workers on this host): the share while they generate
-    and every core once the epoch is generated (process.threads_for); sync mode trains only while the
+    and every core once the epoch is generated (actors/threads.py); sync mode trains only while the
     workers wait, so on every core. None: a fixed setting, the sim learner, no local workers, a
     trainer group (its ranks split the cores) or a model below BOOST_MIN_PARAMS."""
-    from prl_actors.process import LOCAL_WORKERS_ENV, threads_for
-
-    local = os.environ.get(LOCAL_WORKERS_ENV)
-    if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local or not int(local):
+    local = _local_workers()
+    if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local:
         return None
     if cfg.trainer.world_size > 1:  # the ranks split the cores (training/distributed.py)
         return None
-    policy = getattr(learner, "policy", None)
-    if policy is None or sum(p.numel() for p in policy.parameters()) < BOOST_MIN_PARAMS:
+    if _params(getattr(learner, "policy", None)) < BOOST_MIN_PARAMS:
         return None
+    return _plan(cfg, "trainer", local)
+
+
+def _worker_threads(cfg: Config, engine: object) -> ThreadPlan | None:
+    """With `worker.threads: auto` under `up` and this host's only worker (torch engine): every core
+    from the epoch's weights until its first group is sent, then its share (actors/threads.py); in
+    sync mode every core (the trainer waits while it generates). None otherwise: a fixed setting,
+    several local workers (they split the cores), another engine, a model below BOOST_MIN_PARAMS."""
+    if cfg.worker.threads != "auto" or cfg.worker.engine != "torch" or _local_workers() != 1:
+        return None
+    if _params(getattr(engine, "model", None)) < BOOST_MIN_PARAMS:
+        return None
+    return _plan(cfg, "worker", 1)
+
+
+def _local_workers() -> int:
+    from prl_actors.process import LOCAL_WORKERS_ENV
+
+    local = os.environ.get(LOCAL_WORKERS_ENV, "")
+    return int(local) if local.isdigit() else 0
+
+
+def _params(model: object) -> int:
+    parameters = getattr(model, "parameters", None)
+    return sum(p.numel() for p in parameters()) if parameters is not None else 0
+
+
+def _plan(cfg: Config, role: str, local: int) -> ThreadPlan:
     import torch
 
-    full = threads_for(cfg, "trainer", None)
-    share = full if cfg.run.mode == "sync" else threads_for(cfg, "trainer", int(local))
+    from prl_actors.process import threads_for
+
+    full = threads_for(cfg, role, None)
+    share = full if cfg.run.mode == "sync" else threads_for(cfg, role, local)
     return ThreadPlan(share, full, torch.set_num_threads)

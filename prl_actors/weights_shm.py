@@ -16,6 +16,12 @@ file, no traversal), opened without following a symlink, and only a regular file
 writable by nobody else, of exactly `total_bytes`. Anything else is refused and the worker fetches
 chunks instead.
 
+A trainer on the publisher's host uploads the same way (proved by the same host file): it writes
+the new version's file itself (`write_snapshot`, straight from its tensors, atomically) and sends
+WeightsBegin(shm_path, chunks 0) + WeightsEnd; the publisher derives the path itself, validates the
+file as a worker would (this user's, writable by no one else, exactly `total_bytes`), maps it and
+owns it from then on (`ShmPublisher.adopt`). Anything else is refused and the trainer sends chunks.
+
 A worker maps the file copy-on-write: the tensors it hands the engine view the shared pages (no copy
 here; the engine copies into its parameters, as from chunks), and nothing it does can change them.
 """
@@ -103,6 +109,29 @@ class ShmPublisher:
         self.published[version] = path
         return mapped
 
+    def adopt(self, version: int, nbytes: int) -> memoryview:
+        """Take over `version`'s file as the uploading trainer wrote it (write_snapshot): validated like a
+        worker validates it, then mapped read-only and unlinked with the next version, as if written
+        here. Raises ShmRefused (a bad file is removed)."""
+        if not self.run_id:
+            raise ShmRefused("no run id yet (not registered)")
+        path = snapshot_file(self.root, self.run_id, version)
+        try:
+            _read_checked(path, nbytes).release()
+            mapped = _map_shared(path, nbytes)
+        except (OSError, ShmRefused) as exc:
+            if path.exists() and version not in self.published:
+                path.unlink(missing_ok=True)
+            raise ShmRefused(str(exc)) from None
+        for old in [v for v in self.published if v != version]:
+            self.published.pop(old).unlink(missing_ok=True)
+        self.published[version] = path
+        return mapped
+
+    def expected(self, version: int) -> str:
+        """Where `version`'s file of this run is (what an uploading trainer must name)."""
+        return str(snapshot_file(self.root, self.run_id, version))
+
     def path(self, version: int) -> str:
         """The file holding `version`, or "" when it is not in shared memory."""
         p = self.published.get(version)
@@ -188,6 +217,21 @@ class ShmReader:
             raise ShmRefused(f"cannot map {expected}: {exc}") from None
 
 
+def write_snapshot(root: Path, run_id: str, version: int, views: list[memoryview]) -> Path:
+    """The trainer's side: write `views` (the packed tensors, in order) as `version`'s file of the run,
+    atomically (a reader never sees half a file). Raises ShmUnavailable (space, permissions)."""
+    nbytes = sum(v.nbytes for v in views)
+    free = _free_bytes(root)
+    if free < nbytes + HEADROOM:
+        raise ShmUnavailable(f"{root} has {free >> 20} MiB free, a snapshot needs {nbytes >> 20} MiB")
+    path = snapshot_file(root, run_id, version)
+    try:
+        _write_file(path, *views)
+    except OSError as exc:
+        raise ShmUnavailable(f"cannot write {path}: {exc}") from None
+    return path
+
+
 def _read_checked(path: Path, nbytes: int) -> memoryview:
     """A copy-on-write mapping of `path` if it is a regular file of this user, writable by no one
     else, of exactly `nbytes`; ShmRefused otherwise (OSError when it cannot be opened at all)."""
@@ -205,16 +249,18 @@ def _read_checked(path: Path, nbytes: int) -> memoryview:
         os.close(fd)
 
 
-def _write_file(path: Path, data: memoryview) -> None:
-    """Write `data` to `path` (mode 0600) through a temporary name and an atomic rename."""
+def _write_file(path: Path, *parts: memoryview) -> None:
+    """Write `parts` one after the other to `path` (mode 0600) through a temporary name and an atomic
+    rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-        for lo in range(0, view.nbytes, WRITE_BLOCK):
-            chunk = view[lo : lo + WRITE_BLOCK]
-            while chunk.nbytes:
-                chunk = chunk[os.write(fd, chunk) :]
+        for data in parts:
+            view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+            for lo in range(0, view.nbytes, WRITE_BLOCK):
+                chunk = view[lo : lo + WRITE_BLOCK]
+                while chunk.nbytes:
+                    chunk = chunk[os.write(fd, chunk) :]
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)

@@ -12,7 +12,8 @@ from prl_actors.actors.membership import Membership
 from prl_actors.actors.phase import IllegalTransition, PhaseMachine
 from prl_actors.actors.publisher import PublisherCore
 from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.trainer import ThreadPlan, TrainerCore
+from prl_actors.actors.threads import ThreadPlan
+from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.transfer import Assembler, Snapshot, transfer_messages
 from prl_actors.config import load_config
 from prl_actors.logs import EventLog
@@ -260,11 +261,11 @@ class QueueingLearner(SimLearner):
         self.queue.append(group)
         return {}
 
-    def flush(self) -> int:
-        n = len(self.queue)
-        for g in self.queue:
+    def flush(self, max_groups: int | None = None) -> int:
+        n = len(self.queue) if max_groups is None else min(len(self.queue), max(1, max_groups))
+        for g in self.queue[:n]:
             super().accumulate(g)
-        self.queue, self.flushes = [], [*self.flushes, n]
+        self.queue, self.flushes = self.queue[n:], [*self.flushes, n]
         return n
 
     @property
@@ -282,8 +283,60 @@ def test_trainer_trains_groups_that_arrived_together_in_one_flush() -> None:
     core.deferred.pop()(0.1)
     assert learner.flushes == [3] and learner.pending == 0
     feed(core, m.TrainGroup(epoch=0, version=0, seq=3, group=group(3, [4, 4])), "buffer")
+    assert not core.deferred and learner.pending == 1  # the epoch's last group: trained by the step
+
+
+def test_trainer_waits_for_a_generated_epochs_rest_to_train_it_in_one_micro_batch() -> None:
+    """Once the buffer says every group left is on its way, the trainer queues them all (no flush of
+    the one that happened to arrive first) and the step trains them together."""
+    learner = QueueingLearner()
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 4, 1 << 20, 5.0)
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=3), "buffer")
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=0, group=group(0, [4, 1]), generated=True), "buffer")
+    assert not core.deferred and learner.pending == 1
+    for gid in (1, 2):
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1]), generated=True), "buffer")
+    assert not core.deferred and learner.pending == 3 and learner.flushes == []
+
+
+def test_trainer_paces_flushes_while_sharing_cores_so_the_last_group_boosts_at_once() -> None:
+    """With a boost to come, a flush is cut to a slice (one group until the trainer has timed one) and
+    the rest deferred behind the inbox: the epoch's last group is read (every core taken) between
+    slices, and what is left is trained in one flush on every core."""
+    learner, calls = QueueingLearner(), []
+    plan = ThreadPlan(1, 2, calls.append)
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 8, 1 << 20, 5.0, threads=plan)
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=5), "buffer")
+    for gid in range(4):
+        feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
+    core.deferred.pop()(0.1)
+    assert learner.flushes == [1] and learner.pending == 3 and len(core.deferred) == 1  # the rest: later
+    assert core.group_s is not None
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=4, group=group(4, [4, 4])), "buffer")  # the last
+    assert calls == [1, 2] and not plan.boost_pending
     core.deferred.pop()(0.2)
-    assert learner.flushes == [3, 1]
+    assert learner.flushes == [1, 4] and learner.pending == 0 and not core.deferred
+
+
+def test_trainer_takes_every_core_as_soon_as_the_buffer_holds_the_whole_epoch() -> None:
+    """The whole epoch generated in one wave: the first group the buffer streams after that says so,
+    and the trainer trains the rest on every core, not a slice on its share first."""
+    learner, calls = QueueingLearner(), []
+    core = TrainerCore(
+        "trainer",
+        EventLog("trainer", "trainer"),
+        learner,
+        MemorySink(),
+        8,
+        1 << 20,
+        5.0,
+        threads=ThreadPlan(1, 2, calls.append),
+    )
+    feed(core, m.EpochOpen(epoch=0, version=0, groups=3), "buffer")
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=0, group=group(0, [4, 1]), generated=True), "buffer")
+    assert calls == [1, 2]
+    feed(core, m.TrainGroup(epoch=0, version=0, seq=1, group=group(1, [4, 1])), "buffer")
+    assert not core.deferred and learner.pending == 2  # no slice on the share first: all for the step
 
 
 def test_trainer_takes_every_core_once_the_epochs_last_group_arrived() -> None:

@@ -164,6 +164,8 @@ def result(epoch: int, version: int, gid: int, n: int = G, worker: str = "worker
 
 def send_group(core: BufferCore, msg: m.GroupResult) -> tuple[m.GroupAck, list[m.Msg]]:
     core.handle(0.0, inbound(msg, msg.group.worker))
+    while core.deferred:  # what the host does: the stream is pumped as a later inbox item
+        core.deferred.pop(0)(0.0)
     out, core.outbox = core.outbox, []
     acks = [x for _, x, _ in out if isinstance(x, m.GroupAck)]
     return acks[0], [x for _, x, _ in out if not isinstance(x, m.GroupAck)]
@@ -330,3 +332,47 @@ def test_worker_sends_one_fetch_and_a_late_snapshot_drops_nothing() -> None:
 def m_inbound(msg: m.Msg, payloads: list) -> Inbound:  # type: ignore[type-arg]
     msg.sender = "publisher"
     return Inbound(msg, payloads, peer="publisher")
+
+
+def test_worker_takes_every_core_for_a_new_epoch_until_its_first_group_is_sent() -> None:
+    """threads auto with one local worker: the new weights give it every core (the trainer has
+    nothing to train yet); its first finished group gives the trainer its share back."""
+    from prl_actors.actors.threads import ThreadPlan
+    from prl_actors.actors.transfer import Snapshot, transfer_messages
+
+    engine = SimEngine(sim_config_for_cores())
+    calls: list[int] = []
+    core = worker(engine)
+    core.threads = ThreadPlan(1, 2, calls.append)
+    core.now = 0.0
+    core.handle(0.0, inbound(m.EpochStart(epoch=0, version=0, groups=1), "coordinator", peer="coordinator"))
+    assert calls == []  # no weights yet
+    snap = Snapshot.from_tensors(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    for part, payloads in transfer_messages(snap, 1 << 20, epoch=0):
+        core.handle(0.0, m_inbound(part, payloads))
+    assert engine.version == 0 and calls == [2]
+    sent = [x for x in assign(core) if isinstance(x, m.GroupResult)]
+    assert len(sent) == 1 and calls == [2, 1]
+
+
+def test_buffer_streams_a_burst_after_accepting_it_and_says_the_epoch_is_generated() -> None:
+    """Groups that reach the buffer together leave together, after all are accepted: the first one
+    the trainer gets already says the whole epoch is generated (the trainer then takes every core)."""
+    core = buffer()
+    for gid in (1, 0):  # both in the inbox before the pump item runs
+        core.handle(0.0, inbound(result(0, 0, gid), "worker-w"))
+    assert not any(isinstance(x, m.TrainGroup) for _, x, _ in core.outbox)
+    core.deferred.pop(0)(0.0)
+    assert not core.deferred
+    sent = [x for _, x, _ in core.outbox if isinstance(x, m.TrainGroup)]
+    assert [(x.group.group_id, x.generated) for x in sent] == [(1, True), (0, True)]
+    one_by_one = buffer()
+    _, out = send_group(one_by_one, result(0, 0, 1))
+    _, out2 = send_group(one_by_one, result(0, 0, 0))
+    flags = [x.generated for x in out + out2 if isinstance(x, m.TrainGroup)]
+    assert flags == [False, True]
+    announced = buffer()  # the worker says one more group of its burst follows: the last one of the epoch
+    first = result(0, 0, 1)
+    first.follows = 1
+    _, out = send_group(announced, first)
+    assert [x.generated for x in out if isinstance(x, m.TrainGroup)] == [True]

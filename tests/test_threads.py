@@ -32,3 +32,43 @@ def test_threads_must_be_positive_or_auto() -> None:
     for bad in (0, "many"):
         with pytest.raises(ConfigError, match="trainer.threads"):
             load_config(None, {"trainer.threads": bad})
+
+
+class _Model:
+    def __init__(self, n: int) -> None:
+        import torch
+
+        self.weight = torch.nn.Parameter(torch.zeros(n))
+
+    def parameters(self) -> list:  # type: ignore[type-arg]
+        return [self.weight]
+
+
+class _Holder:
+    def __init__(self, n: int) -> None:
+        self.model = self.policy = _Model(n)
+
+
+def test_hand_over_plans_only_where_one_side_can_use_the_others_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's plan needs local workers; the worker's plan needs to be the host's only worker
+    (several split the cores) and the torch engine; both need a model worth more threads; sync
+    mode gives both every core throughout (the other side waits)."""
+    from prl_actors import topology
+    from prl_actors.process import LOCAL_WORKERS_ENV
+
+    cfg = load_config(None, {"worker.engine": "torch"})
+    big, small = _Holder(topology.BOOST_MIN_PARAMS), _Holder(1000)
+    monkeypatch.delenv(LOCAL_WORKERS_ENV, raising=False)
+    assert topology._trainer_threads(cfg, big) is None and topology._worker_threads(cfg, big) is None
+    monkeypatch.setenv(LOCAL_WORKERS_ENV, "1")
+    plan = topology._worker_threads(cfg, big)
+    assert plan is not None and plan.full >= plan.share >= 1
+    assert topology._trainer_threads(cfg, big) is not None
+    assert topology._worker_threads(cfg, small) is None and topology._trainer_threads(cfg, small) is None
+    sim = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"})
+    assert topology._worker_threads(sim, big) is None and topology._trainer_threads(sim, big) is None
+    assert topology._worker_threads(load_config(None, {"worker.engine": "torch", "worker.threads": 1}), big) is None
+    sync = topology._worker_threads(load_config(None, {"worker.engine": "torch", "run.mode": "sync"}), big)
+    assert sync is not None and sync.share == sync.full
+    monkeypatch.setenv(LOCAL_WORKERS_ENV, "2")
+    assert topology._worker_threads(cfg, big) is None and topology._trainer_threads(cfg, big) is not None

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from prl_actors.actors.publisher import PublisherCore
+from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.transfer import Snapshot, transfer_messages
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.logs import EventLog
@@ -274,3 +275,70 @@ def test_a_local_run_serves_same_host_workers_from_shared_memory(tmp_path: Path,
     paths = {e["path"] for e in events if e["event"] == "shm_published"}
     assert paths and all(p.startswith("/dev/shm/prl-") for p in paths)
     assert not any(Path(p).exists() for p in paths)  # removed when the publisher stopped
+
+
+def trainer_with(tmp_path: Path, shm: bool = True) -> TrainerCore:
+    from prl_actors.config import load_config
+    from prl_actors.rundir import MemorySink
+    from prl_actors.training.sim import SimLearner
+
+    cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.param_count": 3000})
+    reader = ShmReader(tmp_path) if shm else None
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), SimLearner(cfg), MemorySink(), 4, 1024, 5.0, shm=reader)
+    core.run_id = RUN
+    return core
+
+
+def to_publisher(pub: PublisherCore, trainer: TrainerCore) -> list[m.Msg]:
+    """Deliver the trainer's outbox to the publisher; the publisher's replies to the trainer."""
+    out, trainer.outbox = trainer.outbox, []
+    for _, msg, payloads in out:
+        msg.sender = "trainer"
+        pub.handle(0.0, Inbound(msg, list(payloads), peer=None, identity=b"trainer"))
+    replies, pub.outbox = pub.outbox, []
+    return [x for dest, x, _ in replies if dest.name != "coordinator"]
+
+
+def test_a_same_host_trainer_uploads_through_a_file_the_publisher_adopts(tmp_path: Path) -> None:
+    pub = publisher_with(tmp_path, snap())
+    trainer = trainer_with(tmp_path)
+    trainer.learner.version = 2
+    trainer._upload()
+    assert [m.tag_of(x) for _, x, _ in trainer.outbox] == ["weights_begin", "weights_end"]  # no chunk
+    (stored,) = to_publisher(pub, trainer)
+    assert isinstance(stored, m.WeightsStored) and stored.version == 2
+    assert pub.current is not None and pub.current.version == 2
+    assert pub.shm is not None and pub.shm.path(2) == str(snapshot_file(tmp_path, RUN, 2))
+    assert not snapshot_file(tmp_path, RUN, 1).exists()  # the previous version's file is gone
+    expected = Snapshot.from_tensors(2, trainer.learner.weights())
+    assert bytes(pub.current.data) == bytes(expected.data)
+    replies = fetch(pub, ShmReader(tmp_path).proof(RUN))  # a proven worker is told the adopted file
+    assert replies[0][0].shm_path == pub.shm.path(2)
+
+
+def test_a_refused_shared_upload_falls_back_to_chunks(tmp_path: Path) -> None:
+    pub = publisher_with(tmp_path, snap())
+    trainer = trainer_with(tmp_path)
+    trainer.learner.version = 2
+    trainer._upload()
+    os.chmod(snapshot_file(tmp_path, RUN, 2), 0o620)  # tampered with: group-writable
+    (error,) = to_publisher(pub, trainer)
+    assert isinstance(error, m.Error) and "shared memory" in error.detail
+    assert pub.current is not None and pub.current.version == 1 and not snapshot_file(tmp_path, RUN, 2).exists()
+    error.sender = "publisher"
+    trainer.handle(0.0, Inbound(error, [], peer="publisher", identity=b""))
+    assert trainer.shm is None
+    assert [m.tag_of(x) for _, x, _ in trainer.outbox].count("weight_chunk") > 1  # sent again, as chunks
+    (stored,) = to_publisher(pub, trainer)
+    assert isinstance(stored, m.WeightsStored) and pub.current.version == 2
+
+
+def test_a_trainer_on_another_host_sends_chunks(tmp_path: Path) -> None:
+    pub = publisher_with(tmp_path, snap())
+    trainer = trainer_with(tmp_path / "elsewhere")  # no host file there: nothing proves the host
+    (tmp_path / "elsewhere").mkdir()
+    trainer.learner.version = 2
+    trainer._upload()
+    assert [m.tag_of(x) for _, x, _ in trainer.outbox].count("weight_chunk") > 1
+    (stored,) = to_publisher(pub, trainer)
+    assert isinstance(stored, m.WeightsStored) and stored.version == 2

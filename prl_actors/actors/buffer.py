@@ -55,6 +55,8 @@ class BufferCore(Core):
         self.credits = 0
         self.trainer: bytes = b""
         self.seq = 0
+        self.pump_queued = False
+        self.following: dict[str, int] = {}  # worker -> groups it said follow its last accepted one
         self.opened_at = 0.0
         self.ticket_keys: list[bytes] = []  # the coordinator's (a restarted coordinator adds one)
 
@@ -73,6 +75,7 @@ class BufferCore(Core):
                 self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
             self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
+            self.following = {}
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
             self._pump()
         self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
@@ -95,6 +98,7 @@ class BufferCore(Core):
             self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=False, reason=reason))
             return
         self.accepted.add(group.group_id)
+        self.following[msg.sender] = min(max(msg.follows, 0), self.groups)
         self.count("accepted")
         self.log("group_accepted", **fields, accepted=len(self.accepted), groups=self.groups)
         self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=True))
@@ -112,7 +116,9 @@ class BufferCore(Core):
             gen_s = round(now - self.opened_at, 6)
             self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
             self.log("batch_complete", groups=self.groups)
-        self._pump()
+        if not self.pump_queued:  # after the groups already in the inbox: a burst leaves as one, and
+            self.pump_queued = True  # the trainer learns at its first group that all are here
+            self.defer(self._pump_later)
 
     def _not_assigned(self, msg: GroupResult) -> str:
         """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""
@@ -150,6 +156,10 @@ class BufferCore(Core):
         self.credits += inbound.msg.n
         self._pump()
 
+    def _pump_later(self, now: float) -> None:
+        self.pump_queued = False
+        self._pump()
+
     def _pump(self) -> None:
         """Send in stream order: markers need no credit, each TrainGroup takes one."""
         while self.trainer and self.stream:
@@ -158,6 +168,7 @@ class BufferCore(Core):
                 if self.credits <= 0:
                     return
                 self.credits -= 1
+                head.generated = len(self.accepted) + sum(self.following.values()) >= self.groups
                 self.log("group_streamed", group_id=head.group.group_id, seq=head.seq, credits=self.credits)
             self.stream.popleft()
             self.emit(Dest.reply(self.trainer), head)

@@ -9,7 +9,10 @@ A late joiner therefore always gets the current snapshot. An upload not finished
 
 Same host: with a `ShmPublisher` (publisher.shm), each stored version is also written once to
 /dev/shm and served from that mapping; a fetch whose `host_proof` matches the publisher's host file is
-answered with WeightsBegin(shm_path, chunks 0) + WeightsEnd instead of chunks (weights_shm.py).
+answered with WeightsBegin(shm_path, chunks 0) + WeightsEnd instead of chunks (weights_shm.py). A
+trainer on this host uploads the same way: WeightsBegin(shm_path, chunks 0) + WeightsEnd, the file
+written by the trainer, validated and adopted here (no bytes cross the socket); a refused one is
+answered with Error `rejected` and the trainer sends chunks.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.transport.port import Dest, Inbound
-from prl_actors.weights_shm import ShmPublisher, ShmUnavailable
+from prl_actors.weights_shm import ShmPublisher, ShmRefused, ShmUnavailable
 
 
 class PublisherCore(Core):
@@ -43,7 +46,7 @@ class PublisherCore(Core):
         super().__init__(name, log)
         self.chunk_bytes, self.transfer_timeout_s = chunk_bytes, transfer_timeout_s
         self.current: Snapshot | None = None
-        self.uploads: dict[bytes, Assembler] = {}  # by uploader identity
+        self.uploads: dict[bytes, Assembler | WeightsBegin] = {}  # by uploader identity (a begin: via shm)
         self.shm = shm
 
     def start(self, now: float) -> None:
@@ -95,6 +98,15 @@ class PublisherCore(Core):
             detail = f"version {msg.version} is not newer than stored {self.current.version}"
             self._fail(inbound, msg.id, detail)
             return
+        if msg.shm_path:  # the trainer wrote the file: adopted at WeightsEnd
+            if self.shm is None or not self.shm.run_id or msg.shm_path != self.shm.expected(msg.version):
+                self._fail(inbound, msg.id, f"shm_path {msg.shm_path!r} is not this publisher's file for the version")
+            elif msg.chunks != 0 or msg.total_bytes != sum(t.nbytes for t in msg.tensors):
+                self._fail(inbound, msg.id, "weights_begin: total_bytes does not match the tensor table (or chunks)")
+            else:
+                self.uploads[inbound.identity] = msg
+                self.log("upload_begin", msg_id=msg.id, new_version=msg.version, bytes=msg.total_bytes, via="shm")
+            return
         try:
             self.uploads[inbound.identity] = Assembler(msg, now)
         except TransferError as exc:
@@ -105,7 +117,7 @@ class PublisherCore(Core):
     @handles(WeightChunk)
     def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
         upload = self.uploads.get(inbound.identity)
-        if upload is None:
+        if not isinstance(upload, Assembler):
             self.count("orphan_chunk")
             return
         try:
@@ -120,15 +132,40 @@ class PublisherCore(Core):
         if upload is None:
             self._fail(inbound, inbound.msg.id, "weights_end without weights_begin")
             return
+        if isinstance(upload, WeightsBegin):
+            self._adopt(inbound, upload)
+            return
         try:
             snap = upload.end(inbound.msg)
         except TransferError as exc:
             self._fail(inbound, upload.begin.id, str(exc))
             return
-        self.current = self._to_shm(snap)
+        self._store(inbound, upload.begin.id, self._to_shm(snap), now - upload.started)
+
+    def _adopt(self, inbound: Inbound[WeightsEnd], begin: WeightsBegin) -> None:
+        """A same-host upload: take over the trainer's file (validated) as the stored snapshot."""
+        if inbound.msg.transfer != begin.id:
+            self._fail(inbound, begin.id, f"end of transfer {inbound.msg.transfer!r}, expected {begin.id!r}")
+            return
+        if self.current is not None and begin.version <= self.current.version:
+            self._fail(inbound, begin.id, f"version {begin.version} is not newer than stored {self.current.version}")
+            return
+        assert self.shm is not None  # checked at WeightsBegin; shm is never switched back on
+        try:
+            mapped = self.shm.adopt(begin.version, begin.total_bytes)
+        except ShmRefused as exc:
+            self.count("shm_refused")
+            self._fail(inbound, begin.id, f"shared memory: {exc}")
+            return
+        path = self.shm.path(begin.version)
+        self.log("shm_published", new_version=begin.version, path=path, bytes=begin.total_bytes, via="trainer")
+        self._store(inbound, begin.id, Snapshot(begin.version, begin.tensors, mapped), 0.0)
+
+    def _store(self, inbound: Inbound[WeightsEnd], begin_id: str, snap: Snapshot, upload_s: float) -> None:
+        self.current = snap
         self.version = snap.version
-        self.log("weights_stored", new_version=snap.version, bytes=snap.nbytes, upload_s=round(now - upload.started, 6))
-        self.reply(inbound, WeightsStored(reply_to=upload.begin.id, version=snap.version))
+        self.log("weights_stored", new_version=snap.version, bytes=snap.nbytes, upload_s=round(upload_s, 6))
+        self.reply(inbound, WeightsStored(reply_to=begin_id, version=snap.version))
         self.emit(Dest.peer("coordinator"), WeightsAvailable(version=snap.version))
 
     def _fail(self, inbound: Inbound[Msg], reply_to: str, detail: str) -> None:
@@ -139,7 +176,7 @@ class PublisherCore(Core):
     def tick(self, now: float) -> None:
         super().tick(now)
         for ident, upload in list(self.uploads.items()):
-            if upload.expired(now, self.transfer_timeout_s):
+            if isinstance(upload, Assembler) and upload.expired(now, self.transfer_timeout_s):
                 del self.uploads[ident]
                 self.count("transfer_failed")
                 self.log("transfer_failed", detail="upload timed out", msg_id=upload.begin.id)

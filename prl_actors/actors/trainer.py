@@ -3,7 +3,9 @@
 Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
 and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
 a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
-and the trainer never idles with groups queued; EpochComplete -> exactly one `learner.step`
+and the trainer never idles with groups queued while others are still generated. Once the buffer says
+the epoch is generated (TrainGroup.generated: every group left is on its way), no more early flushes:
+the rest is trained in micro-batches as big as the budget allows. EpochComplete -> exactly one `learner.step`
 (version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
@@ -14,11 +16,12 @@ on-policy invariant is enforced here a second time, not only in the buffer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Snapshot, transfer_messages
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
@@ -26,38 +29,25 @@ from prl_actors.protocol.messages import (
     EpochComplete,
     EpochOpen,
     EpochStart,
+    Error,
     Role,
     StepDone,
     TrainGroup,
+    WeightsBegin,
+    WeightsEnd,
     WeightsStored,
+    Welcome,
 )
 from prl_actors.protocol.versions import on_policy
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
+from prl_actors.weights import pack
+from prl_actors.weights_shm import ShmReader, ShmUnavailable, write_snapshot
 
 T = TypeVar("T")
 
-
-class ThreadPlan:
-    """The trainer's torch threads when it shares the host with generating workers (`threads: auto`
-    under `up`): its share of the cores while the epoch's groups are generated, every core once the
-    epoch's last group has arrived (the workers then wait for the next weights: strict on-policy)."""
-
-    def __init__(self, share: int, full: int, apply: Callable[[int], None]) -> None:
-        self.share, self.full, self.apply = share, full, apply
-        self.current = 0
-
-    def generating(self) -> None:
-        self._set(self.share)
-
-    def generated(self) -> None:
-        self._set(self.full)
-
-    def _set(self, n: int) -> None:
-        if n != self.current:
-            self.apply(n)
-            self.current = n
+SLICE_S = 0.25  # a paced flush's work (actors/threads.py): at most this long before the last group is read
 
 
 class TrainerCore(Core):
@@ -75,6 +65,7 @@ class TrainerCore(Core):
         checkpoint_every: int = 1,
         resume: bool = False,
         threads: ThreadPlan | None = None,
+        shm: ShmReader | None = None,
     ) -> None:
         super().__init__(name, log)
         self.threads = threads
@@ -90,6 +81,11 @@ class TrainerCore(Core):
         # WeightsStored of one step can arrive after the next epoch was trained (other sockets first)
         self.finished: dict[int, tuple[int, float, dict[str, float]]] = {}
         self.flush_queued = False
+        self.group_s: float | None = None  # seconds per group of a paced flush (on the shared cores)
+        self.generated = False  # the open epoch's groups are all in the buffer or on their way to it
+        self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
+        self.run_id = ""
+        self.upload_id = ""
 
     def start(self, now: float) -> None:
         if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
@@ -118,9 +114,9 @@ class TrainerCore(Core):
             self.log("train_rejected", reason="epoch version is not the learner's", msg_version=msg.version)
             return
         self.epoch, self.consumed, self.groups = msg.epoch, 0, msg.groups
-        self.t_open, self.train_s = now, 0.0
+        self.t_open, self.train_s, self.generated = now, 0.0, False
         if self.threads is not None:
-            self.threads.generating()
+            self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.log("train_epoch_begin", groups=msg.groups)
 
@@ -132,8 +128,10 @@ class TrainerCore(Core):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
-        if self.threads is not None and self.consumed + 1 == self.groups:
-            self.threads.generated()  # the epoch's last group: this host's workers now wait for weights
+        if msg.generated or self.consumed + 1 == self.groups:
+            self.generated = True  # every group left is on its way: no flush before they are all queued
+            if self.threads is not None:
+                self.threads.take_all()  # this host's workers now wait for weights
         stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.consumed += 1
         self.log(
@@ -147,15 +145,33 @@ class TrainerCore(Core):
             samples=len(msg.group.samples),
             **{k: round(v, 6) for k, v in stats.items()},
         )
-        if self.learner.pending and not self.flush_queued:
+        if self.learner.pending and not self.flush_queued and not self.generated:
             self.flush_queued = True
             self.defer(self._flush)
 
     def _flush(self, now: float) -> None:
-        """Train what is queued: every TrainGroup that arrived before this item has been queued."""
+        """Train what is queued: every TrainGroup that arrived before this item has been queued.
+        While the cores are shared with generating workers (a ThreadPlan's boost still to come), a
+        flush is cut to about SLICE_S of work and the rest deferred, so that the epoch's last group
+        (and with it every core) reaches the trainer within a slice, not after a long forward."""
         self.flush_queued = False
-        if self.learner.pending:
-            self._train(self.learner.flush, groups=self.learner.pending)
+        queued = self.learner.pending
+        if not queued:
+            return
+        paced = self.threads is not None and self.threads.boost_pending
+        limit = self._slice_groups() if paced else None
+        t0 = time.monotonic()
+        trained = self._train(lambda: self.learner.flush(limit), groups=min(queued, limit or queued))
+        if paced and trained:
+            per_group = (time.monotonic() - t0) / trained
+            self.group_s = per_group if self.group_s is None else (self.group_s + per_group) / 2
+        if self.learner.pending and not self.flush_queued:
+            self.flush_queued = True
+            self.defer(self._flush)
+
+    def _slice_groups(self) -> int:
+        """Groups that take about SLICE_S on the shared cores (one until a flush has measured it)."""
+        return 1 if self.group_s is None else max(1, int(SLICE_S / self.group_s))
 
     def _train(self, work: Callable[[], T], **fields: Any) -> T:
         """Run learner work inside a `train` span (the trainer's busy time in replay and benchmarks)."""
@@ -191,15 +207,50 @@ class TrainerCore(Core):
     # --- weights out -------------------------------------------------------------------------
 
     def _upload(self) -> None:
+        """Send the learner's weights to the publisher: through a /dev/shm file when the publisher
+        shares this host (proved by its host file, weights_shm.py), else as chunks."""
         self.log("span_begin", span="weight_upload")
-        snap = Snapshot.from_tensors(self.learner.version, self.learner.weights())
-        first = None
-        for part, payloads in transfer_messages(snap, self.chunk_bytes, epoch=self.epoch):
-            first = first or part
-            self.emit(Dest.peer("publisher"), part, payloads)
-        assert first is not None
-        self.expect(first, self.request_timeout_s, "publisher stores weights", lambda now: self._upload())
         self.t_upload = time.monotonic()
+        weights = self.learner.weights()
+        first = self._upload_shared(weights) if self.shm is not None else None
+        if first is None:
+            snap = Snapshot.from_tensors(self.learner.version, weights)
+            for part, payloads in transfer_messages(snap, self.chunk_bytes, epoch=self.epoch):
+                first = first or part
+                self.emit(Dest.peer("publisher"), part, payloads)
+        assert first is not None
+        self.upload_id = first.id
+        self.expect(first, self.request_timeout_s, "publisher stores weights", lambda now: self._upload())
+
+    def _upload_shared(self, weights: Mapping[str, Any]) -> WeightsBegin | None:
+        """Write the version's file where the publisher reads it; None when this host cannot."""
+        assert self.shm is not None
+        if not self.shm.proof(self.run_id):  # not the publisher's host (or it has no shared memory)
+            return None
+        metas, views = pack(weights)
+        try:
+            path = write_snapshot(self.shm.root, self.run_id, self.learner.version, views)
+        except ShmUnavailable as exc:
+            self.log("shm_unavailable", reason=str(exc), new_version=self.learner.version)
+            return None
+        total = sum(m.nbytes for m in metas)
+        begin = WeightsBegin(epoch=self.epoch, version=self.learner.version, tensors=metas, total_bytes=total, chunks=0)
+        begin.shm_path = str(path)
+        self.emit(Dest.peer("publisher"), begin)
+        self.emit(Dest.peer("publisher"), WeightsEnd(epoch=self.epoch, version=self.learner.version, transfer=begin.id))
+        return begin
+
+    def on_error(self, now: float, inbound: Inbound[Error]) -> None:
+        super().on_error(now, inbound)
+        if inbound.msg.reply_to and inbound.msg.reply_to == self.upload_id:  # the publisher refused the upload
+            if self.shm is not None:
+                self.log("shm_refused", reason=inbound.msg.detail)
+                self.shm = None  # chunks from now on
+            self._upload()
+
+    def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
+        super().on_welcome(now, inbound)
+        self.run_id = inbound.msg.run_id
 
     @handles(WeightsStored)
     def on_weights_stored(self, now: float, inbound: Inbound[WeightsStored]) -> None:

@@ -18,6 +18,7 @@ import time
 import msgspec
 
 from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
 from prl_actors.logs import EventLog
@@ -68,6 +69,7 @@ class WorkerCore(Core):
         as_torch: bool = True,
         prefetch: int = 1,
         shm: ShmReader | None = None,
+        threads: ThreadPlan | None = None,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -85,6 +87,7 @@ class WorkerCore(Core):
         self.busy_since = 0.0
         self.shm = shm  # same-host snapshots (weights_shm.py); None: chunks only
         self.run_id = ""
+        self.threads = threads  # with one local worker: every core until the epoch's first group is sent
 
     def start(self, now: float) -> None:
         self.register()
@@ -242,6 +245,8 @@ class WorkerCore(Core):
             return
         self.version = snap.version
         self.fetch_sent = 0.0
+        if self.threads is not None:
+            self.threads.take_all()  # a new epoch: the trainer has nothing to train until our first group
         seconds = round(time.monotonic() - started, 6)
         self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes, seconds=seconds, via=via)
         self._next()
@@ -308,15 +313,16 @@ class WorkerCore(Core):
 
     def _finish(self, finished: list[GeneratedGroup]) -> None:
         """Score the groups that left the running batch and send each one on its own."""
+        if self.threads is not None:
+            self.threads.take_share()  # the trainer trains from now on
         self.log("span_begin", span="score", groups=[g.group_id for g in finished])
-        for g in finished:
-            entry = self.assigned.pop(g.group_id, None)
-            if entry is not None:
-                msg, prompt = entry
-                group = self._score(g, prompt)
-                self._send_group(
-                    GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket), 1
-                )
+        entries = [(g, self.assigned.pop(g.group_id, None)) for g in finished]
+        sent = [(g, e) for g, e in entries if e is not None]
+        for i, (g, (msg, prompt)) in enumerate(sent):
+            group = self._score(g, prompt)
+            out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket)
+            out.follows = len(sent) - 1 - i  # the rest of this burst comes right after it
+            self._send_group(out, 1)
         self.log("span_end", span="score")
 
     def _engine_failed(self, exc: Exception) -> None:
@@ -336,7 +342,7 @@ class WorkerCore(Core):
             "group_sent", group_id=gid, msg_id=out.id, msg_epoch=out.epoch, msg_version=out.version, attempt=attempt
         )
         if attempt < MAX_SEND_ATTEMPTS:
-            retry = msgspec.structs.replace(out, id=new_id())
+            retry = msgspec.structs.replace(out, id=new_id(), follows=0)
             self.expect(
                 out,
                 self.request_timeout_s,

@@ -26,8 +26,9 @@ class Learner(Protocol):
         """Queue one group (forward/backward once the micro-batch budget is reached); per-group stats."""
         ...
 
-    def flush(self) -> int:
-        """Forward/backward every queued group now; returns how many were trained."""
+    def flush(self, max_groups: int | None = None) -> int:
+        """Forward/backward the queued groups now (every one, or at least one and at most
+        `max_groups`, in arrival order); returns how many were trained."""
         ...
 
     @property

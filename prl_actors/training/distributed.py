@@ -88,8 +88,9 @@ class DistributedLearner:
         """Groups queued for the next round."""
         return len(self.pending_groups)
 
-    def flush(self) -> int:
-        """Train what is queued now, as a (possibly partial) round; returns how many groups."""
+    def flush(self, max_groups: int | None = None) -> int:
+        """Train what is queued now, as a (possibly partial) round; returns how many groups. A round
+        goes to every rank at once, so `max_groups` (the trainer's pacing) is not applied."""
         n = len(self.pending_groups)
         if n:
             self._round()

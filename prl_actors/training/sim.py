@@ -47,7 +47,7 @@ class SimLearner:
         time.sleep(self.cfg.train_s_per_sample * len(group.samples))
         return {"reward_mean": float(rewards.mean())}
 
-    def flush(self) -> int:
+    def flush(self, max_groups: int | None = None) -> int:
         return 0  # accumulate trains at once
 
     @property
