@@ -239,9 +239,10 @@ class TrainerSection(_Section):
         "auto",
         description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
         "are split between the trainer (half) and the local workers (the rest, evenly, at least 1 each) "
-        "while they generate; a trainer of a model with 1M parameters or more takes every core once the "
-        "epoch's last group has arrived (the workers then wait for weights); an actor started on its own "
-        "takes every core.",
+        "while they generate. For a model of 1M parameters or more the cores are handed over: the only "
+        "local worker takes every core from the epoch's weights until it sends its first group, and the "
+        "trainer takes every core once the epoch is generated (docs/ARCHITECTURE.md). An actor started "
+        "on its own takes every core.",
     )
     learner: Literal["grpo", "sim"] = Field("grpo")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (1e-3 suits the built-in tiny model).")
