@@ -89,6 +89,9 @@ def sim_config(case: SimCase, mode: str, run_dir: Path):  # type: ignore[no-unty
             "coordinator.heartbeat_timeout_s": 10.0,  # 130 threads share one GIL: no false timeouts
             "worker.engine": "sim",
             "worker.group_size": GROUP_SIZE,
+            # one group at a time, as `rounds` and the schedule estimate assume: the sim's step costs
+            # gen_s_per_token x rows (no batching gain), so a larger running batch only delays groups
+            "worker.max_batch_rows": GROUP_SIZE,
             "trainer.learner": "sim",
             "trainer.checkpoint_every": 0,
             "sim.tokens_per_sample": TOKENS,

@@ -49,6 +49,9 @@ def settings(ctx: BenchContext, workers: int, mode: str, model_dir: Path, port: 
         "coordinator.heartbeat_timeout_s": 10.0,
         "worker.engine": "torch",
         "worker.group_size": 8,
+        # this measures the overlap schedule, which needs groups to finish over the epoch: with equal
+        # 4-token answers a worker's whole share in one batch (the 256-row default) finishes in one step
+        "worker.max_batch_rows": 64,
         "worker.threads": 1,
         "worker.sampling.max_new_tokens": 4,
         "trainer.learner": "grpo",

@@ -55,7 +55,6 @@ class BufferCore(Core):
         self.credits = 0
         self.trainer: bytes = b""
         self.seq = 0
-        self.pump_queued = False
         self.following: dict[str, int] = {}  # worker -> groups it said follow its last accepted one
         self.opened_at = 0.0
         self.ticket_keys: list[bytes] = []  # the coordinator's (a restarted coordinator adds one)
@@ -116,9 +115,7 @@ class BufferCore(Core):
             gen_s = round(now - self.opened_at, 6)
             self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
             self.log("batch_complete", groups=self.groups)
-        if not self.pump_queued:  # after the groups already in the inbox: a burst leaves as one, and
-            self.pump_queued = True  # the trainer learns at its first group that all are here
-            self.defer(self._pump_later)
+        self._pump()
 
     def _not_assigned(self, msg: GroupResult) -> str:
         """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""
@@ -154,10 +151,6 @@ class BufferCore(Core):
             self.log("trainer_connected", trainer=inbound.msg.sender)
             self.trainer = inbound.identity
         self.credits += inbound.msg.n
-        self._pump()
-
-    def _pump_later(self, now: float) -> None:
-        self.pump_queued = False
         self._pump()
 
     def _pump(self) -> None:
