@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,6 +87,29 @@ def test_load_weights_swaps_by_version(setup, engine: TorchEngine) -> None:
     assert torch.equal(flat_logprobs(before), flat_logprobs(again))
     engine.load_weights(7, original)
     assert engine.version == 7  # a new version also draws new random numbers
+
+
+def test_a_snapshot_becomes_the_parameters_without_a_copy_and_generates_as_a_copy_would(
+    setup, engine: TorchEngine
+) -> None:
+    """CPU, same dtypes: the engine's parameters view the received snapshot's buffer (same-host workers
+    then share one /dev/shm file's pages); the samples equal those of an engine that copied them in."""
+    from prl_actors.actors.transfer import Snapshot
+    from prl_actors.weights import unpack
+
+    cfg, model_dir = setup
+    noisy = {k: v + 0.05 * torch.randn_like(v) for k, v in load_model(model_dir).state_dict().items()}
+    snap = Snapshot.from_tensors(3, noisy)
+    engine.load_weights(3, unpack(snap.metas, snap.data, as_torch=True))
+    base = np.frombuffer(snap.data, dtype=np.uint8).ctypes.data
+    inside = [base <= p.data_ptr() < base + snap.nbytes for p in engine.model.parameters()]
+    assert all(inside), "a parameter was copied"
+    copied = TorchEngine(cfg, model_dir)
+    copied.model.load_state_dict(noisy)  # the copying path
+    copied.version = 3
+    a, b = engine.generate(prompts(TEXTS), 4), copied.generate(prompts(TEXTS), 4)
+    assert [s.token_ids for g in a for s in g.samples] == [s.token_ids for g in b for s in g.samples]
+    assert torch.equal(flat_logprobs(a), flat_logprobs(b))
 
 
 def test_load_weights_rejects_mismatch(engine: TorchEngine) -> None:

@@ -99,8 +99,10 @@ class TorchEngine:
         return ids
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
-        """Swap every parameter in place. Names and shapes must match the model's state dict exactly;
-        they are checked before anything is copied, so a bad update leaves the old version intact.
+        """Swap every parameter. Names and shapes must match the model's state dict exactly; they are
+        checked before anything changes, so a bad update leaves the old version intact. On CPU, when
+        the dtypes match, the model takes the given tensors as its parameters (no copy: a same-host
+        snapshot is shared by every worker of the host); otherwise they are copied in.
         A LoRA adapter (trainer.lora) is applied on top of the base weights instead (model/lora.py)."""
         if self.busy:
             raise EngineBusy(f"cannot load version {version} while {self.rows} rows of v{self.version} generate")
@@ -113,7 +115,11 @@ class TorchEngine:
         if problem:
             raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
         self.lora.clear()
-        self.model.load_state_dict(state, strict=True)
+        current = self.model.state_dict()
+        in_place = self.device.type == "cpu" and all(state[k].dtype == current[k].dtype for k in state)
+        # on CPU with the model's dtypes the parameters become the received tensors themselves: no copy,
+        # and same-host workers share one snapshot's pages (weights_shm.py maps it copy-on-write)
+        self.model.load_state_dict(state, strict=True, assign=in_place)
         self.version = version
 
     # --- streaming -------------------------------------------------------------------------------
