@@ -344,3 +344,18 @@ def test_a_trainer_on_another_host_sends_chunks(tmp_path: Path) -> None:
     assert [m.tag_of(x) for _, x, _ in trainer.outbox].count("weight_chunk") > 1
     (stored,) = to_publisher(pub, trainer)
     assert isinstance(stored, m.WeightsStored) and stored.version == 2
+
+
+def test_a_refused_chunked_upload_is_not_sent_again_at_once(tmp_path: Path) -> None:
+    """Only a refused /dev/shm upload is retried (as chunks): a refused chunked upload (an older
+    version than the stored one) is not sent again in a loop."""
+    pub = publisher_with(tmp_path, snap(5))
+    trainer = trainer_with(tmp_path, shm=False)
+    trainer.learner.version = 2
+    trainer._upload()
+    errors = to_publisher(pub, trainer)  # the refused begin, then its orphaned end
+    assert errors and all(isinstance(e, m.Error) for e in errors) and "not newer" in errors[0].detail
+    for error in errors:
+        error.sender = "publisher"
+        trainer.handle(0.0, Inbound(error, [], peer="publisher", identity=b""))
+    assert not [x for _, x, _ in trainer.outbox if isinstance(x, m.WeightsBegin)]

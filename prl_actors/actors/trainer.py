@@ -85,7 +85,7 @@ class TrainerCore(Core):
         self.generated = False  # the open epoch's groups are all in the buffer or on their way to it
         self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
         self.run_id = ""
-        self.upload_id = ""
+        self.shared_upload_id = ""  # the id of the last upload if it went through /dev/shm
 
     def start(self, now: float) -> None:
         if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
@@ -219,7 +219,7 @@ class TrainerCore(Core):
                 first = first or part
                 self.emit(Dest.peer("publisher"), part, payloads)
         assert first is not None
-        self.upload_id = first.id
+        self.shared_upload_id = first.id if first.shm_path else ""
         self.expect(first, self.request_timeout_s, "publisher stores weights", lambda now: self._upload())
 
     def _upload_shared(self, weights: Mapping[str, Any]) -> WeightsBegin | None:
@@ -242,10 +242,9 @@ class TrainerCore(Core):
 
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)
-        if inbound.msg.reply_to and inbound.msg.reply_to == self.upload_id:  # the publisher refused the upload
-            if self.shm is not None:
-                self.log("shm_refused", reason=inbound.msg.detail)
-                self.shm = None  # chunks from now on
+        if self.shm is not None and inbound.msg.reply_to and inbound.msg.reply_to == self.shared_upload_id:
+            self.log("shm_refused", reason=inbound.msg.detail)  # the publisher refused the file
+            self.shm = None  # chunks from now on; a refused chunked upload is not retried (as before)
             self._upload()
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
