@@ -240,12 +240,18 @@ class ComposeRun:
         t.start()
         self.followers.append(t)
 
-    def states(self) -> dict[str, tuple[str, int]]:
+    def states(self, attempts: int = 5) -> dict[str, tuple[str, int]]:
+        """Status and exit code of each core container. A busy engine can fail an inspect now and then
+        (seen under load with the vfs driver): only `attempts` failures in a row, a second apart, mean
+        the containers are gone."""
         argv = ["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", *self.ids.values()]
-        out = subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout.split()
-        if len(out) != 2 * len(self.ids):
-            raise ComposeError("the core containers disappeared (removed from outside?)")
-        return {svc: (out[2 * i], int(out[2 * i + 1])) for i, svc in enumerate(self.ids)}
+        for attempt in range(attempts):
+            out = subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout.split()
+            if len(out) == 2 * len(self.ids):
+                return {svc: (out[2 * i], int(out[2 * i + 1])) for i, svc in enumerate(self.ids)}
+            if attempt + 1 < attempts:
+                time.sleep(1.0)
+        raise ComposeError("the core containers disappeared (removed from outside?)")
 
     def supervise(self) -> int:
         while True:

@@ -162,6 +162,7 @@ def workers(st: Any) -> list[Any]:
     return [m for m in st.members if m.role == "worker"]
 
 
+@pytest.mark.timeout(1800)  # a cold build (no cached layers) installs torch in the image: minutes
 def test_image_builds(project: Project) -> None:
     t0 = time.monotonic()
     built = project.compose("build", "coordinator", timeout=1800)
