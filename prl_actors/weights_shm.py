@@ -95,19 +95,20 @@ class ShmPublisher:
         mapping of the file, which can replace the caller's heap copy. Raises ShmUnavailable."""
         if not self.run_id:
             raise ShmUnavailable("no run id yet (not registered)")
-        free = _free_bytes(self.root)
-        if free < data.nbytes + HEADROOM:
-            raise ShmUnavailable(f"{self.root} has {free >> 20} MiB free, a snapshot needs {data.nbytes >> 20} MiB")
-        path = snapshot_file(self.root, self.run_id, version)
+        path = write_snapshot(self.root, self.run_id, version, [data])
         try:
-            _write_file(path, data)
             mapped = _map_shared(path, data.nbytes)
         except OSError as exc:
-            raise ShmUnavailable(f"cannot write {path}: {exc}") from None
-        for old in [v for v in self.published if v != version]:
-            self.published.pop(old).unlink(missing_ok=True)
-        self.published[version] = path
+            raise ShmUnavailable(f"cannot map {path}: {exc}") from None
+        self._own(version, path)
         return mapped
+
+    def check_upload(self, begin: WeightsBegin) -> None:
+        """Raises ShmRefused unless `begin` announces this run's file for its version (the path the
+        publisher derives itself) with a consistent tensor table: what a trainer's upload must name."""
+        if not self.run_id:
+            raise ShmRefused("no run id yet (not registered)")
+        announced_file(self.root, self.run_id, begin)
 
     def adopt(self, version: int, nbytes: int) -> memoryview:
         """Take over `version`'s file as the uploading trainer wrote it (write_snapshot): validated like a
@@ -123,14 +124,15 @@ class ShmPublisher:
             if path.exists() and version not in self.published:
                 path.unlink(missing_ok=True)
             raise ShmRefused(str(exc)) from None
+        self._own(version, path)
+        return mapped
+
+    def _own(self, version: int, path: Path) -> None:
+        """`path` holds `version` from now on; the files of older versions are unlinked (a reader
+        that still maps one keeps its pages until it is done)."""
         for old in [v for v in self.published if v != version]:
             self.published.pop(old).unlink(missing_ok=True)
         self.published[version] = path
-        return mapped
-
-    def expected(self, version: int) -> str:
-        """Where `version`'s file of this run is (what an uploading trainer must name)."""
-        return str(snapshot_file(self.root, self.run_id, version))
 
     def path(self, version: int) -> str:
         """The file holding `version`, or "" when it is not in shared memory."""
@@ -206,20 +208,31 @@ class ShmReader:
 
     def open(self, run_id: str, begin: WeightsBegin) -> memoryview:
         """A writable (copy-on-write) view of the snapshot `begin` announces. Raises ShmRefused."""
-        expected = snapshot_file(self.root, run_id, begin.version) if run_id else None
-        if expected is None or begin.shm_path != str(expected):
+        if not run_id:
             raise ShmRefused(f"shm_path {begin.shm_path!r} is not this run's file for version {begin.version}")
-        if begin.total_bytes != sum(m.nbytes for m in begin.tensors) or begin.chunks != 0:
-            raise ShmRefused("weights_begin: total_bytes does not match the tensor table (or chunks follow)")
+        path = announced_file(self.root, run_id, begin)
         try:
-            return _read_checked(expected, begin.total_bytes)
+            return _read_checked(path, begin.total_bytes)
         except OSError as exc:
-            raise ShmRefused(f"cannot map {expected}: {exc}") from None
+            raise ShmRefused(f"cannot map {path}: {exc}") from None
+
+
+def announced_file(root: Path, run_id: str, begin: WeightsBegin) -> Path:
+    """The file `begin` may name: exactly the one derived here from the run id and the version (a path
+    from the network is never used as given), announced with a tensor table that adds up and no
+    chunks to follow. Raises ShmRefused."""
+    expected = snapshot_file(root, run_id, begin.version)
+    if begin.shm_path != str(expected):
+        raise ShmRefused(f"shm_path {begin.shm_path!r} is not this run's file for version {begin.version}")
+    if begin.total_bytes != sum(m.nbytes for m in begin.tensors) or begin.chunks != 0:
+        raise ShmRefused("weights_begin: total_bytes does not match the tensor table (or chunks follow)")
+    return expected
 
 
 def write_snapshot(root: Path, run_id: str, version: int, views: list[memoryview]) -> Path:
-    """The trainer's side: write `views` (the packed tensors, in order) as `version`'s file of the run,
-    atomically (a reader never sees half a file). Raises ShmUnavailable (space, permissions)."""
+    """Write `views` (the packed tensors, in order) as `version`'s file of the run, atomically (a reader
+    never sees half a file): the publisher's own copy, or a same-host trainer's upload. Raises
+    ShmUnavailable (space, permissions)."""
     nbytes = sum(v.nbytes for v in views)
     free = _free_bytes(root)
     if free < nbytes + HEADROOM:

@@ -99,13 +99,15 @@ class PublisherCore(Core):
             self._fail(inbound, msg.id, detail)
             return
         if msg.shm_path:  # the trainer wrote the file: adopted at WeightsEnd
-            if self.shm is None or not self.shm.run_id or msg.shm_path != self.shm.expected(msg.version):
-                self._fail(inbound, msg.id, f"shm_path {msg.shm_path!r} is not this publisher's file for the version")
-            elif msg.chunks != 0 or msg.total_bytes != sum(t.nbytes for t in msg.tensors):
-                self._fail(inbound, msg.id, "weights_begin: total_bytes does not match the tensor table (or chunks)")
-            else:
-                self.uploads[inbound.identity] = msg
-                self.log("upload_begin", msg_id=msg.id, new_version=msg.version, bytes=msg.total_bytes, via="shm")
+            try:
+                if self.shm is None:
+                    raise ShmRefused("this publisher has no shared memory")
+                self.shm.check_upload(msg)
+            except ShmRefused as exc:
+                self._fail(inbound, msg.id, f"shared memory: {exc}")
+                return
+            self.uploads[inbound.identity] = msg
+            self.log("upload_begin", msg_id=msg.id, new_version=msg.version, bytes=msg.total_bytes, via="shm")
             return
         try:
             self.uploads[inbound.identity] = Assembler(msg, now)

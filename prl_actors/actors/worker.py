@@ -244,7 +244,6 @@ class WorkerCore(Core):
             self.fail(f"cannot load the published weights: {exc}")
             return
         self.version = snap.version
-        self.fetch_sent = 0.0
         if self.threads is not None:
             self.threads.take_all()  # a new epoch: the trainer has nothing to train until our first group
         seconds = round(time.monotonic() - started, 6)
