@@ -4,7 +4,7 @@ or as a torch.distributed group (gloo on CPU, ranks started by rank 0 as in a ru
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,3 +50,30 @@ def group_of(cfg: Config, model_dir: Path, strategy: str, world_size: int = 2, *
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+class SideBySide(NamedTuple):
+    """The same two epochs trained by one process and by a rank group (closed by then)."""
+
+    initial: dict[str, torch.Tensor]  # the weights before either trained
+    one: dict[str, torch.Tensor]  # one process's weights after the epochs
+    group: dict[str, torch.Tensor]  # the group's
+    one_metrics: list[dict[str, float]]
+    group_metrics: list[dict[str, float]]
+    learner: DistributedLearner
+
+
+def side_by_side(cfg: Config, model_dir: Path, groups: list[Group], strategy: str) -> SideBySide:
+    """Epoch 0 on every group, epoch 1 on three others (a second, unclipped step is not scale-free),
+    by one process and by a 2-rank `strategy` group."""
+    epochs = [groups, groups[1:4]]
+    one = single(cfg, model_dir)
+    initial = one.weights()
+    m1 = [train_epoch(one, gs, e) for e, gs in enumerate(epochs)]
+    two = group_of(cfg, model_dir, strategy)
+    try:
+        m2 = [train_epoch(two, gs, e) for e, gs in enumerate(epochs)]
+        w2 = two.weights()
+    finally:
+        two.close()
+    return SideBySide(initial, one.weights(), w2, m1, m2, two)

@@ -12,7 +12,7 @@ from prl_actors.config import ConfigError, check_resume, load_config, safe_on_re
 from prl_actors.protocol.messages import Group, Sample
 from prl_actors.training.rank_group import RankEnv
 from prl_actors.training.rank_learner import group_cost, partition
-from tests.dist_utils import group_of, max_diff, rollouts, single, train_epoch
+from tests.dist_utils import max_diff, rollouts, side_by_side
 
 
 def group(gid: int, prompt: int, *responses: int) -> Group:
@@ -66,19 +66,11 @@ def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
     of other groups: AdamW's first step and a clipped gradient are blind to a wrong normalisation
     (they are scale-free), the second unclipped step is not."""
     cfg, model_dir, groups = rollouts(tmp_path, trainer__max_grad_norm=1e6)
-    epochs = [groups, groups[1:4]]
-    one = single(cfg, model_dir)
-    initial = one.weights()
-    m1 = [train_epoch(one, gs, e) for e, gs in enumerate(epochs)]
-    two = group_of(cfg, model_dir, "ddp")
-    try:
-        m2 = [train_epoch(two, gs, e) for e, gs in enumerate(epochs)]
-        w2 = two.weights()
-    finally:
-        two.close()
-    assert max_diff(one.weights(), initial) > 1e-4  # it learned: the effect
-    assert max_diff(one.weights(), w2) < 1e-9
-    for a, b in zip(m1, m2, strict=True):
+    run = side_by_side(cfg, model_dir, groups, "ddp")
+    two = run.learner
+    assert max_diff(run.one, run.initial) > 1e-4  # it learned: the effect
+    assert max_diff(run.one, run.group) < 1e-9
+    for a, b in zip(run.one_metrics, run.group_metrics, strict=True):
         for key in ("tokens", "samples", "groups", "reward_mean"):
             assert b[key] == a[key], key
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)

@@ -18,7 +18,7 @@ import pytest
 from prl_actors.training.rank_group import RankGroupError
 from prl_bench.common import free_port
 from tests.conftest import port_base, read_logs, wait_for
-from tests.dist_utils import group_of, max_diff, rollouts, single, train_epoch, with_trainer
+from tests.dist_utils import group_of, max_diff, rollouts, side_by_side, train_epoch, with_trainer
 from tests.learning_utils import tiny_config
 
 pytestmark = pytest.mark.dist
@@ -30,20 +30,11 @@ def test_two_fsdp2_ranks_give_the_weights_of_one_process(tmp_path: Path, dtype: 
     """float64 measured 1e-16, float32 within the bound test_grpo_equivalence states for a reordered
     float32 sum (AdamW's first step magnifies rounding of near-zero entries); the effect is ~1e-3."""
     cfg, model_dir, groups = rollouts(tmp_path, trainer__max_grad_norm=1e6, model__dtype=dtype)
-    epochs = [groups, groups[1:4]]
-    one = single(cfg, model_dir)
-    initial = one.weights()
-    m1 = [train_epoch(one, gs, e) for e, gs in enumerate(epochs)]
-    two = group_of(cfg, model_dir, "fsdp2")
-    try:
-        m2 = [train_epoch(two, gs, e) for e, gs in enumerate(epochs)]
-        w2 = two.weights()
-    finally:
-        two.close()
-    assert max_diff(one.weights(), initial) > 100 * atol
-    assert max_diff(one.weights(), w2) < atol
-    assert [m["tokens"] for m in m2] == [m["tokens"] for m in m1]
-    assert m2[-1]["grad_norm"] == pytest.approx(m1[-1]["grad_norm"], rel=1e-4)
+    run = side_by_side(cfg, model_dir, groups, "fsdp2")
+    assert max_diff(run.one, run.initial) > 100 * atol
+    assert max_diff(run.one, run.group) < atol
+    assert [m["tokens"] for m in run.group_metrics] == [m["tokens"] for m in run.one_metrics]
+    assert run.group_metrics[-1]["grad_norm"] == pytest.approx(run.one_metrics[-1]["grad_norm"], rel=1e-4)
 
 
 def test_fsdp2_checkpoint_resumes_exactly_on_2_ranks_and_reshards_onto_1(tmp_path: Path) -> None:
