@@ -98,8 +98,14 @@ def _limit_threads(name: str, cfg: Config) -> None:
         return
     import torch
 
-    local = os.environ.get(LOCAL_WORKERS_ENV)
-    torch.set_num_threads(threads_for(cfg, role, int(local) if local else None))
+    torch.set_num_threads(threads_for(cfg, role, local_workers()))
+
+
+def local_workers() -> int | None:
+    """How many workers `up` starts on this host (LOCAL_WORKERS_ENV), or None for an actor started
+    on its own."""
+    local = os.environ.get(LOCAL_WORKERS_ENV, "")
+    return int(local) if local.isdigit() else None
 
 
 def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | None = None) -> int:

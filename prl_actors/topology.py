@@ -208,7 +208,9 @@ def _trainer_threads(cfg: Config, learner: object) -> ThreadPlan | None:
     and every core once the epoch is generated (actors/threads.py); sync mode trains only while the
     workers wait, so on every core. None: a fixed setting, the sim learner, no local workers, a
     trainer group (its ranks split the cores) or a model below BOOST_MIN_PARAMS."""
-    local = _local_workers()
+    from prl_actors.process import local_workers
+
+    local = local_workers()
     if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local:
         return None
     if cfg.trainer.world_size > 1:  # the ranks split the cores (training/distributed.py)
@@ -223,18 +225,13 @@ def _worker_threads(cfg: Config, engine: object) -> ThreadPlan | None:
     from the epoch's weights until its first group is sent, then its share (actors/threads.py); in
     sync mode every core (the trainer waits while it generates). None otherwise: a fixed setting,
     several local workers (they split the cores), another engine, a model below BOOST_MIN_PARAMS."""
-    if cfg.worker.threads != "auto" or cfg.worker.engine != "torch" or _local_workers() != 1:
+    from prl_actors.process import local_workers
+
+    if cfg.worker.threads != "auto" or cfg.worker.engine != "torch" or local_workers() != 1:
         return None
     if _params(getattr(engine, "model", None)) < BOOST_MIN_PARAMS:
         return None
     return _plan(cfg, "worker", 1)
-
-
-def _local_workers() -> int:
-    from prl_actors.process import LOCAL_WORKERS_ENV
-
-    local = os.environ.get(LOCAL_WORKERS_ENV, "")
-    return int(local) if local.isdigit() else 0
 
 
 def _params(model: object) -> int:
