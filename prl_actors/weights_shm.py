@@ -36,11 +36,11 @@ import secrets
 import stat
 from pathlib import Path
 
+from prl_actors.files import write_private
 from prl_actors.protocol.messages import WeightsBegin
 
 SHM_ROOT = Path("/dev/shm")
 TOKEN_CHARS = 64
-WRITE_BLOCK = 64 << 20
 HEADROOM = 64 << 20  # leave this much of /dev/shm free
 
 
@@ -82,8 +82,8 @@ class ShmPublisher:
         self.close()
         reap_stale(self.root)
         token = secrets.token_hex(TOKEN_CHARS // 2)
-        _write_file(owner_file(self.root, run_id), memoryview(_owner_id().encode()))
-        _write_file(host_file(self.root, run_id), memoryview(token.encode()))
+        write_private(owner_file(self.root, run_id), memoryview(_owner_id().encode()))
+        write_private(host_file(self.root, run_id), memoryview(token.encode()))
         self.run_id, self.token = run_id, token
 
     def proves(self, proof: str) -> bool:
@@ -239,7 +239,7 @@ def write_snapshot(root: Path, run_id: str, version: int, views: list[memoryview
         raise ShmUnavailable(f"{root} has {free >> 20} MiB free, a snapshot needs {nbytes >> 20} MiB")
     path = snapshot_file(root, run_id, version)
     try:
-        _write_file(path, *views)
+        write_private(path, *views)
     except OSError as exc:
         raise ShmUnavailable(f"cannot write {path}: {exc}") from None
     return path
@@ -260,26 +260,6 @@ def _read_checked(path: Path, nbytes: int) -> memoryview:
         return memoryview(mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
         os.close(fd)
-
-
-def _write_file(path: Path, *parts: memoryview) -> None:
-    """Write `parts` one after the other to `path` (mode 0600) through a temporary name and an atomic
-    rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        for data in parts:
-            view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-            for lo in range(0, view.nbytes, WRITE_BLOCK):
-                chunk = view[lo : lo + WRITE_BLOCK]
-                while chunk.nbytes:
-                    chunk = chunk[os.write(fd, chunk) :]
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
 
 
 def _map_shared(path: Path, nbytes: int) -> memoryview:

@@ -37,6 +37,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from prl_actors.files import write_private
 from prl_actors.protocol.messages import Role
 
 PUBLIC, SECRET = ".key", ".key_secret"
@@ -69,12 +70,7 @@ def run_key_names() -> list[str]:
 def _write_private(path: Path, text: str) -> None:
     """Write `text` to `path` (0600) whole or not at all: a server reading the directory meanwhile
     must never see a key file half written (it would refuse that key, and libzmq does not retry)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_private(path, text.encode())
 
 
 def _cert(public: bytes, secret: bytes | None) -> str:
