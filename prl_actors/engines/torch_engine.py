@@ -111,11 +111,11 @@ class TorchEngine:
             self.version = version
             return
         state = {name: to_torch(t) for name, t in tensors.items()}
-        problem = state_mismatch(self.model.state_dict(), state)
+        current = self.model.state_dict()
+        problem = state_mismatch(current, state)
         if problem:
             raise IncompatibleWeights(f"weights of version {version} do not fit the engine's model: {problem}")
         self.lora.clear()
-        current = self.model.state_dict()
         in_place = self.device.type == "cpu" and all(state[k].dtype == current[k].dtype for k in state)
         # on CPU with the model's dtypes the parameters become the received tensors themselves: no copy,
         # and same-host workers share one snapshot's pages (weights_shm.py maps it copy-on-write)
