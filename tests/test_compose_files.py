@@ -21,6 +21,7 @@ from cli.main import app
 from prl_actors.compose import (
     SECRET_PATH,
     ComposeError,
+    ComposeRun,
     compose_cli,
     compose_config,
     container_run_dir,
@@ -156,6 +157,27 @@ def test_compose_cli_detection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert compose_cli() == ["docker", "compose"]
     monkeypatch.setenv("PRL_COMPOSE", "docker-compose --verbose")
     assert compose_cli() == ["docker-compose", "--verbose"]
+
+
+def test_a_failed_docker_inspect_is_retried_before_the_containers_count_as_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy engine fails an inspect now and then (seen with the vfs driver): that alone must not end
+    a run as "the core containers disappeared"; inspects that keep failing still do."""
+    calls = tmp_path / "calls"
+    docker = tmp_path / "docker"  # fails its first two inspects, then answers for both containers
+    docker.write_text(
+        f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -le 2 ] && exit 1\nprintf "running 0\\nexited 0\\n"\n'
+    )
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    run = ComposeRun(["docker-compose"], load_config(None, {}), tmp_path / "c.yml", tmp_path / "s", 27500)
+    run.ids = {"coordinator": "a", "trainer": "b"}
+    assert run.states() == {"coordinator": ("running", 0), "trainer": ("exited", 0)}
+    calls.unlink()
+    with pytest.raises(ComposeError, match="disappeared"):
+        run.states(attempts=2)
 
 
 def test_up_compose_without_docker_is_one_clear_line(tmp_path: Path) -> None:
