@@ -160,7 +160,7 @@ class HFLoop:
         ids, mask = left_pad(rows, self.pad)
         self.model.eval()
         with torch.no_grad():
-            seqs = self.model.generate(
+            seqs = self.model.generate(  # type: ignore[operator]
                 input_ids=ids,
                 attention_mask=mask,
                 do_sample=True,
@@ -259,7 +259,9 @@ def hf_worker(cfg_json: str, model_dir: str, threads: int, iters: int, checkpoin
     return {"rows": rows, **{k: statistics.median(r[k] for r in steady) for k in rows[0]}}
 
 
-def measure_hf(settings_: dict[str, Any], model_dir: Path, threads: int, iters: int, checkpointing: bool) -> dict[str, Any]:
+def measure_hf(
+    settings_: dict[str, Any], model_dir: Path, threads: int, iters: int, checkpointing: bool
+) -> dict[str, Any]:
     code = (
         "import json, sys; from prl_bench.chat_shape import hf_worker; "
         "print(json.dumps(hf_worker(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == '1')))"
