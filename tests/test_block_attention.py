@@ -13,6 +13,7 @@ from prl_actors.model.block_attention import BUCKET_SLACK, NAME, build_blocks, d
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tiny import FAMILIES
 from prl_actors.training.packing import (
+    DENSE_MAX_ROW,
     collate,
     collate_blocks,
     collate_packed,
@@ -138,6 +139,9 @@ def test_a_switched_model_is_sdpa_everywhere_else(model_dir: Path) -> None:
         assert torch.equal(plain.generate(input_ids=ids, **kwargs), switched.generate(input_ids=ids, **kwargs))
 
 
-def test_the_trainer_collates_the_flat_row() -> None:
-    assert collate(GROUPS, shared_prompt=True).blocks is not None
-    assert collate(GROUPS, shared_prompt=False).blocks is None
+def test_the_trainer_takes_blocks_for_long_rows_only() -> None:
+    long = [([1] * 100, [[2] * (DENSE_MAX_ROW - 100), [3]])]  # one token over the threshold
+    assert collate(long, shared_prompt=True).blocks is not None
+    assert collate(GROUPS, shared_prompt=True).blocks is None  # short rows: the dense packed rows
+    assert collate(GROUPS, shared_prompt=True).attention_mask is not None
+    assert collate(long, shared_prompt=False).blocks is None
