@@ -159,6 +159,32 @@ class SamplingSection(_Section):
         1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
     )
     max_new_tokens: int = Field(8, ge=1)
+    top_k: int = Field(
+        0, ge=0, description="Sample from the k most likely tokens only (ties at the k-th included); 0 = off."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens whose probability (after the temperature) is below min_p x the top token's; 0 = off.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="HF/vLLM repetition penalty: the logit of every token already in the prompt or the response "
+        "so far is divided by it if positive, multiplied if negative (> 1 discourages repeats); 1 = off.",
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a response ends at the first one (its text cut before it, its tokens up to the "
+        "one that completed it) and counts as finished.",
+    )
+
+    @model_validator(mode="after")
+    def _stop_strings(self) -> SamplingSection:
+        if any(not x for x in self.stop):
+            raise ValueError("stop: stop strings must be non-empty")
+        return self
 
 
 class WorkerSection(_Section):

@@ -83,6 +83,7 @@ class Loop:
         from prl_actors.engines.sampling import seed_for
         from prl_actors.model.tokenizer import load_tokenizer
         from prl_actors.tasks import load_task
+        from prl_actors.training.behaviour import Behaviour
         from prl_actors.training.grpo import GRPOLearner
 
         self.cfg, self.seed_for = cfg, seed_for
@@ -97,8 +98,7 @@ class Loop:
             max_rows=self.B * self.G,
             eos_ids=eos,
             pad_id=int(self.tokenizer.pad_token_id),
-            temperature=s.temperature,
-            top_p=s.top_p,
+            behaviour=Behaviour.of(s),
             max_new_tokens=s.max_new_tokens,
         )
 
