@@ -362,6 +362,20 @@ class TaskSection(_Section):
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts longer than this (in tokens, after templating) are left out at load, with one line "
+        "giving their count and the first one's row; None = no limit. Prompts that cannot fit the model's "
+        "positions with max_new_tokens are refused at load either way.",
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong penalty: a response longer than max_new_tokens - overlong_buffer tokens "
+        "gets a reward penalty growing linearly to overlong_penalty at max_new_tokens; 0 = off.",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The overlong penalty's size at max_new_tokens.")
 
     @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:
@@ -406,6 +420,15 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_within_length(self) -> Config:
+        if self.task.overlong_buffer > self.worker.sampling.max_new_tokens:
+            raise ValueError(
+                f"task.overlong_buffer ({self.task.overlong_buffer}) exceeds worker.sampling.max_new_tokens "
+                f"({self.worker.sampling.max_new_tokens})"
+            )
         return self
 
     @model_validator(mode="after")

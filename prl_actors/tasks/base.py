@@ -12,6 +12,7 @@ from typing import Any
 
 from prl_actors.data.sampler import EpochSampler
 from prl_actors.protocol.messages import Prompt
+from prl_actors.tasks.shaping import Overlong
 
 RewardFn = Callable[[str, str, str], float]
 """reward(prompt, response, answer) -> float. See docs/TASKS.md."""
@@ -32,6 +33,7 @@ class Task:
     reward: RewardFn
     seed: int = 0
     name: str = ""
+    overlong: Overlong | None = None  # the soft overlong penalty (tasks/shaping.py), set by load_task
     _sampler: EpochSampler | None = field(default=None, init=False, repr=False, compare=False)
 
     def prompts_for_epoch(self, epoch: int, n: int) -> list[Prompt]:
@@ -41,8 +43,10 @@ class Task:
         picks = [self.items[i] for i in self._sampler.indices(epoch, n)]
         return [Prompt(group_id=i, prompt=p, answer=a) for i, (p, a) in enumerate(picks)]
 
-    def score(self, prompt: Prompt, response: str) -> float:
-        return float(self.reward(prompt.prompt, response, prompt.answer))
+    def score(self, prompt: Prompt, response: str, length: int | None = None) -> float:
+        """The reward of `response`, plus the overlong penalty of its `length` tokens when set."""
+        shaped = self.overlong(length) if self.overlong is not None and length is not None else 0.0
+        return float(self.reward(prompt.prompt, response, prompt.answer)) + shaped
 
     def fingerprint(self) -> str:
         """sha256 of every (prompt, answer) in order: the identity of what is sampled."""

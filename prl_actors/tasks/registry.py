@@ -11,6 +11,7 @@ from prl_actors.tasks.base import Task
 from prl_actors.tasks.jsonl import jsonl_task
 from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
+from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
 
 TASKS: dict[str, Callable[[Config], Task]] = {"add": add_task, "jsonl": jsonl_task, "math": math_task}
@@ -28,6 +29,9 @@ def load_task(cfg: Config) -> Task:
     task = TASKS[cfg.task.name](cfg)
     if cfg.task.reward:
         task.reward = load_reward(cfg.task.reward)
+    if cfg.task.overlong_buffer:
+        t = cfg.task
+        task.overlong = Overlong(cfg.worker.sampling.max_new_tokens, t.overlong_buffer, t.overlong_penalty)
     if cfg.run.resume:
         check_resume(cfg, task)
     return task
