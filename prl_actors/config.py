@@ -143,6 +143,19 @@ class CoordinatorSection(_Section):
     max_groups_per_request: int = Field(
         64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose rewards are all equal is not trained (nor counted in the "
+        "loss normaliser), and the epoch hands out more prompts, in rounds, until it has B informative groups "
+        "(docs/LEARNING.md).",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="dynamic_sampling: rounds of prompts an epoch may hand out (the first is its B); when they run "
+        "out the epoch trains the informative groups it has and says so. An epoch reserves B x this many "
+        "positions of the prompt stream.",
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:

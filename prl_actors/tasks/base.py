@@ -43,6 +43,13 @@ class Task:
         picks = [self.items[i] for i in self._sampler.indices(epoch, n)]
         return [Prompt(group_id=i, prompt=p, answer=a) for i, (p, a) in enumerate(picks)]
 
+    def prompts_at(self, start: int, ids: list[int]) -> list[Prompt]:
+        """Group id g's prompt is the one at stream position start + g (dynamic sampling's rounds)."""
+        if self._sampler is None or self._sampler.size != len(self.items):
+            self._sampler = EpochSampler(self.seed, len(self.items))
+        picks = [self.items[self._sampler.at(start + g)] for g in ids]
+        return [Prompt(group_id=g, prompt=p, answer=a) for g, (p, a) in zip(ids, picks, strict=True)]
+
     def score(self, prompt: Prompt, response: str, length: int | None = None) -> float:
         """The reward of `response`, plus the overlong penalty of its `length` tokens when set."""
         shaped = self.overlong(length) if self.overlong is not None and length is not None else 0.0
@@ -58,7 +65,7 @@ class Task:
             h.update(b"\0")
         return h.hexdigest()
 
-    def data_identity(self, groups_per_epoch: int) -> dict[str, Any]:
+    def data_identity(self, groups_per_epoch: int, epoch_stride: int = 0) -> dict[str, Any]:
         from prl_actors.data.position import identity
 
-        return identity(self.name, self.seed, groups_per_epoch, len(self.items), self.fingerprint())
+        return identity(self.name, self.seed, groups_per_epoch, len(self.items), self.fingerprint(), epoch_stride)

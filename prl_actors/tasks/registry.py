@@ -59,9 +59,15 @@ def check_resume(cfg: Config, task: Task) -> None:
     except CheckpointError:
         return  # no intact checkpoint: the trainer refuses to start and says why
     if ckpt is not None:
-        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch))
+        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch, stride(cfg)))
 
 
 def data_identity(cfg: Config) -> dict[str, Any]:
     """The identity of the run's prompt stream, as recorded in checkpoints (data/position.py)."""
-    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch)
+    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch, stride(cfg))
+
+
+def stride(cfg: Config) -> int:
+    """Stream positions per epoch (data/position.py): B, or B x max_sampling_rounds (dynamic sampling)."""
+    c = cfg.coordinator
+    return c.groups_per_epoch * (c.max_sampling_rounds if c.dynamic_sampling else 1)
