@@ -175,7 +175,8 @@ def test_replay_check_catches_a_filtered_group_that_was_trained(tmp_path: Path) 
     doctored = []
     for line in lines:
         e = json.loads(line)
-        if e["event"] == "train_group" and e["group_id"] == trained["group_id"] and e["msg_epoch"] == trained["msg_epoch"]:
+        same = (e.get("group_id"), e.get("msg_epoch")) == (trained["group_id"], trained["msg_epoch"])
+        if e["event"] == "train_group" and same:
             e["group_id"] = filtered["group_id"]
         doctored.append(json.dumps(e))
     log.write_text("\n".join(doctored) + "\n")
