@@ -178,3 +178,45 @@ def test_stop_strings_end_the_response_at_the_first_one(model: Path) -> None:
             stopped += 1
             assert s.finished and len(s.token_ids) <= len(s_plain.token_ids)
     assert stopped > 0
+
+
+def test_the_penalty_passes_each_gradient_once_whatever_the_padding() -> None:
+    """A token repeated in the context (or padding, which repeats the first token) must not multiply
+    its gradient: the penalised logit is a function of the logit, once (fails with a scatter of the
+    gathered values, whose backward sums over duplicates)."""
+    logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    weights = torch.randn(2, 10, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    grads = []
+    for contexts in ([[1, 4], [2]], [[1, 4, 4, 1, 1], [2, 2, 2, 2, 2]]):  # the same sets, padded differently
+        x = logits.clone().requires_grad_(True)
+        (penalise(x, context_matrix(contexts), 1.7) * weights).sum().backward()
+        assert x.grad is not None
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    expected = weights.clone()
+    for row, seen in ((0, [1, 4]), (1, [2])):
+        for t in seen:
+            expected[row, t] *= 1 / 1.7 if logits[row, t] > 0 else 1.7
+    torch.testing.assert_close(grads[0], expected)
+
+
+def test_micro_batching_does_not_change_the_update_with_a_penalty(model: Path) -> None:
+    """float64: one group per micro-batch in one order == all groups at once in another."""
+    cfg = tiny_config(worker__sampling__repetition_penalty=1.5, model__dtype="float64")
+    cfg.worker.sampling.max_new_tokens = 6
+    engine = TorchEngine(cfg, model)
+    engine.version = 0
+    groups = random_rewards(engine.generate(prompts(TEXTS[:4]), 4))
+    weights = []
+    for micro, order in ((1, [0, 1, 2, 3]), (4, [3, 1, 0, 2])):
+        c = cfg.model_copy(deep=True)
+        c.trainer.micro_batch_groups = micro
+        learner = GRPOLearner(c, model)
+        for epoch in range(2):
+            learner.begin_epoch(epoch, 4)
+            for i in order:
+                learner.accumulate(groups[i])
+            learner.step()
+        weights.append({k: v.clone() for k, v in learner.policy.state_dict().items()})
+    for k in weights[0]:
+        torch.testing.assert_close(weights[0][k], weights[1][k], atol=1e-12, rtol=1e-10, msg=k)

@@ -111,9 +111,10 @@ def response_contexts(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[in
 def penalise(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> torch.Tensor:
     """HF/vLLM repetition penalty: every token of row n's context gets its logit divided by
     `penalty` if positive, multiplied by it otherwise. logits: [N, V]; context: [N, C] token ids.
-    Differentiable (out of place)."""
-    seen = logits.gather(-1, context)  # [N, C]
-    return logits.scatter(-1, context, torch.where(seen > 0, seen / penalty, seen * penalty))
+    Differentiable (out of place). The seen tokens are a [N, V] mask, not a scatter of the context's
+    values: a token repeated in the context must still pass its gradient once."""
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, context, True)  # [N, V]
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 @torch.no_grad()
