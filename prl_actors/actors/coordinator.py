@@ -108,6 +108,8 @@ class CoordinatorCore(Core):
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
         self.ticket_key = tickets.new_key()  # shared with the buffer through EpochOpen
         self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
+        if task.note:
+            self.log("prompts_left_out", note=task.note)
 
     # --- inputs ------------------------------------------------------------------------------
 

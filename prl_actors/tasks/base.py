@@ -34,6 +34,7 @@ class Task:
     seed: int = 0
     name: str = ""
     overlong: Overlong | None = None  # the soft overlong penalty (tasks/shaping.py), set by load_task
+    note: str = ""  # what loading left out (tasks/limits.py), one line for the log and the console
     _sampler: EpochSampler | None = field(default=None, init=False, repr=False, compare=False)
 
     def prompts_for_epoch(self, epoch: int, n: int) -> list[Prompt]:

@@ -10,6 +10,7 @@ from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.jsonl import jsonl_task
 from prl_actors.tasks.math_task import math_task
+from prl_actors.tasks.limits import limit_prompts
 from prl_actors.tasks.plugins import load_reward
 from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
@@ -27,6 +28,7 @@ def load_task(cfg: Config) -> Task:
         return sim_task(cfg)
     _check_options(cfg)
     task = TASKS[cfg.task.name](cfg)
+    task.items, task.note = limit_prompts(cfg, task.items)
     if cfg.task.reward:
         task.reward = load_reward(cfg.task.reward)
     if cfg.task.overlong_buffer:
