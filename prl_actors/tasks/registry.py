@@ -9,8 +9,8 @@ from prl_actors.config import Config, ConfigError
 from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.jsonl import jsonl_task
-from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.limits import limit_prompts
+from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
 from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
