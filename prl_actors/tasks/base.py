@@ -12,7 +12,6 @@ from typing import Any
 
 from prl_actors.data.sampler import EpochSampler
 from prl_actors.protocol.messages import Prompt
-from prl_actors.tasks.shaping import Overlong
 
 RewardFn = Callable[[str, str, str], float]
 """reward(prompt, response, answer) -> float. See docs/TASKS.md."""
@@ -33,7 +32,7 @@ class Task:
     reward: RewardFn
     seed: int = 0
     name: str = ""
-    overlong: Overlong | None = None  # the soft overlong penalty (tasks/shaping.py), set by load_task
+    overlong: Callable[[int], float] | None = None  # length -> reward shaping (tasks/shaping.py), set by load_task
     note: str = ""  # what loading left out (tasks/limits.py), one line for the log and the console
     _sampler: EpochSampler | None = field(default=None, init=False, repr=False, compare=False)
 
