@@ -26,10 +26,14 @@ def test_the_task_adds_it_to_the_reward() -> None:
     )
     task = load_task(cfg)
     right = Prompt(group_id=0, prompt="1+2=", answer="3")
-    assert task.score(right, "3", length=5) == 1.0
-    assert task.score(right, "3", length=8) == pytest.approx(1.0 - 0.3)
-    assert task.score(right, "4", length=10) == pytest.approx(-0.5)
-    assert load_task(load_config(None, {})).score(right, "3", length=10) == 1.0  # off by default
+
+    def reward(response: str, length: int, t=task) -> float:  # what the worker computes  # type: ignore[no-untyped-def]
+        return t.score(right, response) + t.length_penalty(length)
+
+    assert reward("3", 5) == 1.0
+    assert reward("3", 8) == pytest.approx(1.0 - 0.3)
+    assert reward("4", 10) == pytest.approx(-0.5)
+    assert reward("3", 10, load_task(load_config(None, {}))) == 1.0  # off by default
 
 
 def test_a_buffer_longer_than_max_new_tokens_is_refused() -> None:

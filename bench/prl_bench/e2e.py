@@ -116,7 +116,12 @@ class Loop:
         for f in done:
             texts = [str(self.tokenizer.decode(r.tokens, skip_special_tokens=True)) for r in f.rows]
             samples = [
-                Sample(text=t, token_ids=r.tokens, logprobs=r.logprobs, reward=self.task.score(f.tag, t))
+                Sample(
+                    text=t,
+                    token_ids=r.tokens,
+                    logprobs=r.logprobs,
+                    reward=self.task.score(f.tag, t) + self.task.length_penalty(len(r.tokens)),
+                )
                 for t, r in zip(texts, f.rows, strict=True)
             ]
             groups.append(

@@ -355,7 +355,7 @@ class WorkerCore(Core):
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=self.task.score(prompt, s.text, len(s.token_ids)),
+                reward=self.task.score(prompt, s.text) + self.task.length_penalty(len(s.token_ids)),
                 finished=s.finished,
             )
             for s in g.samples

@@ -50,10 +50,13 @@ class Task:
         picks = [self.items[self._sampler.at(start + g)] for g in ids]
         return [Prompt(group_id=g, prompt=p, answer=a) for g, (p, a) in zip(ids, picks, strict=True)]
 
-    def score(self, prompt: Prompt, response: str, length: int | None = None) -> float:
-        """The reward of `response`, plus the overlong penalty of its `length` tokens when set."""
-        shaped = self.overlong(length) if self.overlong is not None and length is not None else 0.0
-        return float(self.reward(prompt.prompt, response, prompt.answer)) + shaped
+    def score(self, prompt: Prompt, response: str) -> float:
+        return float(self.reward(prompt.prompt, response, prompt.answer))
+
+    def length_penalty(self, length: int) -> float:
+        """What the worker adds to a response's reward for its `length` tokens (the overlong
+        penalty, tasks/shaping.py; 0 when off)."""
+        return self.overlong(length) if self.overlong is not None else 0.0
 
     def fingerprint(self) -> str:
         """sha256 of every (prompt, answer) in order: the identity of what is sampled."""
