@@ -24,7 +24,7 @@ from prl_actors.protocol import codec
 from prl_actors.protocol.messages import Group, GroupResult, Prompt, Sample
 from prl_actors.training.grpo import GRPOLearner
 
-GUESS = {
+GUESS: dict[str, Any] = {
     "task": {"name": "guess", "max_turns": 4, "max_turn_tokens": 3},
     "model": {"warm_start_steps": 300},
     "worker": {"group_size": 4, "max_batch_rows": 16, "sampling": {"max_new_tokens": 3}},
@@ -147,7 +147,8 @@ def test_a_mask_that_does_not_fit_its_tokens_is_malformed_at_the_socket_edge() -
         epoch=0, version=0, group=Group(group_id=0, prompt="p", prompt_ids=[1], samples=[good], worker="w")
     )
     frames = codec.encode(msg)
-    assert codec.decode(frames)[0].group.samples[0].loss_mask == [1, 0, 1]  # type: ignore[attr-defined]
+    decoded = codec.decode(frames)[0]
+    assert isinstance(decoded, GroupResult) and decoded.group.samples[0].loss_mask == [1, 0, 1]
     for mask in ([1, 0], [1, 2, 1]):
         bad = msgspec.structs.replace(good, loss_mask=[1, 1, 1])
         raw = msgspec.msgpack.encode(bad)
@@ -245,7 +246,7 @@ def test_episodes_regenerate_identically_alone_or_in_a_crowd(model_dir: Path) ->
     alone = engine.generate(rows(4)[2:3], 4)[0]
     assert [s.token_ids for s in alone.samples] == [s.token_ids for s in crowd[2].samples]
     assert [s.reward for s in alone.samples] == [s.reward for s in crowd[2].samples]
-    assert sum(len(s.token_ids) for s in alone.samples) > sum(sum(s.loss_mask) for s in alone.samples)
+    assert sum(len(s.token_ids) for s in alone.samples) > sum(sum(s.loss_mask or []) for s in alone.samples)
 
 
 def test_a_slow_tool_does_not_block_the_batch(model_dir: Path) -> None:
