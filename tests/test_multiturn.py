@@ -273,3 +273,54 @@ def test_a_slow_tool_does_not_block_the_batch(model_dir: Path) -> None:
     while engine.busy and time.monotonic() < deadline:
         done += [g.group_id for g in engine.step()]
     assert done == [1, 0]
+
+
+# --- the vLLM turn loop, without vLLM ------------------------------------------------------------
+
+
+class _Params:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class _FakeLLM:
+    """Stands in for vllm.LLM.generate: records the requests, answers each with `n` completions."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[dict[str, Any]], list[_Params]]] = []
+
+    def generate(self, requests: list[dict[str, Any]], params: list[_Params], **_: Any) -> list[Any]:
+        self.calls.append((requests, params))
+        out = []
+        for p in params:
+            step = {5: _Params(logprob=-0.5), 2: _Params(logprob=-0.25)}
+            completions = [_Params(token_ids=[5, 2], logprobs=[step, step], finish_reason="stop") for _ in range(p.n)]
+            out.append(_Params(outputs=completions))
+        return out
+
+
+def test_vllm_turns_generate_every_waiting_turn_in_one_call_with_episode_seeds() -> None:
+    from prl_actors.config import SamplingSection
+    from prl_actors.engines.multiturn import Turn
+    from prl_actors.engines.vllm_turns import VllmTurns, turn_seed
+
+    fake = _Params(
+        version=3, max_rows=64, seed=0, sampling=SamplingSection(), llm=_FakeLLM(), lora_request=None,
+        _vllm=_Params(SamplingParams=_Params),
+    )  # fmt: skip
+    turns = VllmTurns(fake, max_turn_tokens=7)
+    turns.submit(Turn(0, [1, 4], key=11, index=0, size=4, offset=0))
+    turns.submit(Turn(1, [1, 4, 5, 2, 9], key=11, index=2, size=1, offset=3))
+    assert turns.busy
+    outs = turns.poll()
+    assert not turns.busy and len(fake.llm.calls) == 1  # one generate call for both turns
+    requests, params = fake.llm.calls[0]
+    assert requests == [{"prompt_token_ids": [1, 4]}, {"prompt_token_ids": [1, 4, 5, 2, 9]}]
+    assert [p.n for p in params] == [4, 1] and all(p.max_tokens == 7 and p.logprobs == 0 for p in params)
+    assert [(o.turn_id, o.index, o.tokens, o.logprobs, o.eos) for o in outs][3:] == [
+        (0, 3, [5, 2], [-0.5, -0.25], True),
+        (1, 2, [5, 2], [-0.5, -0.25], True),
+    ]
+    a, b = Turn(0, [1], 11, 2, 1, 3), Turn(9, [1, 7], 11, 2, 1, 3)
+    assert turn_seed(a) == turn_seed(b)  # a pure function of (key, episode, offset): a replay asks the same
+    assert len({turn_seed(Turn(0, [1], 11, i, 1, o)) for i in range(4) for o in range(4)}) == 16
