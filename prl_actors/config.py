@@ -370,6 +370,12 @@ class TaskSection(_Section):
             raise ValueError(f"{' and '.join(kinds)} exclude each other (one kind of episode per run)")
         return self
 
+    @model_validator(mode="after")
+    def _tools_need_template(self) -> TaskSection:
+        if self.tools and not self.chat_template:
+            raise ValueError("task.tools needs chat_template: true (the template shows the model the tools' schemas)")
+        return self
+
     @property
     def multi_turn(self) -> bool:
         """Episodes of several turns (an environment or tools) instead of one response per sample."""
@@ -412,6 +418,12 @@ class Config(_Section):
     def _engine_matches_learner(self) -> Config:
         if (self.worker.engine == "sim") != (self.trainer.learner == "sim"):
             raise ValueError("worker.engine 'sim' and trainer.learner 'sim' go together")
+        return self
+
+    @model_validator(mode="after")
+    def _multi_turn_engine(self) -> Config:
+        if self.task.multi_turn and self.worker.engine == "sim":
+            raise ValueError("multi-turn tasks (task.environment, task.tools, guess) need worker.engine torch or vllm")
         return self
 
     @model_validator(mode="after")

@@ -118,7 +118,11 @@ def test_async_environments_and_broken_ones(model_dir: Path) -> None:
 
 def test_config_refuses_two_kinds_of_episode_and_unknown_tools() -> None:
     with pytest.raises(ValueError, match="exclude each other"):
-        guess_config(tools=["calculator"])
+        guess_config(tools=["calculator"], chat_template=True)
+    with pytest.raises(ValueError, match="task.tools needs chat_template"):
+        Config.model_validate({"task": {"name": "math", "tools": ["calculator"]}})
+    with pytest.raises(ValueError, match="need worker.engine torch or vllm"):
+        Config.model_validate({"task": {"name": "guess"}, "worker": {"engine": "sim"}, "trainer": {"learner": "sim"}})
     from prl_actors.envs_llm.registry import load_tools
 
     with pytest.raises(ConfigError, match="unknown tool 'abacus'"):
@@ -324,3 +328,38 @@ def test_vllm_turns_generate_every_waiting_turn_in_one_call_with_episode_seeds()
     a, b = Turn(0, [1], 11, 2, 1, 3), Turn(9, [1, 7], 11, 2, 1, 3)
     assert turn_seed(a) == turn_seed(b)  # a pure function of (key, episode, offset): a replay asks the same
     assert len({turn_seed(Turn(0, [1], 11, i, 1, o)) for i in range(4) for o in range(4)}) == 16
+
+
+def test_tools_config_plays_templated_tool_turns_on_a_chat_model(tmp_path: Path) -> None:
+    """configs/tools.yaml on a tiny random Qwen2 chat checkpoint: the tool result comes back through
+    the chat template as environment tokens (masked), and the episode's tokens decode to the
+    conversation. The random model never writes a tool call, so the environment here answers every
+    turn as if it had called the calculator (the real ToolEnv, with a call appended to the turn)."""
+    from prl_actors.config import load_config
+    from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
+    from prl_actors.model.tiny import build_family
+
+    model = build_family("qwen2", tmp_path / "qwen2")
+    root = Path(__file__).resolve().parent.parent
+    overrides = {"model.path": str(model), "task.max_turn_tokens": 6, "task.max_turns": 2, "worker.group_size": 2}
+    cfg = load_config(root / "configs/tools.yaml", overrides)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+
+    class Calling(ToolEnv):
+        def step(self, text: str) -> tuple[list[dict[str, Any]], float, bool]:
+            return super().step(text + call)
+
+    engine = make_engine(cfg, model)
+    own = engine.turns.engine.model.state_dict()  # type: ignore[attr-defined]  # tied: no lm_head in the file
+    engine.load_weights(0, {k: v.clone() for k, v in own.items()})
+    engine.factory = lambda: Calling([BUILTIN_TOOLS["calculator"]], lambda p, r, a: 1.0)  # type: ignore[attr-defined]
+    from prl_actors.tasks.registry import load_task
+
+    (group,) = engine.generate(load_task(cfg).prompts_for_epoch(0, 1), 2)
+    assert "<|im_start|>user" in engine.renderer.tok.decode(group.prompt_ids)  # type: ignore[attr-defined]
+    assert "calculator" in engine.renderer.tok.decode(group.prompt_ids)  # the tools' schemas are shown
+    for s in group.samples:
+        mask = s.loss_mask or []
+        env_ids = [t for t, m in zip(s.token_ids, mask, strict=True) if m == 0]
+        assert "<|im_start|>tool\n42<|im_end|>" in engine.renderer.tok.decode(env_ids)  # type: ignore[attr-defined]
+        assert len(s.logprobs) == sum(mask) and not s.finished  # max_turns reached: not done
