@@ -115,6 +115,15 @@ def test_async_environments_and_broken_ones(model_dir: Path) -> None:
         engine.generate(rows(1), 4)
     engine.abort()
 
+    def no_env() -> GuessEnv:
+        raise KeyError("no such game")
+
+    engine.factory = no_env  # type: ignore[attr-defined]
+    engine.admit(rows(1), 4)  # admission never raises (the worker's assign handler does not guard it) ...
+    with pytest.raises(EnvError, match="factory or reset raised KeyError"):
+        engine.step()  # ... the step does, and the worker hands the groups back
+    assert engine.abort() == [] and not engine.busy
+
 
 def test_config_refuses_two_kinds_of_episode_and_unknown_tools() -> None:
     with pytest.raises(ValueError, match="exclude each other"):

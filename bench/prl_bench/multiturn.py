@@ -3,8 +3,9 @@
 
 The episodes are the guess game (configs/guess.yaml's environment: the built-in model, warm-started
 on it) behind an environment plugin that sleeps `latency` in every step, like a tool call to a
-service. Two workers; each runs its episodes' steps in a thread pool (task.env_threads), so a row
-waiting on its tool leaves the running batch. Periodic streams finished episodes to the trainer while
+service. Two workers, each with 2 groups (16 episodes) in flight, so an epoch's 16 groups finish in
+rounds; each worker runs its episodes' steps in a thread pool (task.env_threads), so a row waiting on
+its tool leaves the running batch. Periodic streams finished episodes to the trainer while
 the others still wait on tools; sync trains only after the whole batch. Reported: episodes/s of the
 steady epochs (median epoch wall time) for both, and their ratio (informational: no goal).
 """
@@ -58,7 +59,7 @@ def settings(ctx: BenchContext) -> dict[str, Any]:
     return {
         "coordinator.groups_per_epoch": ctx.size(16, 8, 2),
         "worker.group_size": 8,
-        "worker.max_batch_rows": 64,
+        "worker.max_batch_rows": 16,  # 2 groups in flight per worker: groups finish in rounds, not all at once
         "worker.sampling.max_new_tokens": 3,
         "trainer.checkpoint_every": 0,
         "task.max_turns": MAX_TURNS,

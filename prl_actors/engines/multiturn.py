@@ -126,6 +126,7 @@ class MultiTurnEngine:
         self.turns, self.factory, self.renderer = turns, factory, renderer
         self.max_turns, self.max_turn_tokens = max_turns, max_turn_tokens
         self.pool = cf.ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="env-step")
+        self.starting: list[tuple[Prompt, int]] = []  # admitted, environments not made yet
         self.groups: dict[int, EpisodeGroup] = {}
         self.in_turn: dict[int, tuple[EpisodeGroup, int]] = {}  # turn id -> (group, first episode index)
         self.waiting: dict[cf.Future[StepResult], tuple[EpisodeGroup, Episode]] = {}
@@ -147,19 +148,32 @@ class MultiTurnEngine:
         self.turns.load_weights(version, tensors)
 
     def admit(self, prompts: list[Prompt], group_size: int) -> None:
-        """Reset G environments per prompt (here, in the caller's thread) and queue the first turns."""
-        for p in prompts:
+        """Queue groups; their environments are made and reset by the next `step` (so a plugin that
+        raises fails inside `step`, where the worker hands the groups back and says why)."""
+        self.starting += [(p, group_size) for p in prompts]
+
+    def _start(self, p: Prompt, group_size: int) -> None:
+        """Make and reset G environments (in the caller's thread) and queue the group's first turn."""
+        try:
             envs = [self.factory() for _ in range(group_size)]
             firsts = [self.renderer.initial(reset_messages(env, p)) for env in envs]
-            if any(ids != firsts[0] for ids in firsts):
-                raise EnvError(f"reset gave different prompts to the episodes of group {p.group_id}")
-            episodes = [Episode(i, env) for i, env in enumerate(envs)]
-            group = EpisodeGroup(p, firsts[0], self.turns.seed_for(p.group_id), episodes, time.monotonic())
-            self.groups[p.group_id] = group
-            self._submit(group, 0, group_size, firsts[0], 0)
+        except EnvError:
+            raise
+        except Exception as exc:
+            raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
+        if any(ids != firsts[0] for ids in firsts):
+            raise EnvError(f"reset gave different prompts to the episodes of group {p.group_id}")
+        episodes = [Episode(i, env) for i, env in enumerate(envs)]
+        group = EpisodeGroup(p, firsts[0], self.turns.seed_for(p.group_id), episodes, time.monotonic())
+        self.groups[p.group_id] = group
+        self._submit(group, 0, group_size, firsts[0], 0)
 
     def step(self) -> list[GeneratedGroup]:
-        """Take back finished environment steps, advance the turns one step, return finished groups."""
+        """Start queued groups, take back finished environment steps, advance the turns one step,
+        return the finished groups."""
+        starting, self.starting = self.starting, []
+        for p, size in starting:
+            self._start(p, size)
         self._collect(block=False)
         if self.turns.busy:
             for out in self.turns.poll():
@@ -170,7 +184,8 @@ class MultiTurnEngine:
 
     def abort(self) -> list[int]:
         """Drop every episode (the environment steps still running finish unseen)."""
-        dropped = sorted(self.groups)
+        dropped = sorted([*self.groups, *(p.group_id for p, _ in self.starting)])
+        self.starting = []
         self.turns.abort()
         self.groups.clear()
         self.in_turn.clear()
@@ -179,12 +194,13 @@ class MultiTurnEngine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.groups)
+        return bool(self.groups or self.starting)
 
     @property
     def rows(self) -> int:
-        """Episodes still playing (running, queued or waiting on their environment)."""
-        return sum(1 for g in self.groups.values() for e in g.episodes if not e.over)
+        """Episodes still playing (to start, running, queued or waiting on their environment)."""
+        playing = sum(1 for g in self.groups.values() for e in g.episodes if not e.over)
+        return playing + sum(size for _, size in self.starting)
 
     def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         return generate_all(self, prompts, group_size)  # type: ignore[arg-type]
