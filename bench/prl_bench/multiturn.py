@@ -86,7 +86,19 @@ def prepare(ctx: BenchContext) -> tuple[Path, Path]:
 
 def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Path, epochs: int) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"up-{mode}-{latency_ms}ms"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "2", "--epochs", str(epochs)]
+    workers = str(ctx.size(2, 2, 1))
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--workers",
+        workers,
+        "--epochs",
+        str(epochs),
+    ]
     overrides = {
         **settings(ctx),
         "run.mode": mode,
@@ -110,7 +122,7 @@ def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Pa
 
 def run(ctx: BenchContext) -> list[Entry]:
     model, rows = prepare(ctx)
-    epochs = ctx.size(4, 3, 2)
+    epochs = ctx.size(4, 3, 1)
     entries = []
     for latency in LATENCIES_MS if not ctx.smoke else (10,):
         sync = measure(ctx, "sync", latency, model, rows, epochs)
@@ -123,7 +135,7 @@ def run(ctx: BenchContext) -> list[Entry]:
             "sync_epoch_s": sync["epoch_s"],
             "periodic_epoch_s": periodic["epoch_s"],
             "episodes_per_epoch": sync["episodes"],
-            "workers": 2,
+            "workers": ctx.size(2, 2, 1),
             "max_turns": MAX_TURNS,
         }
         ctx.say(
