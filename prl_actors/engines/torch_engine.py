@@ -101,11 +101,11 @@ class TorchEngine:
 
     def _stopper(self, stop: list[str]) -> Callable[[list[int]], bool] | None:
         """tokens -> has one of `stop` appeared in their text; None without stop strings. Only the
-        tail is decoded: the last len(longest stop) + 2 tokens (a token is at least one character;
-        earlier tokens were checked at earlier steps)."""
+        tail is decoded: the last 4 x len(longest stop) + 2 tokens (a token holds at least one byte,
+        a character at most four in UTF-8; earlier tokens were checked at earlier steps)."""
         if not stop:
             return None
-        tail = max(len(x) for x in stop) + 2
+        tail = 4 * max(len(x) for x in stop) + 2
         return lambda tokens: any(x in self._text(tokens[-tail:]) for x in stop)
 
     def _text(self, tokens: list[int]) -> str:
