@@ -281,12 +281,108 @@ class TrainerSection(_Section):
         description="A collective or command that a rank does not join within this fails the step (no hang); "
         "a rank whose process dies fails it at once.",
     )
+    # --- the GRPO family (docs/LEARNING.md: recipes) -------------------------------------------
+    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "gspo", "cispo"] = Field(
+        "dapo",
+        description="How per-token losses become the minibatch loss. dapo/bnpo: sum / the minibatch's tokens; "
+        "grpo: token mean per sequence, then mean over sequences; dr_grpo: sum / (sequences x max_new_tokens); "
+        "gspo: sequence-level ratio (importance_sampling_level sequence), aggregated as grpo; cispo: "
+        "REINFORCE weighted by the clipped, detached ratio, aggregated as dapo.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Advantage = reward - group mean, divided by the group's std (group), the whole epoch's "
+        "std (batch: training waits until every group of the epoch is in), or nothing (none, as Dr. GRPO).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="token: one ratio per token (PPO); sequence: exp(mean log-ratio of the sequence) for every "
+        "token (GSPO). Unset: sequence for loss_type gspo, token otherwise.",
+    )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="M: optimizer steps per pass over the epoch's groups; minibatch k holds the groups with "
+        "group_id * M // B == k (by index, never by arrival). Must not exceed coordinator.groups_per_epoch.",
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="mu: passes over the epoch's groups (M x mu optimizer steps, one published version)."
+    )
+    delta: float | None = Field(
+        None,
+        gt=1,
+        description="Two-sided clip (TRL delta, INTELLECT-2): the unclipped PPO term uses min(ratio, delta). "
+        "None: off.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Per-token KL(policy || reference) estimator weighted by beta: k1 = logp - ref, "
+        "k2 = (logp - ref)^2 / 2, k3 = exp(ref - logp) - (ref - logp) - 1.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: loss -= entropy_coef x the token's entropy (behaviour distribution)."
+    )
+    ref_sync_epochs: int = Field(
+        0,
+        ge=0,
+        description="Every N epochs the reference becomes ref_mixup_alpha x policy + (1 - alpha) x reference "
+        "(TRL sync_ref_model); 0 = the reference stays the initial weights. Needs beta > 0, no LoRA.",
+    )
+    ref_mixup_alpha: float = Field(0.6, ge=0, le=1, description="Mixing weight of a reference sync.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate by epoch (the same for the M x mu steps of an epoch): constant, or linear / "
+        "cosine decay to 0 at run.epochs (the horizon is saved in checkpoints, so a resume continues it).",
+    )
+    warmup_epochs: int = Field(0, ge=0, description="Linear warm-up: epoch e < warmup_epochs uses lr x (e+1)/(W+1).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward (less memory, ~30% more compute: docs/MEMORY.md)."
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="A sample that hit max_new_tokens without finishing (finished = false) contributes no loss "
+        "and is not counted by the normaliser (its reward still enters its group's advantages).",
+    )
 
     @model_validator(mode="after")
     def _ranks_need_a_strategy(self) -> TrainerSection:
         if self.world_size > 1 and self.strategy == "single":
             raise ValueError("world_size > 1 needs strategy ddp or fsdp2")
         return self
+
+    @model_validator(mode="after")
+    def _recipe_options(self) -> TrainerSection:
+        if self.loss_type == "gspo" and self.importance_sampling_level == "token":
+            raise ValueError("loss_type gspo is the sequence-level ratio: leave importance_sampling_level unset")
+        if self.ref_sync_epochs and (self.beta == 0 or self.lora is not None):
+            raise ValueError("ref_sync_epochs needs beta > 0 and no LoRA (a reference model of its own to mix)")
+        if self.strategy != "single" and (unsupported := distributed_refused(self)):
+            raise ValueError(f"strategy {self.strategy} does not support {unsupported} yet: use strategy single")
+        return self
+
+    def ratio_level(self) -> str:
+        """token or sequence: the importance-sampling level in force."""
+        if self.importance_sampling_level is not None:
+            return self.importance_sampling_level
+        return "sequence" if self.loss_type == "gspo" else "token"
+
+
+def distributed_refused(t: TrainerSection) -> str:
+    """The recipe options a trainer rank group cannot run yet ('' if none): ranks train shares of a
+    round (training/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
+    bad = [
+        name
+        for name, on in (
+            ("trainer.num_minibatches > 1", t.num_minibatches > 1),
+            ("trainer.num_iterations > 1", t.num_iterations > 1),
+            ("trainer.scale_rewards batch", t.scale_rewards == "batch"),
+            ("trainer.ref_sync_epochs", t.ref_sync_epochs > 0),
+            ("trainer.gradient_checkpointing", t.gradient_checkpointing),
+        )
+        if on
+    ]
+    return ", ".join(bad)
 
 
 class PublisherSection(_Section):
@@ -380,6 +476,15 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> Config:
+        if self.trainer.num_minibatches > self.coordinator.groups_per_epoch:
+            raise ValueError(
+                f"trainer.num_minibatches ({self.trainer.num_minibatches}) exceeds coordinator.groups_per_epoch "
+                f"({self.coordinator.groups_per_epoch}): a minibatch needs at least one group"
+            )
         return self
 
     @model_validator(mode="after")

@@ -157,14 +157,18 @@ def response_logprobs(
     """log q(target) of every response token under the behaviour transform (training/behaviour.py:
     logits / temperature, top-p nucleus), [N] float32 or wider (differentiable through `model`).
     Only the N predicting rows of the logits are transformed (cheap with large vocabularies)."""
+    return behaviour_logprobs(response_logits(model, batch), batch.targets, temperature, top_p)  # [N]
+
+
+def response_logits(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
+    """The raw logits of the N rows that predict a response token, [N, V] (differentiable)."""
     mask: torch.Tensor | dict[str, torch.Tensor] = batch.attention_mask
     if batch.attention_mask.dim() == 4:
         mask = with_sliding_window(model, batch.attention_mask.to(next(model.parameters()).dtype), batch.position_ids)
     logits = model(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
     ).logits  # [B, T, V]
-    picked = logits.flatten(0, 1)[batch.predict_index]  # [N, V]
-    return behaviour_logprobs(picked, batch.targets, temperature, top_p)  # [N]
+    return logits.flatten(0, 1)[batch.predict_index]  # [N, V]
 
 
 def with_sliding_window(

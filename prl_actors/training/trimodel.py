@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from prl_actors.training.packing import ModelBatch, response_logprobs
+from prl_actors.training.behaviour import behaviour_logprobs
+from prl_actors.training.losses import entropy as behaviour_entropy
+from prl_actors.training.packing import ModelBatch, response_logits, response_logprobs
 
 
 @dataclass
@@ -28,6 +30,7 @@ class TriLogprobs:
     policy: torch.Tensor
     old: torch.Tensor
     ref: torch.Tensor | None
+    entropy: torch.Tensor | None = None  # [N] the policy's behaviour entropy, only when asked for
 
 
 class TriModel(torch.nn.Module):
@@ -44,10 +47,15 @@ class TriModel(torch.nn.Module):
         self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if copied else None
         self.temperature, self.top_p = temperature, top_p
 
-    def forward(self, batch: ModelBatch, behaviour: torch.Tensor | None = None) -> TriLogprobs:
-        """`behaviour` ([N], optional) overrides the old-policy log-probs, e.g. the engine's, for a
+    def forward(
+        self, batch: ModelBatch, behaviour: torch.Tensor | None = None, with_entropy: bool = False
+    ) -> TriLogprobs:
+        """`behaviour` ([N], optional) overrides the old-policy log-probs: the frozen epoch-start
+        policy's after an epoch's first minibatch step (training/grpo.py), or the engine's for a
         future off-policy mode; by default old = policy, detached (strict on-policy)."""
-        logp = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
+        logits = response_logits(self.policy, batch)  # [N, V]
+        logp = behaviour_logprobs(logits, batch.targets, self.temperature, self.top_p)  # [N]
+        ent = behaviour_entropy(logits, self.temperature, self.top_p) if with_entropy else None
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -56,4 +64,4 @@ class TriModel(torch.nn.Module):
             with torch.no_grad(), self.policy.disable_adapter():  # type: ignore[operator]
                 ref = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
         old = logp.detach() if behaviour is None else behaviour.to(logp)
-        return TriLogprobs(policy=logp, old=old, ref=ref)
+        return TriLogprobs(policy=logp, old=old, ref=ref, entropy=ent)
