@@ -94,8 +94,7 @@ def both(cfg: Config, model_dir: Path, groups: list[Group], **trainer: object) -
 
 
 CASES = [
-    (loss, scale, *SPLITS[i % len(SPLITS)])
-    for i, (loss, scale) in enumerate(itertools.product(LOSS_TYPES, SCALES))
+    (loss, scale, *SPLITS[i % len(SPLITS)]) for i, (loss, scale) in enumerate(itertools.product(LOSS_TYPES, SCALES))
 ] + [("dapo", "group", m, mu) for m, mu in SPLITS]
 
 
