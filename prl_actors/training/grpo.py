@@ -157,7 +157,11 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     """Hugging Face gradient checkpointing (non-reentrant). HF checkpoints only in training mode, so
     the model is put in train mode with every dropout off: the forward stays deterministic, as in
     eval mode (attention dropout is a float on HF attention modules, set to 0 here)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     model.train()
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
@@ -388,11 +392,12 @@ class GRPOLearner:
         for _ in range(1, self.cfg.num_iterations):
             for k in range(self.run.plan.minibatches):
                 self._train_minibatch(k)
+        lr = self._lr()  # this epoch's
         self.version += 1
         self._sync_reference()
         metrics = self.stats.metrics()
         grad_norm = self.stats.grad_norm_sum / max(self.stats.steps, 1)
-        metrics.update(grad_norm=grad_norm, version=float(self.version), lr=self._lr())
+        metrics.update(grad_norm=grad_norm, version=float(self.version), lr=lr)
         self._reset_epoch(0)  # the next epoch starts clean even without begin_epoch
         return metrics
 
