@@ -51,7 +51,9 @@ def test_truncated_samples_contribute_nothing(rollouts) -> None:
     """mask_truncated_completions: a group whose samples are all unfinished gives zero gradient
     (beta > 0 too: no KL term either); without the mask it trains."""
     cfg, model_dir, groups = rollouts
-    cut = replace(groups[1], samples=[replace(s, finished=False, reward=float(i % 2)) for i, s in enumerate(groups[1].samples)])
+    cut = replace(
+        groups[1], samples=[replace(s, finished=False, reward=float(i % 2)) for i, s in enumerate(groups[1].samples)]
+    )
     masked = grads_of(learner_for(cfg, model_dir, mask_truncated_completions=True), [cut])
     assert masked and all(torch.equal(g, torch.zeros_like(g)) for g in masked.values())
     plain = grads_of(learner_for(cfg, model_dir), [cut])

@@ -28,6 +28,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("control_plane", _control_plane),
         ("envs", _envs),
         ("dist_step", _dist_step),
+        ("minibatch", _minibatch),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -216,5 +217,20 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_xticklabels([f"{r['strategy']} x{r['world_size']}, {r['threads']} thr" for r in table])
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Epoch seconds by case (shape, M): periodic next to sync."""
+    rows = [e["raw"] for e in entries]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["periodic_epoch_s"] for r in rows], 0.4, label="periodic")
+    ax.bar([x + 0.2 for x in xs], [r["sync_epoch_s"] for r in rows], 0.4, label="sync")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['shape']} M={r['M']}" for r in rows], fontsize=8)
+    ax.set_ylabel("seconds per epoch (median)")
+    ax.set_title("M minibatch steps per epoch: periodic vs sync")
     ax.legend(fontsize=8)
     return fig
