@@ -52,6 +52,7 @@ SAFE_ON_RESUME = (
     "worker.tensor_parallel_size",
     "trainer.credits",
     "trainer.checkpoint_every",
+    "trainer.gradient_checkpointing",  # recomputes the same forward: the same update
     "publisher.",
 )
 
@@ -480,6 +481,9 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> Config:
+        steps = self.trainer.num_minibatches * self.trainer.num_iterations
+        if steps > 1 and self.trainer.learner != "grpo":
+            raise ValueError("trainer.num_minibatches / num_iterations > 1 need trainer.learner grpo")
         if self.trainer.num_minibatches > self.coordinator.groups_per_epoch:
             raise ValueError(
                 f"trainer.num_minibatches ({self.trainer.num_minibatches}) exceeds coordinator.groups_per_epoch "

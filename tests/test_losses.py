@@ -257,6 +257,10 @@ def test_lr_schedules() -> None:
             "strategy ddp does not support trainer.num_minibatches > 1",
         ),
         ({"trainer.loss_type": "ppo"}, "loss_type"),
+        (
+            {"trainer.num_iterations": 2, "trainer.learner": "sim", "worker.engine": "sim"},
+            "need trainer.learner grpo",
+        ),
     ],
 )
 def test_recipe_options_refused_with_one_line(overrides: dict[str, object], why: str) -> None:
