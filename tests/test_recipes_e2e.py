@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 
 from prl_actors.config import load_config
 from prl_actors.process import LocalCluster
+from prl_actors.replay import load_run
+from prl_actors.replay.checks import invariant_checks
 from tests.conftest import assert_invariants, read_logs
 
 pytestmark = pytest.mark.integration
@@ -54,6 +56,8 @@ def run(recipe: str, run_dir: Path, mode: str, model: Path, workers: int) -> Non
         assert cluster.wait(120), f"the {recipe} run did not finish"
     finally:
         cluster.close()
+    if not (run_dir / "config.yaml").is_file():  # what `up` writes; replay --check reads M x mu from it
+        (run_dir / "config.yaml").write_text(cfg.dump())
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES.glob("*.yaml")))
@@ -68,6 +72,8 @@ def test_recipe_periodic_equals_sync_through_the_actors(tmp_path: Path, model_di
         assert [s["optimizer_steps"] for s in steps] == [inner, inner]
         rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
         assert [r["version"] for r in rows] == [1, 2]
+        checks = {c.name: c for c in invariant_checks(load_run(tmp_path / mode))}  # replay --check
+        assert all(c.ok for c in checks.values()), {n: c.violations for n, c in checks.items()}
     a = load_file(str(tmp_path / "periodic/checkpoints/v2/model/model.safetensors"))
     b = load_file(str(tmp_path / "sync/checkpoints/v2/model/model.safetensors"))
     init = load_file(str(model_dir / "model.safetensors"))
