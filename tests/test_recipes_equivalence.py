@@ -221,3 +221,13 @@ def test_a_split_by_arrival_order_breaks_the_equality(rollouts, monkeypatch: pyt
     periodic = learner_for(cfg, model_dir, num_minibatches=2)
     periodic_epoch(periodic, groups, seed=0)
     assert max_diff(sync, periodic) > 100 * ATOL
+
+
+def test_the_old_policy_is_the_epoch_start_policy_not_the_last_step(rollouts) -> None:
+    """M = 2, mu = 1: minibatch 1 is trained once, after minibatch 0 stepped. Its old log-probs are
+    the frozen epoch-start policy's, so its ratio is not 1 (an old policy refreshed at every step
+    would give exactly 1 here)."""
+    cfg, model_dir, groups = rollouts
+    metrics = sync_epoch(learner_for(cfg, model_dir, num_minibatches=2), groups)
+    assert metrics["optimizer_steps"] == 2
+    assert metrics["ratio_max"] > 1.0 + 1e-3 and metrics["ratio_min"] < 1.0 - 1e-3

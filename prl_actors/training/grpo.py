@@ -245,8 +245,6 @@ class GRPOLearner:
         minibatches = max(1, min(self.cfg.num_minibatches, n_groups))
         self.run = EpochRun(MinibatchPlan(n_groups, minibatches), gated=self.cfg.scale_rewards == "batch")
         self.norm, self.batch_std, self.epoch_steps, self.first_pass = Norm(), None, 0, True
-        if self.frozen is not None:
-            self.frozen.load_state_dict(self.policy.state_dict())
 
     def accumulate(self, group: Group) -> dict[str, float]:
         """Hold `group` in its minibatch; if that is the open one, queue it (forward/backward once the
@@ -423,6 +421,8 @@ class GRPOLearner:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr()
+        if self.epoch_steps == 0 and self.frozen is not None:  # the epoch-start weights, for the later steps
+            self.frozen.load_state_dict(self.policy.state_dict())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.norm = Norm()
