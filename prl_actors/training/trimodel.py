@@ -2,7 +2,9 @@
 
 Strict on-policy (periodic asynchrony trains each epoch on samples of that epoch's weights), so the
 old policy *is* the policy: its log-probs are the policy's, detached — no second forward, and the
-ratio is exactly 1 in value while its gradient is d logp. The reference is a frozen copy of the
+ratio is exactly 1 in value while its gradient is d logp (after the first of M x mu minibatch steps
+the learner passes the frozen epoch-start policy's log-probs as `behaviour`). The reference is a
+frozen copy of the
 initial weights; its forward runs under no_grad and is skipped entirely when beta == 0. With LoRA
 (a peft policy) the reference is the policy itself with its adapter disabled: the base weights are
 the initial weights and are never trained, so no copy is made.
