@@ -19,8 +19,8 @@ Invariants:
   trimodel.py: ratio exactly 1, clip_frac 0); after it, from a frozen copy of the epoch-start policy
   (kept only when M x mu > 1), so the ratio departs from 1 and eps_low / eps_high / delta act.
   Tokens are scored under the behaviour
-  transform the engine sampled with (temperature, top-p: behaviour.py). The engine's log-probs are
-  not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
+  transform the engine sampled with (penalty, temperature, min_p, top_k, top-p: behaviour.py). The
+  engine's log-probs are not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
   logprob_diff_mean). The policy runs in eval mode (no dropout).
 * Precision: master weights, gradients and AdamW state are float32 (float64 if model.dtype is
   float64) whatever `model.dtype`; with bfloat16 the forward runs under torch.autocast in bfloat16.
@@ -50,6 +50,7 @@ from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
+from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.losses import (
     batch_reward_std,
     cispo_loss,
@@ -172,12 +173,23 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 def engine_logprobs(groups: list[Group]) -> torch.Tensor:
     """[N] float64: the engine's log-prob of every response token (group, sample, position order,
-    as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its tokens."""
+    as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its model tokens,
+    and for environment tokens of a multi-turn sample (they have none: Sample.loss_mask)."""
     out: list[float] = []
     for s in (s for g in groups for s in g.samples):
-        ok = len(s.logprobs) == len(s.token_ids)
-        out += s.logprobs if ok else [float("nan")] * len(s.token_ids)
+        mask = s.model_mask()
+        if len(s.logprobs) != sum(mask):
+            out += [float("nan")] * len(s.token_ids)
+            continue
+        given = iter(s.logprobs)
+        out += [next(given) if m else float("nan") for m in mask]
     return torch.tensor(out, dtype=torch.float64)
+
+
+def loss_mask(groups: list[Group]) -> torch.Tensor:
+    """[N] float64: 1 for a token the model sampled, 0 for an environment / tool token of a multi-turn
+    sample (in the context, never in the loss); same order as ModelBatch's response tokens."""
+    return torch.tensor([m for g in groups for s in g.samples for m in s.model_mask()], dtype=torch.float64)
 
 
 class GRPOLearner:
@@ -204,7 +216,7 @@ class GRPOLearner:
         self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
         if cfg.trainer.gradient_checkpointing:
             enable_checkpointing(policy)
-        self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
+        self.tri = TriModel(policy, cfg.trainer.beta > 0, Behaviour.of(sampling))
         trained = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = adamw(trained, cfg.trainer.lr, cfg.trainer.weight_decay)
         self.version = 0
@@ -320,25 +332,27 @@ class GRPOLearner:
             return
         rewards = [torch.tensor([s.reward for s in g.samples], dtype=torch.float64) for g in groups]
         adv = torch.cat([scaled_advantages(r, self.cfg.scale_rewards, self.batch_std) for r in rewards])  # [S]
+        context = response_contexts(pairs) if self.tri.transform.penalised else None  # [N, C]
         with self._autocast():
-            old = self._old_logprobs(batch)  # [N] or None (the policy's own)
-            out = self.tri(batch, old, with_entropy=self.cfg.entropy_coef > 0)
-        keep = keep_s.to(self.device)[batch.sample_index]  # [N]
+            old = self._old_logprobs(batch, context)  # [N] or None (the policy's own)
+            out = self.tri(batch, old, context=context, with_entropy=self.cfg.entropy_coef > 0)
+        model_tokens = loss_mask(groups).to(self.device) > 0  # [N] False on environment tokens (multi-turn)
+        keep = keep_s.to(self.device)[batch.sample_index] & model_tokens  # [N]
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
         per_token, ratio, clipped = self._token_losses(out, adv_tok, batch.sample_index, len(samples))  # [N] x 3
         weights = token_weights(self.cfg.loss_type, keep, batch.sample_index, len(samples)).to(per_token)  # [N]
         loss = (weights * per_token).sum()
         loss.backward()
         self.norm.tokens += int(keep.sum())
-        self._record(groups, out, batch, per_token, ratio, clipped)
+        self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped)
 
-    def _old_logprobs(self, batch: ModelBatch) -> torch.Tensor | None:
+    def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
         """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the
         epoch's first optimizer step, after it the frozen copy's."""
         if self.epoch_steps == 0 or self.frozen is None:
             return None
         with torch.no_grad():
-            return response_logprobs(self.frozen, batch, self.tri.temperature, self.tri.top_p)
+            return response_logprobs(self.frozen, batch, self.tri.transform, context=context)
 
     def _token_losses(
         self, out: TriLogprobs, adv: torch.Tensor, sample_index: torch.Tensor, n_samples: int
@@ -361,21 +375,23 @@ class GRPOLearner:
         self,
         groups: list[Group],
         out: TriLogprobs,
-        batch: ModelBatch,
+        keep: torch.Tensor,
+        model_tokens: int,
         per_token: torch.Tensor,
         ratio: torch.Tensor,
         clipped: torch.Tensor,
     ) -> None:
-        """Epoch stats of one micro-batch (plain floats)."""
-        n = int(batch.targets.numel())
-        self.stats.trained_tokens += n
-        self.stats.loss_sum += float(per_token.detach().sum())
+        """Epoch stats of one micro-batch (plain floats): loss, KL, ratio and clipping over the tokens
+        that enter the loss (keep: [N] bool); `tokens` counts the model's tokens."""
+        self.stats.trained_tokens += int(keep.sum())
+        self.stats.loss_sum += float(per_token.detach()[keep].sum())
         if out.ref is not None:
-            self.stats.kl_sum += float(kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator).sum())
-        self.stats.clipped += int(clipped.sum())
-        self.stats.add_ratio(ratio)
+            kl = kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator)  # [N]
+            self.stats.kl_sum += float(kl[keep].sum())
+        self.stats.clipped += int((clipped & keep).sum())
+        self.stats.add_ratio(ratio[keep])
         if self.first_pass:
-            self.stats.tokens += n
+            self.stats.tokens += model_tokens
             self.stats.add_logprob_diff(engine_logprobs(groups), out.old)
 
     def step(self) -> dict[str, float]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from prl_actors.training.behaviour import nucleus_mask
+from prl_actors.training.behaviour import Behaviour, as_behaviour, shaped_logits
 
 ADV_EPS = 1e-6
 
@@ -140,13 +140,13 @@ def normaliser(loss_type: str, tokens: int, sequences: int, samples: int, max_ne
     return float(max(tokens, 1))
 
 
-def entropy(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Entropy of the behaviour distribution (training/behaviour.py: logits / T, top-p nucleus) per
-    row, [N] (differentiable through `logits`, [N, V])."""
-    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # [N, V]
-    if top_p < 1.0:
-        scaled = scaled.masked_fill(~nucleus_mask(torch.softmax(scaled.detach(), dim=-1), top_p), float("-inf"))
-    logq = torch.log_softmax(scaled, dim=-1)  # [N, V]
+def entropy(
+    logits: torch.Tensor, temperature: float | Behaviour, top_p: float = 1.0, context: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Entropy of the behaviour distribution (training/behaviour.py: penalty, temperature, min_p,
+    top_k, top-p) per row, [N] (differentiable through `logits`, [N, V]; `context` [N, C] with a
+    repetition penalty)."""
+    logq = torch.log_softmax(shaped_logits(logits, as_behaviour(temperature, top_p), context), dim=-1)  # [N, V]
     return -(logq.exp() * logq.nan_to_num(neginf=0.0)).sum(-1)
 
 
