@@ -67,7 +67,8 @@ def test_recipe_periodic_equals_sync_through_the_actors(tmp_path: Path, model_di
     cfg = recipe_config(recipe, tmp_path, "sync", model_dir)
     inner = cfg.trainer.num_minibatches * cfg.trainer.num_iterations
     for mode in ("periodic", "sync"):
-        assert_invariants(tmp_path / mode, epochs=2, groups=GROUPS)
+        if not cfg.coordinator.dynamic_sampling:  # with it, replay's checks below know which groups train
+            assert_invariants(tmp_path / mode, epochs=2, groups=GROUPS)
         steps = [e for e in read_logs(tmp_path / mode) if e["event"] == "optimizer_step"]
         assert [s["optimizer_steps"] for s in steps] == [inner, inner]
         rows = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
