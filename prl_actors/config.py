@@ -319,8 +319,64 @@ class ModelSection(_Section):
     )
 
 
+REWARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class RewardSpec(_Section):
+    """One reward of `task.rewards`: exactly one of `fn`, `model`, `url` (docs/TASKS.md)."""
+
+    fn: str | None = Field(
+        None, description="A built-in (math, format, length, add, code) or 'module:function' (per sample or batched)."
+    )
+    model: str | None = Field(None, description="A local Hugging Face sequence-classification checkpoint directory.")
+    url: str | None = Field(None, description="An http(s) reward service (JSON contract in docs/TASKS.md).")
+    name: str | None = Field(
+        None, description="Metrics key reward/<name> (default: the builtin or function name, 'model', 'service')."
+    )
+    weight: float = Field(1.0, allow_inf_nan=False, description="Its weight in the total (sum of weight * value).")
+    batched: bool = Field(False, description="fn: called once per group with its G records instead of per sample.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments bound to fn (length: max_tokens)."
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default none).",
+    )
+    retries: int = Field(2, ge=0, le=10, description="url: extra attempts after a failed or timed-out request.")
+    concurrency: int = Field(4, ge=1, le=256, description="url: requests in flight at once (per worker).")
+    device: str = Field("cpu", description="model: torch device of the reward model (cpu, cuda, cuda:1, ...).")
+    threads: int | None = Field(None, ge=1, description="model: torch CPU threads while scoring (default: unchanged).")
+    batch_size: int = Field(16, ge=1, description="model: sequences per forward pass.")
+    max_length: int = Field(1024, ge=8, description="model: prompt+completion tokens kept (truncated from the left).")
+    label: int = Field(0, ge=0, description="model: the logit used as the reward (num_labels > 1).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        given = [k for k in ("fn", "model", "url") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"a reward needs exactly one of fn, model, url (got {', '.join(given) or 'none'})")
+        if self.batched and not self.fn:
+            raise ValueError("batched applies to fn rewards (model and url rewards always score a group at once)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        if self.name is not None and not REWARD_NAME.fullmatch(self.name):
+            raise ValueError(f"reward name {self.name!r}: use letters, digits, '_', '.', '-'")
+        return self
+
+    def default_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.fn:
+            return self.fn.rpartition(":")[2] or self.fn
+        return "model" if self.model else "service"
+
+
 class TaskSection(_Section):
-    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    name: str = Field(
+        "add",
+        description="add (a+b=, the default), jsonl (prompts_file), math (word problems) or code (programs vs tests).",
+    )
     prompts_file: str | None = Field(
         None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
     )
@@ -335,7 +391,28 @@ class TaskSection(_Section):
         0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
+    rewards: list[RewardSpec] = Field(
+        default_factory=list,
+        description="Weighted rewards (fn / model / url), summed by weight; replaces the task's own reward.",
+    )
+    on_reward_error: Literal["fail", "zero"] = Field(
+        "fail",
+        description="A reward that raises or returns a non-finite number: fail the run (one line), or score 0, warn.",
+    )
+    tests_field: str = Field("tests", description="code: column holding the row's tests (a list of Python asserts).")
+    code_timeout_s: float = Field(5.0, gt=0, le=600, description="code: seconds a sample's program may run.")
+    code_memory_mb: int = Field(512, ge=16, description="code: address-space limit (RLIMIT_AS) of the program.")
     max_operand: int = Field(20, ge=1)
+
+    @model_validator(mode="after")
+    def _rewards(self) -> TaskSection:
+        if self.reward and self.rewards:
+            raise ValueError("set task.reward or task.rewards, not both (task.rewards: [{fn: module:function}])")
+        names = [r.default_name() for r in self.rewards]
+        doubles = sorted({n for n in names if names.count(n) > 1})
+        if doubles:
+            raise ValueError(f"task.rewards: two rewards named {doubles[0]!r}: give each a distinct name")
+        return self
 
     @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:

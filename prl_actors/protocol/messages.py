@@ -201,6 +201,7 @@ class Prompt(msgspec.Struct, kw_only=True):
     prompt: str
     answer: str = ""
     ticket: bytes = b""
+    item: int = -1  # the row's index in the task's data (rewards read its columns there); -1: unknown
 
 
 class WorkAssign(Msg, tag="work_assign", kw_only=True):
@@ -219,13 +220,16 @@ class NoWork(Msg, tag="no_work", kw_only=True):
 
 
 class Sample(msgspec.Struct, kw_only=True):
-    """One generated response. Token ids exclude the prompt; logprobs are per response token."""
+    """One generated response. Token ids exclude the prompt; logprobs are per response token.
+    `reward` is the weighted sum of `reward_parts` when the task has several rewards (task.rewards);
+    `reward_parts` is empty for a task with its one default reward."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     reward: float
     finished: bool = True
+    reward_parts: dict[str, float] = msgspec.field(default_factory=dict)  # name -> value (task.rewards), unweighted
 
 
 class Group(msgspec.Struct, kw_only=True):
