@@ -211,3 +211,36 @@ def test_scoring_works_inside_a_running_event_loop_free_thread() -> None:
     """score() runs its own loop: calling it from a thread with no loop (the worker's) is fine."""
     out = asyncio.run(asyncio.to_thread(RewardSet([Reward("h", reward_plugins.half)]).score, records(["a"])))
     assert out.totals == [0.5]
+
+
+def test_a_multi_turn_sample_brings_its_conversation_and_async_callers_can_score() -> None:
+    """What the multi-turn engine hands over: samples with `messages`; scored from its own loop."""
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Episode:
+        text: str
+        token_ids: list[int] = field(default_factory=list)
+        finished: bool = True
+        messages: list[dict[str, str]] = field(default_factory=list)
+
+    seen: list[RewardInput] = []
+
+    def turns(record: RewardInput) -> float:
+        seen.append(record)
+        return float(sum(m["role"] == "assistant" for m in record.messages))
+
+    task = load_task(tiny_config(task__max_operand=3))
+    task.rewards = RewardSet([Reward("turns", turns)])
+    convo = [
+        {"role": "user", "content": "guess"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "higher"},
+    ]
+    convo.append({"role": "assistant", "content": "7"})
+    prompt = task.prompts_for_epoch(0, 1)[0]
+    scored = asyncio.run(task.score_group_async(prompt, [], [Episode("7", messages=convo), Episode("x")]))
+    assert scored.totals == [2.0, 0.0]
+    assert seen[0].messages[3]["content"] == "7" and seen[1].messages == ()
+    with pytest.raises(TypeError):
+        seen[0].messages[0]["role"] = "system"  # type: ignore[index]

@@ -95,3 +95,68 @@ def test_fail_policy_ends_up_with_the_one_line_within_seconds(tmp_path: Path, pl
     assert took < 60, f"{took:.0f}s"  # start-up and one failure, not a stall
     metrics = run_dir / "metrics.jsonl"
     assert not metrics.exists() or "NaN" not in metrics.read_text()
+
+
+@pytest.mark.slow  # ~25 s: two runs of the tiny LM
+def test_weighted_rewards_with_row_columns_keep_periodic_equal_to_sync(tmp_path: Path) -> None:
+    """The tiny LM on a JSONL task whose rows carry an extra column, scored by three weighted rewards
+    (exact match, a reward reading the row, a batched one): the columns reach the workers through
+    the prompts' row index, and periodic (3 workers) trains the same weights as sync (1 worker)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from prl_actors.config import load_config
+    from prl_actors.model import prepare_model
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "difficulty": a / 10} for a in range(6) for b in range(6)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rewards = [
+        {"fn": "add", "name": "acc"},
+        {"fn": "tests.reward_plugins:difficulty", "weight": 0.5},
+        {"fn": "tests.reward_plugins:ranks", "batched": True, "weight": 0.1},
+    ]
+
+    def config(run_dir: Path, mode: str, model: Path | None) -> Config:
+        demo = Path(__file__).resolve().parent.parent / "configs/demo.yaml"
+        return load_config(
+            demo,
+            {
+                "run.run_dir": str(run_dir), "run.epochs": 2, "run.mode": mode, "transport.kind": "inproc",
+                "run.name": f"rw-{mode}", "coordinator.groups_per_epoch": 4, "worker.group_size": 4,
+                "model.warm_start_steps": 300, "model.path": str(model) if model else None,
+                "task.name": "jsonl", "task.prompts_file": str(data), "task.rewards": rewards,
+            },
+        )  # fmt: skip
+
+    model = prepare_model(config(tmp_path / "m", "sync", None), tmp_path / "m")
+    metrics = {}
+    for mode, workers in (("periodic", 3), ("sync", 1)):
+        cfg = config(tmp_path / mode, mode, model)
+        cluster = LocalCluster(cfg, workers=workers, log_dir=tmp_path / mode / "logs")
+        try:
+            assert cluster.wait(120), f"the {mode} run did not finish"
+        finally:
+            cluster.close()
+        assert_invariants(tmp_path / mode, epochs=2, groups=4)
+        metrics[mode] = [json.loads(r) for r in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    task_rows = {r["prompt"]: r["difficulty"] for r in rows}
+    from prl_actors.tasks import load_task
+
+    task = load_task(config(tmp_path / "sync", "sync", model))
+    for epoch, row in enumerate(metrics["sync"]):
+        picked = [task_rows[p.prompt] for p in task.prompts_for_epoch(epoch, 4)]
+        assert row["reward/difficulty"] == pytest.approx(sum(picked) / 4)  # the row's column, per prompt
+        assert row["reward/ranks"] == pytest.approx(1.5)  # ranks 0..3 in every group
+        total = row["reward/acc"] + 0.5 * row["reward/difficulty"] + 0.1 * row["reward/ranks"]
+        assert row["reward_mean"] == pytest.approx(total)
+    for a, b in zip(metrics["periodic"], metrics["sync"], strict=True):
+        assert {k: v for k, v in a.items() if k.startswith("reward")} == pytest.approx(
+            {k: v for k, v in b.items() if k.startswith("reward")}
+        )
+    wa = load_file(str(tmp_path / "periodic/checkpoints/v2/model/model.safetensors"))
+    wb = load_file(str(tmp_path / "sync/checkpoints/v2/model/model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4, msg=k)

@@ -68,5 +68,6 @@ class RewardInput:
 
 
 def read_only(row: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """A read-only view of a dataset row (rewards must not change what the next sample sees)."""
+    """A read-only copy of a dataset row or a message (rewards must not change what the next sample
+    sees)."""
     return EMPTY_ROW if not row else MappingProxyType(dict(row))

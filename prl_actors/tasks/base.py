@@ -72,10 +72,21 @@ class Task:
         return self.score_group(prompt, [], [_Text(response)]).totals[0]
 
     def score_group(self, prompt: Prompt, prompt_ids: Sequence[int], samples: Sequence[Generated]) -> Scored:
-        """The G samples' rewards. Raises RewardError (one line) when a reward fails under
-        `task.on_reward_error: fail`, or when this task's data disagree with the prompt's row index."""
+        """The G samples' rewards (blocking: runs its own event loop). Raises RewardError (one line)
+        when a reward fails under `task.on_reward_error: fail`, or when this task's data disagree
+        with the prompt's row index."""
+        return self.reward_set().score(self.records(prompt, prompt_ids, samples))
+
+    async def score_group_async(
+        self, prompt: Prompt, prompt_ids: Sequence[int], samples: Sequence[Generated]
+    ) -> Scored:
+        """score_group for a caller that runs an event loop of its own (e.g. multi-turn episodes)."""
+        return await self.reward_set().score_async(self.records(prompt, prompt_ids, samples))
+
+    def records(self, prompt: Prompt, prompt_ids: Sequence[int], samples: Sequence[Generated]) -> list[RewardInput]:
+        """One RewardInput per sample; a sample's `messages` (multi-turn) is carried when it has one."""
         row = read_only(self.row(prompt))
-        records = [
+        return [
             RewardInput(
                 prompt=prompt.prompt,
                 completion=s.text,
@@ -84,14 +95,13 @@ class Task:
                 completion_ids=tuple(s.token_ids),
                 finished=s.finished,
                 row=row,
-                messages=tuple(getattr(s, "messages", None) or ()),
+                messages=tuple(read_only(m) for m in getattr(s, "messages", None) or ()),
                 group_id=prompt.group_id,
                 item=prompt.item,
                 sample=j,
             )
             for j, s in enumerate(samples)
         ]
-        return self.reward_set().score(records)
 
     def row(self, prompt: Prompt) -> Mapping[str, Any]:
         """The dataset row of `prompt` (empty for tasks without rows or an unknown index)."""
