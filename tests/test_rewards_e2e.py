@@ -49,10 +49,14 @@ def test_a_run_without_task_rewards_reports_no_parts(run_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("plugin", ["flaky", "always_raises", "nan_sometimes"])
-def test_zero_policy_completes_with_counted_warnings_and_finite_metrics(run_dir: Path, plugin: str) -> None:
+def test_zero_policy_completes_with_counted_warnings_and_finite_metrics(
+    run_dir: Path, plugin: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     rewards = [{"fn": "add", "name": "acc"}, {"fn": f"tests.reward_plugins:{plugin}", "name": "bad"}]
     cfg = sim_config(run_dir, task__rewards=rewards, task__on_reward_error="zero")
     rows = run_inproc(cfg)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: worker-")]
+    assert said and all("scored 0 (task.on_reward_error: zero), 1" in line for line in said)  # 1st, 10th ...
     assert len(rows) == 3 and all(math.isfinite(v) for row in rows for v in row.values() if isinstance(v, float))
     warnings = [e for e in read_logs(run_dir) if e["event"] == "reward_error"]
     assert warnings and all("reward 'bad' (tests.reward_plugins:" in w["error"] for w in warnings)

@@ -13,6 +13,7 @@ A worker that is behind never gets work: it is told `stale_version` and fetches.
 
 from __future__ import annotations
 
+import math
 import time
 
 import msgspec
@@ -21,7 +22,7 @@ from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
-from prl_actors.logs import EventLog
+from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
     EpochStart,
     Error,
@@ -364,7 +365,10 @@ class WorkerCore(Core):
             return None
         for error in scored.errors:
             if self.count_loud("reward_errors"):
-                self.log("reward_error", error=error, count=self.counters["reward_errors"], policy="zero")
+                n = self.counters["reward_errors"]
+                self.log("reward_error", error=error, count=n, policy="zero")
+                if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
+                    console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
         parts = self.task.reward_set().report_parts
         samples = [
             Sample(
