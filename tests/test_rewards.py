@@ -244,3 +244,19 @@ def test_a_multi_turn_sample_brings_its_conversation_and_async_callers_can_score
     assert seen[0].messages[3]["content"] == "7" and seen[1].messages == ()
     with pytest.raises(TypeError):
         seen[0].messages[0]["role"] = "system"  # type: ignore[index]
+
+
+def test_a_batched_reward_with_one_nan_fails_only_that_sample_under_zero() -> None:
+    def one_nan(records: list[RewardInput]) -> list[float]:
+        return [float("nan") if r.sample == 1 else 1.0 for r in records]
+
+    scored = RewardSet([Reward("b", one_nan, batched=True)], "zero").score(records(["a", "b", "c"]))
+    assert scored.totals == [1.0, 0.0, 1.0] and len(scored.errors) == 1 and "returned nan" in scored.errors[0]
+
+
+def test_a_plugin_raising_timeout_error_itself_is_named_as_such() -> None:
+    def raises_timeout(record: RewardInput) -> float:
+        raise TimeoutError("db lock")
+
+    with pytest.raises(RewardError, match=r"raised on prompt 0 sample 0: TimeoutError: db lock"):
+        RewardSet([Reward("t", raises_timeout)]).score(records(["a"]))

@@ -3,7 +3,8 @@
 Every reward of a group runs concurrently (one asyncio loop per call; per-sample async rewards also
 run concurrently across the G samples). On a RewardError, `on_error` decides:
 - "fail": raise it (the worker ends the run with that line);
-- "zero": that reward counts 0 for the samples it failed on (the whole group for a batched reward),
+- "zero": that reward counts 0 for the samples it failed on (the whole group when a batched call
+  raises or answers in the wrong shape),
   and each distinct line is returned in `Scored.errors` to be counted and logged.
 Invariant: every total and part returned is a finite float.
 """

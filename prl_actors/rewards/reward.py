@@ -35,64 +35,65 @@ class Reward:
     timeout_s: float | None = None
 
     async def score(self, records: Sequence[RewardInput]) -> list[float | RewardError]:
-        """One finite float or one RewardError per record, in order (a failing sample never hides
-        the others' values; a failing batched call fails every record of the group). Per-sample
-        async rewards run concurrently."""
-        if self.batched:
-            try:
-                values = await self._call(self.fn, records, None, records)
-                return list(self._check_batch(values, records))
-            except RewardError as exc:
-                return [exc] * len(records)
-        return list(await asyncio.gather(*(self._one(r) for r in records)))
+        """One finite float or one RewardError per record, in order: a failing sample never hides
+        the others' values (a batched call that raises or answers in the wrong shape fails every
+        record of the group; a non-finite value only its own). Per-sample async rewards run
+        concurrently."""
+        if not records:
+            return []
+        if not self.batched:
+            return list(await asyncio.gather(*(self._one(r) for r in records)))
+        try:
+            values = self._shaped(await self._call(records, None, records[0]), records)
+        except RewardError as exc:
+            return [exc] * len(records)
+        return [self._checked(v, r) for v, r in zip(values, records, strict=True)]
 
     async def _one(self, record: RewardInput) -> float | RewardError:
         try:
-            return self._finite(await self._call(self.fn, record, record.sample, [record]), record, record.sample)
+            return self._checked(await self._call(record, record.sample, record), record)
         except RewardError as exc:
             return exc
 
-    async def _call(self, fn: RewardCallable, arg: Any, sample: int | None, records: Sequence[RewardInput]) -> Any:
-        first = records[0]
+    async def _call(self, arg: Any, sample: int | None, first: RewardInput) -> Any:
+        """fn(arg), awaited when it returns an awaitable (bounded by timeout_s when set)."""
+        at = where(first.group_id, first.item, sample)
         try:
-            value = fn(arg)
+            value = self.fn(arg)
             if inspect.isawaitable(value):
-                value = await asyncio.wait_for(value, self.timeout_s) if self.timeout_s else await value
+                value = await (asyncio.wait_for(value, self.timeout_s) if self.timeout_s else value)
             return value
         except RewardError:
             raise
-        except TimeoutError:
-            raise RewardError(
-                f"{self._label()} timed out after {self.timeout_s}s on {where(first.group_id, first.item, sample)}"
-            ) from None
+        except TimeoutError as exc:
+            if not self.timeout_s:
+                raise RewardError(f"{self._label()} raised on {at}: TimeoutError: {exc}") from exc
+            raise RewardError(f"{self._label()} timed out after {self.timeout_s}s on {at}") from None
         except Exception as exc:  # a plugin may raise anything: it becomes one line that names it
-            raise RewardError(
-                f"{self._label()} raised on {where(first.group_id, first.item, sample)}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise RewardError(f"{self._label()} raised on {at}: {type(exc).__name__}: {exc}") from exc
 
-    def _check_batch(self, values: Any, records: Sequence[RewardInput]) -> list[float]:
-        first = records[0]
-        if not isinstance(values, list | tuple) or len(values) != len(records):
-            got = f"{len(values)} values" if isinstance(values, list | tuple) else type(values).__name__
-            raise RewardError(
-                f"{self._label()} (batched) returned {got} for the {len(records)} samples of "
-                f"{where(first.group_id, first.item, None)}: expected a list of {len(records)} floats"
-            )
-        return [self._finite(v, r, r.sample) for v, r in zip(values, records, strict=True)]
+    def _shaped(self, values: Any, records: Sequence[RewardInput]) -> Sequence[Any]:
+        """A batched reward's answer: exactly one value per record."""
+        if isinstance(values, list | tuple) and len(values) == len(records):
+            return values
+        got = f"{len(values)} values" if isinstance(values, list | tuple) else type(values).__name__
+        raise RewardError(
+            f"{self._label()} (batched) returned {got} for the {len(records)} samples of "
+            f"{where(records[0].group_id, records[0].item, None)}: expected a list of {len(records)} floats"
+        )
 
-    def _finite(self, value: Any, record: RewardInput, sample: int) -> float:
+    def _checked(self, value: Any, record: RewardInput) -> float | RewardError:
+        """`value` as a finite float (bool: 0/1), or the error that names it."""
         if isinstance(value, bool):
             return float(value)
         try:
             out = float(value)
         except (TypeError, ValueError):
             out = math.nan
-        if not math.isfinite(out):
-            raise RewardError(
-                f"{self._label()} returned {value!r} on {where(record.group_id, record.item, sample)} "
-                "(rewards must be finite numbers)"
-            )
-        return out
+        if math.isfinite(out):
+            return out
+        at = where(record.group_id, record.item, record.sample)
+        return RewardError(f"{self._label()} returned {value!r} on {at} (rewards must be finite numbers)")
 
     def _label(self) -> str:
         return f"reward {self.name!r}" + (f" ({self.source})" if self.source and self.source != self.name else "")
