@@ -136,3 +136,16 @@ def test_a_code_row_without_tests_is_refused_at_load(tmp_path: Path) -> None:
     bad.write_text('{"prompt": "write f", "tests": []}\n')
     with pytest.raises(ConfigError, match=r"c.jsonl:1: 'tests' must be a non-empty list"):
         load_task(tiny_config(task__name="code", task__prompts_file=str(bad)))
+
+
+def test_the_sandbox_runs_from_worker_threads() -> None:
+    """Workers score on an actor thread, not the main one: subprocesses must still be reaped."""
+    import threading
+
+    out: list[list[bool]] = []
+    threads = [threading.Thread(target=lambda: out.append(run(GOOD))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert out == [[True] * 3] * 3

@@ -12,6 +12,7 @@ Invariant: every total and part returned is a finite float.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -21,6 +22,7 @@ from prl_actors.rewards.record import RewardInput
 from prl_actors.rewards.reward import Reward
 
 OnError = Literal["fail", "zero"]
+_LOOPS = threading.local()  # one event loop per scoring thread (a worker scores on its actor thread)
 
 
 @dataclass
@@ -47,11 +49,19 @@ class RewardSet:
         return [r.name for r in self.rewards]
 
     def score(self, records: Sequence[RewardInput]) -> Scored:
-        """Score one group's records (blocking; runs its own event loop)."""
-        return asyncio.run(self.score_async(records))
+        """Score one group's records (blocking) on this thread's own event loop, kept between calls
+        (a fresh loop per group cost ~0.5 ms; this ~0.05). Not from inside a running loop: use
+        score_async there."""
+        loop = getattr(_LOOPS, "loop", None)
+        if loop is None or loop.is_closed():
+            loop = _LOOPS.loop = asyncio.new_event_loop()
+        return loop.run_until_complete(self.score_async(records))
 
     async def score_async(self, records: Sequence[RewardInput]) -> Scored:
-        outcomes = await asyncio.gather(*(r.score(records) for r in self.rewards))
+        if len(self.rewards) == 1:
+            outcomes = [await self.rewards[0].score(records)]
+        else:
+            outcomes = await asyncio.gather(*(r.score(records) for r in self.rewards))
         errors: list[str] = []
         columns = [self._settle(outcome, errors) for outcome in outcomes]
         return self._combine(columns, len(records), errors)

@@ -7,6 +7,7 @@ naming the reward, the prompt, the sample and the value or exception.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -42,6 +43,8 @@ class Reward:
         if not records:
             return []
         if not self.batched:
+            if not is_async(self.fn):  # no task per sample: a sync function finishes inside its await
+                return [await self._one(r) for r in records]
             return list(await asyncio.gather(*(self._one(r) for r in records)))
         try:
             values = self._shaped(await self._call(records, None, records[0]), records)
@@ -97,6 +100,13 @@ class Reward:
 
     def _label(self) -> str:
         return f"reward {self.name!r}" + (f" ({self.source})" if self.source and self.source != self.name else "")
+
+
+def is_async(fn: Any) -> bool:
+    """fn is an `async def` function (or a partial of one, or an object with an async __call__)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 def legacy(fn: Callable[[str, str, str], Any]) -> RewardCallable:
