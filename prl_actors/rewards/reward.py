@@ -106,7 +106,8 @@ def is_async(fn: Any) -> bool:
     """fn is an `async def` function (or a partial of one, or an object with an async __call__)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # a callable object's method
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 def legacy(fn: Callable[[str, str, str], Any]) -> RewardCallable:
