@@ -364,11 +364,11 @@ class WorkerCore(Core):
             self.fail(str(exc))
             return None
         for error in scored.errors:
-            if self.count_loud("reward_errors"):
-                n = self.counters["reward_errors"]
+            loud, n = self.count_loud("reward_errors"), self.counters["reward_errors"]
+            if loud:
                 self.log("reward_error", error=error, count=n, policy="zero")
-                if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
-                    console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
+            if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
+                console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
         parts = self.task.reward_set().report_parts
         samples = [
             Sample(
