@@ -111,7 +111,7 @@ def test_a_batched_reward_of_the_wrong_length_is_an_error() -> None:
         rs.score(records(["a", "b", "c"], group_id=4))
 
 
-def test_extra_columns_reach_the_reward_jsonl_and_parquet(tmp_path: Path) -> None:
+def test_extra_columns_reach_the_reward_jsonl_parquet_and_datasets(tmp_path: Path) -> None:
     rows = [{"prompt": f"q{i}", "answer": str(i), "difficulty": i / 10} for i in range(4)]
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -120,7 +120,11 @@ def test_extra_columns_reach_the_reward_jsonl_and_parquet(tmp_path: Path) -> Non
 
     parquet = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(rows), parquet)
-    for path in (jsonl, parquet):
+    import datasets
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    for path in (jsonl, parquet, saved):
         cfg = tiny_config(
             task__name="jsonl", task__prompts_file=str(path), task__rewards=[{"fn": "tests.reward_plugins:difficulty"}]
         )

@@ -50,7 +50,7 @@ class HttpReward:
         return cls(spec.url, spec.timeout_s or DEFAULT_TIMEOUT_S, spec.retries, spec.concurrency)
 
     async def __call__(self, records: Sequence[RewardInput]) -> list[Any]:
-        body = json.dumps({"records": [r.to_json() for r in records]}).encode()
+        body = json.dumps({"records": [r.to_json() for r in records]}, default=str).encode()  # dates: text
         loop = asyncio.get_running_loop()
         failures: list[str] = []
         for attempt in range(self.retries + 1):
