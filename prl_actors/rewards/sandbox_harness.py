@@ -12,10 +12,7 @@ import os
 import resource
 import sys
 
-PRELOAD = (
-    "math cmath collections itertools functools heapq bisect re string typing operator copy decimal "
-    "fractions statistics random dataclasses enum array datetime json textwrap unicodedata"
-)
+PRELOAD = "math collections itertools functools heapq bisect re string typing operator copy fractions"
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 PATH_EVENTS = {
     "os.remove",
@@ -61,8 +58,9 @@ def main() -> None:
     sink = os.open("output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(sink, 1)
     os.dup2(sink, 2)
-    for name in PRELOAD.split():
-        __import__(name)
+    if job["uid"] and not _world_readable(os.path.dirname(os.__file__)):
+        for name in PRELOAD.split():  # after the drop, `nobody` could not import them lazily
+            __import__(name)
     _drop_privileges(job["uid"])
     sys.addaudithook(_guard(os.path.realpath(os.getcwd())))
     namespace = {"__name__": "__main__"}
@@ -84,6 +82,18 @@ def _limit(limits: dict) -> None:
         (resource.RLIMIT_NPROC, 256),
     ):
         resource.setrlimit(res, (value, value))
+
+
+def _world_readable(path: str) -> bool:
+    """Every directory from / down to `path` is searchable by others, and `path` readable."""
+    import stat
+
+    parts = os.path.realpath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
+        if not mode & stat.S_IXOTH:
+            return False
+    return bool(os.stat(path).st_mode & stat.S_IROTH)
 
 
 def _drop_privileges(uid: int) -> None:
