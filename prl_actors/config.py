@@ -358,6 +358,8 @@ class RewardSpec(_Section):
             raise ValueError(f"a reward needs exactly one of fn, model, url (got {', '.join(given) or 'none'})")
         if self.batched and not self.fn:
             raise ValueError("batched applies to fn rewards (model and url rewards always score a group at once)")
+        if self.args and not self.fn:
+            raise ValueError("args applies to fn rewards (keyword arguments bound to the function)")
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url {self.url!r} must start with http:// or https://")
         if self.name is not None and not REWARD_NAME.fullmatch(self.name):
