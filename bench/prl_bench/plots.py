@@ -28,6 +28,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("control_plane", _control_plane),
         ("envs", _envs),
         ("dist_step", _dist_step),
+        ("rewards", _rewards),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -217,4 +218,19 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
     ax.legend(fontsize=8)
+    return fig
+
+
+def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """An async reward's group against its sequential time; the code sandbox, one by one vs a group."""
+    judge = next(e for e in entries if e["name"].startswith("async"))
+    code = next(e for e in entries if "group of" in e["name"])["raw"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    sequential = judge["raw"]["group"] * judge["raw"]["sleep_s"]
+    a.bar(["sequential (G x wait)", "measured"], [sequential, judge["measured"]], color=["grey", "tab:blue"])
+    a.set(ylabel="seconds per group", title=f"async reward, G = {judge['raw']['group']}")
+    g = code["group"]
+    b.bar(["one sample", f"{g} in a row", f"a group of {g}"], [code["single_s"], g * code["single_s"], code["group_s"]],
+          color=["tab:blue", "grey", "tab:green"])  # fmt: skip
+    b.set(ylabel="seconds", title="code reward (sandboxed subprocess per sample)")
     return fig
