@@ -265,3 +265,33 @@ def test_a_plugin_raising_timeout_error_itself_is_named_as_such() -> None:
 
     with pytest.raises(RewardError, match=r"raised on prompt 0 sample 0: TimeoutError: db lock"):
         RewardSet([Reward("t", raises_timeout)]).score(records(["a"]))
+
+
+def test_rows_stay_with_their_prompts_when_long_prompts_are_left_out(tmp_path: Path) -> None:
+    rows = [{"prompt": "1+1=" * (1 + 10 * (i % 2)), "answer": str(i), "difficulty": i} for i in range(6)]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = tiny_config(
+        task__name="jsonl",
+        task__prompts_file=str(path),
+        task__max_prompt_tokens=10,
+        task__rewards=[{"fn": "tests.reward_plugins:difficulty"}],
+    )
+    task = load_task(cfg)
+    assert [a for _, a in task.items] == ["0", "2", "4"] and "left out 3 of 6" in task.note
+    for prompt in task.prompts_for_epoch(0, 3):
+        assert task.score_group(prompt, [], gens(["x"])).totals == [float(prompt.answer)]
+
+
+def test_an_episodes_own_reward_is_its_total_or_the_env_part() -> None:
+    """Multi-turn samples bring their environment's reward: alone it is the total (the task's reward
+    is not asked); with task.rewards it is added as the part `env`."""
+    own = [Generated(text="7", token_ids=[1], logprobs=[0.0], reward=r) for r in (1.0, 0.25)]
+    task = load_task(tiny_config(task__max_operand=3, task__reward="tests.reward_plugins:always_raises"))
+    prompt = task.prompts_for_epoch(0, 1)[0]
+    assert task.score_generated(prompt, [], own).totals == [1.0, 0.25]  # the raising reward never ran
+    task = load_task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:half"}]))
+    scored = task.score_generated(prompt, [], own)
+    assert scored.totals == [1.5, 0.75] and scored.parts[0] == {"half": 0.5, "env": 1.0}
+    with pytest.raises(ConfigError, match="the name 'env' is the multi-turn environment's own reward"):
+        tiny_config(task__rewards=[{"fn": "add", "name": "env"}])

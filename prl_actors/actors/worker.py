@@ -358,7 +358,7 @@ class WorkerCore(Core):
         error ends the run with its one line (`task.on_reward_error: fail`, returns None) or scores
         0 and is counted and logged (`zero`)."""
         try:
-            scored = self.task.score_group(prompt, g.prompt_ids, g.samples)
+            scored = self.task.score_generated(prompt, g.prompt_ids, g.samples)
         except RewardError as exc:
             self.log("reward_failed", error=str(exc), group_id=g.group_id)
             self.fail(str(exc))
@@ -375,8 +375,9 @@ class WorkerCore(Core):
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=total,
+                reward=total + self.task.length_penalty(len(s.token_ids)),
                 finished=s.finished,
+                loss_mask=s.loss_mask or [],
                 reward_parts=part if parts else {},
             )
             for s, total, part in zip(g.samples, scored.totals, scored.parts, strict=True)

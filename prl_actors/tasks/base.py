@@ -18,6 +18,7 @@ from prl_actors.rewards.errors import RewardError, where
 from prl_actors.rewards.record import EMPTY_ROW, RewardInput, read_only
 from prl_actors.rewards.reward import Reward, legacy
 
+ENV_PART = "env"  # the reward_parts name of a multi-turn episode's own (environment) reward
 RewardFn = Callable[[str, str, str], float]
 """reward(prompt, response, answer) -> float. See docs/TASKS.md."""
 
@@ -50,6 +51,8 @@ class Task:
     name: str = ""
     rows: list[Mapping[str, Any]] = field(default_factory=list)
     rewards: RewardSet | None = None
+    overlong: Callable[[int], float] | None = None  # length -> reward shaping (tasks/shaping.py), set by load_task
+    note: str = ""  # what loading left out (tasks/limits.py), one line for the log and the console
     _sampler: EpochSampler | None = field(default=None, init=False, repr=False, compare=False)
 
     def prompts_for_epoch(self, epoch: int, n: int) -> list[Prompt]:
@@ -67,6 +70,16 @@ class Task:
             self.rewards = RewardSet([Reward(self.name or "reward", legacy(self.reward))])
         return self.rewards
 
+    def prompts_at(self, start: int, ids: list[int]) -> list[Prompt]:
+        """Group id g's prompt is the one at stream position start + g (dynamic sampling's rounds)."""
+        if self._sampler is None or self._sampler.size != len(self.items):
+            self._sampler = EpochSampler(self.seed, len(self.items))
+        picks = [self._sampler.at(start + g) for g in ids]
+        return [
+            Prompt(group_id=g, prompt=self.items[i][0], answer=self.items[i][1], item=i)
+            for g, i in zip(ids, picks, strict=True)
+        ]
+
     def score(self, prompt: Prompt, response: str) -> float:
         """One response's total reward (no token ids: for checks and tools; workers use score_group)."""
         return self.score_group(prompt, [], [_Text(response)]).totals[0]
@@ -76,6 +89,24 @@ class Task:
         when a reward fails under `task.on_reward_error: fail`, or when this task's data disagree
         with the prompt's row index."""
         return self.reward_set().score(self.records(prompt, prompt_ids, samples))
+
+    def score_generated(self, prompt: Prompt, prompt_ids: Sequence[int], samples: Sequence[Generated]) -> Scored:
+        """score_group for samples that may bring their own reward (a multi-turn episode's, from its
+        environment: `sample.reward` not None). Such a sample's total is its own reward, plus the
+        weighted `task.rewards` when they are configured (its own then reported as the part `env`);
+        without `task.rewards` the task's reward is not asked for it."""
+        own = [getattr(s, "reward", None) for s in samples]
+        rewards = self.reward_set()
+        if all(r is not None for r in own) and not rewards.report_parts:
+            return Scored([float(r) for r in own if r is not None], [{} for _ in own])
+        scored = self.score_group(prompt, prompt_ids, samples)
+        for i, r in enumerate(own):
+            if r is not None and rewards.report_parts:
+                scored.totals[i] += r
+                scored.parts[i][ENV_PART] = float(r)
+            elif r is not None:
+                scored.totals[i] = float(r)
+        return scored
 
     async def score_group_async(
         self, prompt: Prompt, prompt_ids: Sequence[int], samples: Sequence[Generated]
@@ -114,6 +145,11 @@ class Task:
             )
         return self.rows[prompt.item]
 
+    def length_penalty(self, length: int) -> float:
+        """What the worker adds to a response's reward for its `length` tokens (the overlong
+        penalty, tasks/shaping.py; 0 when off)."""
+        return self.overlong(length) if self.overlong is not None else 0.0
+
     def fingerprint(self) -> str:
         """sha256 of every (prompt, answer) in order: the identity of what is sampled."""
         h = hashlib.sha256()
@@ -124,10 +160,10 @@ class Task:
             h.update(b"\0")
         return h.hexdigest()
 
-    def data_identity(self, groups_per_epoch: int) -> dict[str, Any]:
+    def data_identity(self, groups_per_epoch: int, epoch_stride: int = 0) -> dict[str, Any]:
         from prl_actors.data.position import identity
 
-        return identity(self.name, self.seed, groups_per_epoch, len(self.items), self.fingerprint())
+        return identity(self.name, self.seed, groups_per_epoch, len(self.items), self.fingerprint(), epoch_stride)
 
 
 @dataclass
