@@ -380,7 +380,7 @@ class RewardSpec(_Section):
     timeout_s: float | None = Field(
         None,
         gt=0,
-        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default none).",
+        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default 300).",
     )
     retries: int = Field(2, ge=0, le=10, description="url: extra attempts after a failed or timed-out request.")
     concurrency: int = Field(4, ge=1, le=256, description="url: requests in flight at once (per worker).")

@@ -295,3 +295,8 @@ def test_an_episodes_own_reward_is_its_total_or_the_env_part() -> None:
     assert scored.totals == [1.5, 0.75] and scored.parts[0] == {"half": 0.5, "env": 1.0}
     with pytest.raises(ConfigError, match="the name 'env' is the multi-turn environment's own reward"):
         tiny_config(task__rewards=[{"fn": "add", "name": "env"}])
+
+
+def test_async_fn_rewards_have_a_deadline_by_default() -> None:
+    task = load_task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:slow"}]))
+    assert task.reward_set().rewards[0].timeout_s == 300.0

@@ -19,6 +19,8 @@ from prl_actors.rewards.builtins import BUILTINS
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
 
+ASYNC_TIMEOUT_S = 300.0  # an async fn reward's default bound: no wait without a deadline
+
 
 def configure(t: TaskSection, own: RewardSet) -> RewardSet:
     """The run's rewards: `task.rewards` when given (each reported as `reward/<name>`), else the
@@ -43,7 +45,7 @@ def build(spec: RewardSpec, i: int) -> Reward:
     fn = load_function(spec.fn, f"task.rewards[{i}].fn")
     fn = _bind(fn, spec.args, f"task.rewards[{i}]")
     source = f"builtin {spec.fn}" if spec.fn in BUILTINS else spec.fn
-    return Reward(name, fn, spec.weight, spec.batched, source, spec.timeout_s)
+    return Reward(name, fn, spec.weight, spec.batched, source, spec.timeout_s or ASYNC_TIMEOUT_S)
 
 
 def load_function(spec: str, option: str) -> Callable[..., Any]:
