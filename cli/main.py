@@ -147,6 +147,7 @@ def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str,
 def _launch(cfg: Any, rd: Any) -> int:
     """Pick or check the ports, write RUN_DIR/config.yaml, prepare the model, run the launcher."""
     from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
+    from prl_actors.rundir import register_run
 
     try:
         pick_ports(cfg)
@@ -154,6 +155,7 @@ def _launch(cfg: Any, rd: Any) -> int:
     except RunFailed as exc:
         fail(str(exc), code=1)
     rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
+    register_run(rd.root)  # status/scale/stop/health find this run without --config while it runs
     _check_task(cfg)
     _run_keys(cfg)
     t0 = time.monotonic()
@@ -379,17 +381,48 @@ def _discover(cfg: Any, coordinator: str, name: str) -> None:
 
 
 def _target(config: Path | None, coordinator: str | None, keys: Path | None) -> tuple[str, Any]:
-    """(coordinator address, KeyStore or None) from the options, else the config (default
-    runs/latest/config.yaml): its coordinator address and its keys (RUN_DIR/keys)."""
+    """(coordinator address, KeyStore or None) from the options, else the config: --config, else
+    the newest live run that `up` started on this machine (the run registry, whatever its run_dir),
+    else runs/latest/config.yaml; its coordinator address and its keys (RUN_DIR/keys)."""
     from prl_actors.transport.auth import KeyStore
 
-    if config is None:
-        default = Path("runs/latest/config.yaml")
-        config = default if default.exists() else None
+    if config is None and coordinator is None:
+        config = _found_config()
     cfg = _config(config, None)
     if keys is None and cfg.authenticated() and cfg.keys_path().is_dir():
         keys = cfg.keys_path()
     return coordinator or str(cfg.address("coordinator")), KeyStore(keys) if keys is not None else None
+
+
+def _found_config() -> Path | None:
+    """The config of the run the operator most likely means (see `_target`), or None (defaults)."""
+    from prl_actors.rundir import live_run
+
+    live = live_run()
+    if live is not None:
+        return live / "config.yaml"
+    default = Path("runs/latest/config.yaml")
+    return default if default.exists() else None
+
+
+def _unreachable(exc: Exception, config: Path | None, coordinator: str | None) -> None:
+    """The request failed: say so, and which --config would reach a run."""
+    from prl_actors.rundir import live_run, registered_runs
+
+    hint, live = "", live_run() if coordinator is None and config is None else None
+    if live is not None:
+        hint = f"; the newest live run ({live}) does not answer: see {live / 'logs'}"
+    elif coordinator is None and config is None:
+        recent = registered_runs()[:3]
+        hint = "; no live run found on this machine" + (
+            f": pass the run's config, e.g. --config {recent[0] / 'config.yaml'}"
+            + (f" (other recent runs: {', '.join(str(p) for p in recent[1:])})" if recent[1:] else "")
+            if recent
+            else ": pass --config RUN_DIR/config.yaml of the run (written by `prl-actors up`)"
+        )
+    elif config is not None:
+        hint = f"; is the run of {config} still up? (`prl-actors up` of that run_dir must be running)"
+    fail(f"{exc}{hint}", code=1)
 
 
 @app.command()
@@ -409,7 +442,7 @@ def status(
     try:
         st: Any = request(addr, StatusRequest(), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     if as_json:
         typer.echo(msgspec.json.encode(st).decode())
         return
@@ -448,12 +481,12 @@ def health(
     from prl_actors.compose import health_problem
     from prl_actors.protocol.messages import StatusRequest
 
-    cfg = _config(config, None)
+    cfg = _config(config or (_found_config() if coordinator is None else None), None)
     addr, store = _target(config, coordinator, keys)
     try:
         st: Any = request(addr, StatusRequest(), timeout_s=5.0, keys=store, as_=member or "operator")
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
     if problem:
         fail(problem, code=1)
@@ -479,7 +512,7 @@ def scale(
     try:
         request(addr, Scale(workers=workers), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     typer.echo(f"asked for {workers} workers")
 
 
@@ -496,7 +529,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt =
     try:
         request(addr, RequestStop(reason="prl-actors stop"), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     typer.echo("stop requested")
 
 

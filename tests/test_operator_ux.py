@@ -41,3 +41,63 @@ def test_no_bundle_carries_a_role_key_that_acts_as_every_member(tmp_path: Path) 
     files = export_keys(keys, "worker-gpu1", tmp_path / "b")
     assert [f for f in files if f.endswith(".key_secret")] == ["worker-gpu1.key_secret"]
     assert export_keys(keys, "operator", tmp_path / "op")[0] == "operator.key_secret"  # one operator: fine
+
+
+# --- 8: finding the live run --------------------------------------------------------------------
+
+
+def test_status_finds_the_newest_live_run_whatever_its_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run in tmp/elsewhere/demo (not runs/latest), registered by `up` and locked as `up` locks it:
+    `status` without --config reaches it; with no live run the error names the --config to pass."""
+    from prl_actors.process import LocalCluster
+    from prl_actors.rundir import RunDir, register_run
+    from tests.conftest import sim_config
+
+    monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # no runs/latest here
+    run_dir = tmp_path / "elsewhere" / "demo"
+    cfg = sim_config(run_dir, transport="tcp", run__epochs=1000, sim__gen_s_per_token=0.01)
+    rd = RunDir(run_dir)
+    with rd.lock():
+        rd.config.write_text(cfg.dump())
+        register_run(run_dir)
+        cluster = LocalCluster(cfg, workers=1, log_dir=run_dir / "logs")
+        try:
+            code, out = run_cli("status")
+            assert code == 0, out
+            assert "state" in out and "worker-0" in out
+        finally:
+            cluster.close()
+    code, out = run_cli("status")  # `up` is gone (the lock is free): nothing live to reach
+    assert code == 1
+    assert f"--config {run_dir.resolve() / 'config.yaml'}" in out, out
+
+
+# --- 8: config values and typos -------------------------------------------------------------------
+
+
+def test_set_keeps_a_string_fields_value_as_written() -> None:
+    from prl_actors.config import load_config, parse_override
+
+    prompt = "Think step by step. End with #### N: Answer: give a number"
+    cfg = load_config(
+        None, dict([parse_override(f"task.system_prompt={prompt}"), parse_override("task.chat_template=true")])
+    )
+    assert cfg.task.system_prompt == prompt
+    assert parse_override("trainer.lr=0.5") == ("trainer.lr", 0.5)  # other fields: YAML as before
+    assert parse_override("task.system_prompt=null") == ("task.system_prompt", None)
+
+
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("trainer.lrr=1", "did you mean trainer.lr?"),
+        ("worker.group_sise=4", "did you mean worker.group_size?"),
+        ("trainr.lr=1", "did you mean trainer?"),
+    ],
+)
+def test_a_config_typo_suggests_the_nearest_field(override: str, hint: str) -> None:
+    code, out = run_cli("up", "--set", override)
+    assert code == 2 and hint in out, out
