@@ -141,7 +141,34 @@ def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str,
         fail(str(exc))
     if rd.metrics.exists() and not rd.has_checkpoint():
         fail(f"nothing to resume in {rd.root}: it has trained epochs but no checkpoint (trainer.checkpoint_every 0?)")
+    _check_epochs_to_go(rd, asked.run.epochs)
     return asked
+
+
+def _check_epochs_to_go(rd: Any, epochs: int) -> None:
+    """Before any actor starts: a resume with nothing to train, or fewer epochs than are done, is
+    refused with one line; else say which checkpoint it resumes from."""
+    from prl_actors.protocol.versions import epoch_for
+    from prl_actors.rundir import CheckpointError
+
+    try:
+        ckpt = rd.latest_checkpoint()  # the one the trainer will load (damaged newer ones are skipped)
+    except CheckpointError as exc:
+        fail(str(exc), code=1)
+    if ckpt is None:
+        return
+    version = int(ckpt.name[1:])
+    done = epoch_for(version)
+    if epochs < done:
+        fail(f"--epochs {epochs} is below the {done} epochs {rd.root} has done (v{version}); pass --epochs > {done}")
+    if epochs == done:
+        typer.echo(
+            f"nothing to do: the run in {rd.root} is finished, {done} of {epochs} epochs done (v{version}); "
+            f"to train more: prl-actors up --resume --run-dir {rd.root} --epochs N (N > {done})",
+            err=True,
+        )
+        raise typer.Exit(0)
+    typer.echo(f"resumed from v{version}: {done} of {epochs} epochs done, {epochs - done} to train", err=True)
 
 
 def _launch(cfg: Any, rd: Any) -> int:

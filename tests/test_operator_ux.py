@@ -46,9 +46,7 @@ def test_no_bundle_carries_a_role_key_that_acts_as_every_member(tmp_path: Path) 
 # --- 8: finding the live run --------------------------------------------------------------------
 
 
-def test_status_finds_the_newest_live_run_whatever_its_run_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_status_finds_the_newest_live_run_whatever_its_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run in tmp/elsewhere/demo (not runs/latest), registered by `up` and locked as `up` locks it:
     `status` without --config reaches it; with no live run the error names the --config to pass."""
     from prl_actors.process import LocalCluster
@@ -101,3 +99,39 @@ def test_set_keeps_a_string_fields_value_as_written() -> None:
 def test_a_config_typo_suggests_the_nearest_field(override: str, hint: str) -> None:
     code, out = run_cli("up", "--set", override)
     assert code == 2 and hint in out, out
+
+
+# --- 8: resume limits ------------------------------------------------------------------------------
+
+
+def finished_run(run_dir: Path, version: int) -> bytes:
+    """A run directory as `up` leaves it after `version` epochs (config, metrics, checkpoint vN)."""
+    from prl_actors.rundir import RunDir
+    from tests.conftest import sim_config
+
+    rd = RunDir(run_dir)
+    run_dir.mkdir(parents=True)
+    rd.config.write_text(sim_config(run_dir, transport="tcp", run__epochs=version).dump())
+    rd.metrics.write_text("".join(f'{{"epoch": {e}, "version": {e + 1}}}\n' for e in range(version)))
+    (rd.checkpoints / f"v{version}").mkdir(parents=True)
+    (rd.checkpoints / f"v{version}" / "DONE").write_text(str(version))
+    return rd.config.read_bytes()
+
+
+def test_resume_of_a_finished_run_says_so_at_once(tmp_path: Path) -> None:
+    import time
+
+    stored = finished_run(tmp_path / "run", 3)
+    t0 = time.monotonic()
+    code, out = run_cli("up", "--resume", "--run-dir", str(tmp_path / "run"))
+    assert code == 0 and "is finished, 3 of 3 epochs done (v3)" in out, out
+    assert time.monotonic() - t0 < 5.0  # no actor started
+    assert not (tmp_path / "run" / "logs").exists()
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == stored
+
+
+def test_epochs_below_what_is_done_are_refused(tmp_path: Path) -> None:
+    stored = finished_run(tmp_path / "run", 3)
+    code, out = run_cli("up", "--resume", "--run-dir", str(tmp_path / "run"), "--epochs", "2")
+    assert code == 2 and "--epochs 2 is below the 3 epochs" in out, out
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == stored  # not rewritten
