@@ -135,3 +135,42 @@ def test_epochs_below_what_is_done_are_refused(tmp_path: Path) -> None:
     code, out = run_cli("up", "--resume", "--run-dir", str(tmp_path / "run"), "--epochs", "2")
     assert code == 2 and "--epochs 2 is below the 3 epochs" in out, out
     assert (tmp_path / "run" / "config.yaml").read_bytes() == stored  # not rewritten
+
+
+# --- 8: the timeline of a resumed run ---------------------------------------------------------------
+
+
+def resumed_logs(run_dir: Path) -> None:
+    """Coordinator logs of 40 epochs of 0.1 s, a 111 s stop, then 40 more (as a resumed run logs)."""
+    import json
+
+    def line(t: float, event: str, **fields: object) -> str:
+        return json.dumps({"t_mono": t, "actor": "coordinator", "role": "coordinator", "event": event, **fields})
+
+    lines = [line(0.0, "actor_start")]
+    for e in range(80):
+        t = 1.0 + 0.1 * e + (111.0 if e >= 40 else 0.0)
+        lines += [line(t, "epoch_open", epoch=e, version=e), line(t + 0.09, "epoch_done", done_epoch=e)]
+    lines.append(line(1.0 + 111.0 + 8.0, "run_done", reason="completed"))
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "coordinator.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_timeline_folds_gaps_and_crops_to_epochs(tmp_path: Path) -> None:
+    from prl_actors.replay.axis import time_axis
+    from prl_actors.replay.events import load_run
+
+    resumed_logs(tmp_path / "run")
+    run = load_run(tmp_path / "run")
+    whole = time_axis(run, [])
+    assert [round(b - a) for a, b in whole.gaps] == [111]
+    first_40 = whole.x(1.0 + 3.9) - whole.x(1.0)  # epoch 0 opens to epoch 39 opens
+    assert first_40 > 0.3 * whole.width  # not a sliver (drawn to scale: 4 s of 120 s)
+    assert first_40 == pytest.approx(3.9)  # kept stretches stay to scale
+    later = time_axis(run, [], (40, 49))
+    assert later.lo == pytest.approx(112.0 + 4.0) and later.width == pytest.approx(1.0)
+    png = tmp_path / "t.png"
+    code, out = run_cli("replay", str(tmp_path / "run"), "--timeline", str(png), "--epochs", "40:49")
+    assert code == 0 and png.stat().st_size > 0, out
+    code, out = run_cli("replay", str(tmp_path / "run"), "--timeline", str(png), "--epochs", "90:95")
+    assert code == 2 and "no such epoch" in out
