@@ -237,6 +237,13 @@ def _up_env(cfg: Any) -> None:
     rd = Path(cfg.run.run_dir)
     if RunDir(rd).has_run():
         fail(f"run dir {rd} already holds a run; use another --run-dir")
+    from prl_actors.launcher import RunFailed, check_ports, pick_ports
+
+    try:
+        pick_ports(cfg)
+        check_ports(cfg)
+    except RunFailed as exc:
+        fail(str(exc), code=1)
     rd.mkdir(parents=True, exist_ok=True)
     RunDir(rd).config.write_text(cfg.dump())
     _run_keys(cfg)

@@ -366,8 +366,9 @@ def pick_ports(cfg: Config) -> None:
     if cfg.transport.kind != "tcp" or cfg.transport.base_port is not None or cfg.transport.addresses:
         return
     host = "0.0.0.0" if cfg.transport.bind_all else cfg.transport.host
+    offsets = [ROLES.index(r) for r in cfg.bound_roles()]  # the learner of a classic-RL run binds base + 5
     for base in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + PORT_STEP * PORT_TRIES, PORT_STEP):
-        if not any(port_in_use(host, base + i) for i in range(4)):
+        if not any(port_in_use(host, base + i) for i in offsets):
             cfg.transport.base_port = base
             return
     raise RunFailed(f"no free ports for a run on {host} from {DEFAULT_BASE_PORT} up; set transport.base_port")

@@ -174,3 +174,37 @@ def test_the_timeline_folds_gaps_and_crops_to_epochs(tmp_path: Path) -> None:
     assert code == 0 and png.stat().st_size > 0, out
     code, out = run_cli("replay", str(tmp_path / "run"), "--timeline", str(png), "--epochs", "90:95")
     assert code == 2 and "no such epoch" in out
+
+
+# --- 8: shipped configs pick free ports --------------------------------------------------------------
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_do_not_hard_code_ports(path: Path) -> None:
+    """Two runs of the same shipped config must not collide: no fixed base port."""
+    from prl_actors.config import load_config
+
+    cfg = load_config(path)
+    assert cfg.transport.base_port is None, path
+
+
+def test_free_ports_cover_the_learner_of_a_classic_rl_run() -> None:
+    """A classic-RL run binds base + 5 (the learner): a set whose +5 is taken is skipped."""
+    import socket
+
+    from prl_actors.config import load_config
+    from prl_actors.launcher import pick_ports
+
+    first = load_config(CONFIGS / "cartpole.yaml")
+    pick_ports(first)
+    assert first.transport.base_port is not None
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", first.transport.base_port + 5))
+        s.listen()
+        second = load_config(CONFIGS / "cartpole.yaml")
+        pick_ports(second)
+        assert second.transport.base_port != first.transport.base_port
