@@ -331,14 +331,23 @@ def actor(
     if role == "coordinator":
         _claim_run_dir(cfg)
     from prl_actors.config import ConfigError
-    from prl_actors.process import ActorFailed, exit_now, run_actor_process
+    from prl_actors.process import SUPERVISOR_ENV, ActorFailed, exit_now, run_actor_process
     from prl_actors.transport.auth import KeysError
 
+    narrating = None
+    if role == "worker" and not os.environ.get(SUPERVISOR_ENV):  # joined by hand: say what it does
+        from cli import narrate
+
+        narrating = narrate.start(Path(cfg.run.run_dir) / "logs" / f"{name}.jsonl", name)
+        typer.echo(f"{name}: joining {cfg.address('coordinator')} ...", err=True)
     try:
         code = run_actor_process(name, cfg)
     except (ActorFailed, ConfigError, KeysError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         code = 1
+    if narrating is not None:
+        narrating[0].set()
+        narrating[1].join(timeout=2.0)
     exit_now(code)  # no waiting on a stuck thread or on slow finalizers
 
 

@@ -208,3 +208,36 @@ def test_free_ports_cover_the_learner_of_a_classic_rl_run() -> None:
         second = load_config(CONFIGS / "cartpole.yaml")
         pick_ports(second)
         assert second.transport.base_port != first.transport.base_port
+
+
+# --- 8: a joined worker says what it does ------------------------------------------------------------
+
+
+def test_a_joined_worker_says_what_it_is_doing(run_dir: Path) -> None:
+    """The console lines of `prl-actors actor worker` (started by hand) from a real worker's log."""
+    import threading
+
+    from cli.narrate import follow_log
+    from prl_actors.process import LocalCluster
+    from tests.conftest import sim_config
+
+    lines: list[str] = []
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=follow_log, args=(run_dir / "logs" / "worker-0.jsonl", "worker-0", stop, lines.append)
+    )
+    thread.start()
+    cluster = LocalCluster(sim_config(run_dir, run__epochs=3), workers=1, log_dir=run_dir / "logs")
+    try:
+        assert cluster.wait(60)
+    finally:
+        cluster.close()
+        stop.set()
+        thread.join(5)
+    text = "\n".join(lines)
+    assert lines[0].startswith("worker-0: joined run"), text
+    assert "worker-0: loaded weights v0" in text and "worker-0: loaded weights v2" in text
+    epochs = [line for line in lines if ": epoch " in line]
+    assert [line.split(":")[1] for line in epochs] == [" epoch 0", " epoch 1", " epoch 2"], text
+    assert all(line.endswith("generated and sent 6 groups") for line in epochs), text
+    assert lines[-1].startswith("worker-0: stopped:"), text
