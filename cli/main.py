@@ -153,8 +153,8 @@ def _check_epochs_to_go(rd: Any, epochs: int) -> None:
 
     try:
         ckpt = rd.latest_checkpoint()  # the one the trainer will load (damaged newer ones are skipped)
-    except CheckpointError as exc:
-        fail(str(exc), code=1)
+    except CheckpointError:
+        return  # none is intact: the trainer fails at its start with the cause, as any actor would
     if ckpt is None:
         return
     version = int(ckpt.name[1:])
@@ -265,17 +265,21 @@ def _prepare_model(cfg: Any) -> None:
     progress display; a bad model is one error line."""
     if cfg.worker.engine == "sim":
         return
-    from cli.progress import warm_start_progress
     from prl_actors.actors.runtime import one_line
     from prl_actors.config import ConfigError
     from prl_actors.engines.registry import check_engine
-    from prl_actors.model import prepare_model
+    from prl_actors.model_dirs import ready_model_dir
 
     typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
     t0 = time.monotonic()
     try:
-        with warm_start_progress("warm start of the built-in model") as on_step:
-            directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+        directory = ready_model_dir(cfg, Path(cfg.run.run_dir))  # without torch: built or cached already
+        if directory is None:  # a build: torch, transformers and the warm start, with a progress display
+            from cli.progress import warm_start_progress
+            from prl_actors.model import prepare_model
+
+            with warm_start_progress("warm start of the built-in model") as on_step:
+                directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
         if cfg.trainer.lora is not None:  # refused before any actor starts
             from prl_actors.training.lora import check_targets
 
@@ -339,7 +343,6 @@ def actor(
         from cli import narrate
 
         narrating = narrate.start(Path(cfg.run.run_dir) / "logs" / f"{name}.jsonl", name)
-        typer.echo(f"{name}: joining {cfg.address('coordinator')} ...", err=True)
     try:
         code = run_actor_process(name, cfg)
     except (ActorFailed, ConfigError, KeysError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task

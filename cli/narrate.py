@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 POLL_S = 0.2
-LOUD = ("generate_failed", "weight_sync_failed", "actor_crashed", "re_register", "request_timeout")
+LOUD = ("generate_failed", "weight_sync_failed", "re_register")  # not a crash or a give-up: the CLI says those
 
 
 class Narrator:
