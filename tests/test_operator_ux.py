@@ -241,3 +241,51 @@ def test_a_joined_worker_says_what_it_is_doing(run_dir: Path) -> None:
     assert [line.split(":")[1] for line in epochs] == [" epoch 0", " epoch 1", " epoch 2"], text
     assert all(line.endswith("generated and sent 6 groups") for line in epochs), text
     assert lines[-1].startswith("worker-0: stopped:"), text
+
+
+# --- 9: a fast start that says what it waits for ------------------------------------------------------
+
+
+def test_the_start_gate_waits_for_the_servers_and_gives_up_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer and workers that `up` starts early wait for the gate file, at most
+    transport.join_timeout_s, and then fail with one line (never a silent hang)."""
+    import threading
+    import time
+
+    from prl_actors.process import START_GATE_ENV, start_gate
+    from tests.conftest import sim_config
+
+    cfg = sim_config(tmp_path / "run", transport__join_timeout_s=0.5)
+    assert start_gate(cfg) is None  # an actor started on its own does not wait
+    monkeypatch.setenv(START_GATE_ENV, str(tmp_path / "gate"))
+    wait = start_gate(cfg)
+    assert wait is not None
+    with pytest.raises(RuntimeError, match="servers were not up within 0.5s"):
+        wait()
+    threading.Timer(0.2, (tmp_path / "gate").touch).start()
+    t0 = time.monotonic()
+    wait()  # opens when the file appears
+    assert 0.15 < time.monotonic() - t0 < 0.5
+
+
+def test_up_says_what_it_starts(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import sim_config
+
+    cfg = sim_config(
+        tmp_path / "run", transport="tcp", transport__base_port=None, run__epochs=3, sim__gen_s_per_token=0.02
+    )
+    (tmp_path / "cfg.yaml").write_text(cfg.dump())
+    env = {**os.environ, "PRL_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "up", "--config", str(tmp_path / "cfg.yaml")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for line in ("up: coordinator ready (", "up: publisher, buffer ready (", "up: every actor joined ("):
+        assert line in out.stderr, out.stderr

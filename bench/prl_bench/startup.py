@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -22,6 +23,7 @@ from typing import Any
 from prl_bench.common import BenchContext, Entry, run_up
 
 GOAL_S = 5.0
+PORT_RETRIES = 3
 DEMO = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
@@ -68,8 +70,12 @@ def _up(ctx: BenchContext, name: str, epochs: int, env: dict[str, str]) -> tuple
     cmd += ["--epochs", str(epochs), "--set", f"transport.auth={ctx.auth}"]
     if ctx.smoke:  # structure only: no warm start to wait for
         cmd += ["--set", "model.warm_start_steps=0"]
-    t0 = time.time()
-    code, err = run_up(cmd, timeout_s=600.0, env=env)
+    for _ in range(PORT_RETRIES):  # another run on this host may take the picked ports before ours binds them
+        shutil.rmtree(run_dir, ignore_errors=True)
+        t0 = time.time()
+        code, err = run_up(cmd, timeout_s=600.0, env=env)
+        if "Address already in use" not in err:
+            break
     if code != 0:
         raise RuntimeError(f"prl-actors up exited {code}: {err.strip().splitlines()[-1:] or err}")
     return run_dir, t0
