@@ -291,10 +291,11 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
-        self._note_start_up(st)
-        if st.waiting_for and st.waiting_for != self.last_stall and self.started_up:
-            console(f"stalled: {st.waiting_for}")
-        self.last_stall = st.waiting_for
+        self._note_start_up(st)  # until every actor joined, `up` says whom it waits for instead
+        if self.started_up:
+            if st.waiting_for and st.waiting_for != self.last_stall:
+                console(f"stalled: {st.waiting_for}")
+            self.last_stall = st.waiting_for
         if self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
             bar = progress_bar(st.groups_done, st.groups_per_epoch)
             sys.stderr.write(
