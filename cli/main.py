@@ -172,22 +172,23 @@ def _check_epochs_to_go(rd: Any, epochs: int) -> None:
 
 
 def _launch(cfg: Any, rd: Any) -> int:
-    """Pick or check the ports, write RUN_DIR/config.yaml, prepare the model, run the launcher."""
+    """Check the task, make the keys, prepare the model, pick or check the ports, write
+    RUN_DIR/config.yaml, run the launcher."""
     from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
     from prl_actors.rundir import register_run
 
-    try:
+    _check_task(cfg)
+    _run_keys(cfg)
+    t0 = time.monotonic()
+    if cfg.worker.engine != "sim":
+        _prepare_model(cfg)
+    try:  # after the model (a first build takes minutes): another run cannot take the ports meanwhile
         pick_ports(cfg)
         check_ports(cfg)
     except RunFailed as exc:
         fail(str(exc), code=1)
     rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
     register_run(rd.root)  # status/scale/stop/health find this run without --config while it runs
-    _check_task(cfg)
-    _run_keys(cfg)
-    t0 = time.monotonic()
-    if cfg.worker.engine != "sim":
-        _prepare_model(cfg)
     typer.echo(
         f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
         f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
