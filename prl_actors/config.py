@@ -145,6 +145,19 @@ class CoordinatorSection(_Section):
     max_groups_per_request: int = Field(
         64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose rewards are all equal is not trained (nor counted in the "
+        "loss normaliser), and the epoch hands out more prompts, in rounds, until it has B informative groups "
+        "(docs/LEARNING.md).",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="dynamic_sampling: rounds of prompts an epoch may hand out (the first is its B); when they run "
+        "out the epoch trains the informative groups it has and says so. An epoch reserves B x this many "
+        "positions of the prompt stream.",
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -161,6 +174,32 @@ class SamplingSection(_Section):
         1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
     )
     max_new_tokens: int = Field(8, ge=1)
+    top_k: int = Field(
+        0, ge=0, description="Sample from the k most likely tokens only (ties at the k-th included); 0 = off."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens whose probability (after the temperature) is below min_p x the top token's; 0 = off.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="HF/vLLM repetition penalty: the logit of every token already in the prompt or the response "
+        "so far is divided by it if positive, multiplied if negative (> 1 discourages repeats); 1 = off.",
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a response ends at the first one (its text cut before it, its tokens up to the "
+        "one that completed it) and counts as finished.",
+    )
+
+    @model_validator(mode="after")
+    def _stop_strings(self) -> SamplingSection:
+        if any(not x for x in self.stop):
+            raise ValueError("stop: stop strings must be non-empty")
+        return self
 
 
 class WorkerSection(_Section):
@@ -322,7 +361,9 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    name: str = Field(
+        "add", description="add (a+b=, the default), jsonl (prompts_file), math (word problems) or guess (a game)."
+    )
     prompts_file: str | None = Field(
         None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
     )
@@ -338,6 +379,62 @@ class TaskSection(_Section):
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts longer than this (in tokens, after templating) are left out at load, with one line "
+        "giving their count and the first one's row; None = no limit. Prompts that cannot fit the model's "
+        "positions with max_new_tokens are refused at load either way.",
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong penalty: a response longer than max_new_tokens - overlong_buffer tokens "
+        "gets a reward penalty growing linearly to overlong_penalty at max_new_tokens; 0 = off.",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The overlong penalty's size at max_new_tokens.")
+    environment: str | None = Field(
+        None,
+        description="Multi-turn: module:factory of an environment (reset/step, docs/TASKS.md); "
+        "the factory is called once per episode. The `guess` task has its own.",
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Multi-turn tool calling: tool names (`calculator`) or module:function; the model calls "
+        "them as <tool_call>{...}</tool_call>, its first turn without a call is scored by the task's reward.",
+    )
+    max_turns: int = Field(4, ge=1, le=64, description="Multi-turn: model turns per episode at most.")
+    max_turn_tokens: int | None = Field(
+        None, ge=1, description="Multi-turn: tokens per model turn at most (default worker.sampling.max_new_tokens)."
+    )
+    guess_max: int = Field(9, ge=1, le=99, description="guess: the secret is a number in 0..guess_max.")
+    env_threads: int = Field(8, ge=1, le=256, description="Multi-turn: threads running environment / tool steps.")
+
+    @model_validator(mode="after")
+    def _one_kind_of_episode(self) -> TaskSection:
+        kinds = [
+            k
+            for k, on in (
+                ("task.environment", self.environment),
+                ("task.tools", self.tools),
+                ("the guess task", self.name == "guess"),
+            )
+            if on
+        ]
+        if len(kinds) > 1:
+            raise ValueError(f"{' and '.join(kinds)} exclude each other (one kind of episode per run)")
+        return self
+
+    @model_validator(mode="after")
+    def _tools_need_template(self) -> TaskSection:
+        if self.tools and not self.chat_template:
+            raise ValueError("task.tools needs chat_template: true (the template shows the model the tools' schemas)")
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns (an environment or tools) instead of one response per sample."""
+        return bool(self.environment or self.tools or self.name == "guess")
 
     @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:
@@ -379,9 +476,24 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _multi_turn_engine(self) -> Config:
+        if self.task.multi_turn and self.worker.engine == "sim":
+            raise ValueError("multi-turn tasks (task.environment, task.tools, guess) need worker.engine torch or vllm")
+        return self
+
+    @model_validator(mode="after")
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_within_length(self) -> Config:
+        if self.task.overlong_buffer > self.worker.sampling.max_new_tokens:
+            raise ValueError(
+                f"task.overlong_buffer ({self.task.overlong_buffer}) exceeds worker.sampling.max_new_tokens "
+                f"({self.worker.sampling.max_new_tokens})"
+            )
         return self
 
     @model_validator(mode="after")

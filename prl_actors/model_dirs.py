@@ -29,6 +29,8 @@ def builtin_key(cfg: Config) -> str:
         "max_operand": cfg.task.max_operand,
         "seed": cfg.run.seed,
     }
+    if cfg.task.name == "guess":  # warm-started on the game instead (other keys unchanged: caches stay valid)
+        spec["guess"] = {"max": cfg.task.guess_max, "turns": cfg.task.max_turns}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 

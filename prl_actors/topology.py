@@ -77,6 +77,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             desired_workers=cfg.run.workers,
             max_workers=cfg.run.max_workers,
+            dynamic_sampling=cfg.coordinator.dynamic_sampling,
+            max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":

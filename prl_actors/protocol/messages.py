@@ -219,13 +219,32 @@ class NoWork(Msg, tag="no_work", kw_only=True):
 
 
 class Sample(msgspec.Struct, kw_only=True):
-    """One generated response. Token ids exclude the prompt; logprobs are per response token."""
+    """One generated response. Token ids exclude the prompt; logprobs are per response token.
+
+    Multi-turn episodes (docs/TASKS.md, "Writing an environment"): `token_ids` is the whole episode
+    after the shared prompt, the model's turns and the environment's / tools' observation tokens
+    interleaved, and `loss_mask` has one entry per token: 1 = the model sampled it (trained, and it
+    has a behaviour log-prob), 0 = the environment wrote it (in the context, never in the loss).
+    `logprobs` then holds one entry per model token only (len = sum(loss_mask)). An empty
+    `loss_mask` means every token is the model's (single-turn). Checked at decode (the codec's
+    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     reward: float
     finished: bool = True
+    loss_mask: list[int] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.loss_mask and len(self.loss_mask) != len(self.token_ids):
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} tokens")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask entries must be 0 (environment token) or 1 (model token)")
+
+    def model_mask(self) -> list[int]:
+        """One 0/1 per token of `token_ids` (all 1 for a single-turn sample)."""
+        return self.loss_mask or [1] * len(self.token_ids)
 
 
 class Group(msgspec.Struct, kw_only=True):
@@ -267,13 +286,27 @@ class EpochOpen(Msg, tag="epoch_open", kw_only=True):
 
     groups: int
     ticket_key: bytes = b""
+    id_bound: int = 0
+    """Dynamic sampling (coordinator -> buffer only; 0 = off): group ids run over 0..id_bound-1, the
+    epoch closes with EpochClose, and a group whose rewards are all equal is accepted, not streamed."""
 
 
 class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
-    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned)."""
+    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned).
+    `informative`: its rewards are not all equal (dynamic sampling trains only those)."""
 
     group_id: int
     worker: str
+    informative: bool = True
+
+
+class EpochClose(Msg, tag="epoch_close", kw_only=True):
+    """Coordinator -> Buffer, dynamic sampling only: the epoch's sampling is over; `groups` groups
+    (its informative ones) are to be trained out of `generated` accepted. Reply: Ack. The buffer then
+    ends the trainer's stream with EpochComplete(groups)."""
+
+    groups: int
+    generated: int
 
 
 class Shutdown(Msg, tag="shutdown", kw_only=True):
@@ -308,6 +341,7 @@ class EpochComplete(Msg, tag="epoch_complete", kw_only=True):
 
     groups: int
     gen_s: float = 0.0
+    generated: int = 0  # dynamic sampling: groups generated, kept or not (0: off, = groups)
 
 
 class StepDone(Msg, tag="step_done", kw_only=True):
@@ -523,6 +557,7 @@ Message = (
     | GroupAck
     | EpochOpen
     | GroupAccepted
+    | EpochClose
     | Shutdown
     | Credit
     | TrainGroup
