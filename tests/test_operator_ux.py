@@ -289,3 +289,20 @@ def test_up_says_what_it_starts(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     for line in ("up: coordinator ready (", "up: publisher, buffer ready (", "up: every actor joined ("):
         assert line in out.stderr, out.stderr
+
+
+def test_keys_commands_default_to_the_live_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prl_actors.rundir import RunDir, register_run
+
+    monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "demo"
+    rd = RunDir(run_dir)
+    with rd.lock():
+        rd.config.write_text("{}\n")
+        register_run(run_dir)
+        create_keys(run_dir / "keys", run_key_names())
+        code, out = run_cli("keys", "create", "worker-gpu1")
+        assert code == 0 and str(run_dir.resolve() / "keys") in out, out
+        code, out = run_cli("keys", "export", "worker-gpu1", "--out", str(tmp_path / "b"))
+        assert code == 0 and (tmp_path / "b" / "worker-gpu1.key_secret").exists(), out
