@@ -6,10 +6,12 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -708,12 +710,17 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4); the value is read as YAML."""
+    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4): the value is read as YAML, except for a string
+    field (`task.system_prompt=... End with #### ...`), whose value is kept exactly as written (YAML
+    would cut it at ' #' or refuse 'Answer: give a number')."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value")
     key, raw = item.split("=", 1)
+    key = key.strip()
+    if is_text_field(key):
+        return key, None if raw.strip() in ("null", "~") and accepts_none(key) else raw
     try:
-        return key.strip(), yaml.safe_load(raw)
+        return key, yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
 
@@ -722,8 +729,61 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{where}: {err['msg']}")
+        hint = nearest_field(where) if err["type"] == "extra_forbidden" else ""
+        lines.append(f"{where}: {err['msg']}" + (f" (did you mean {hint}?)" if hint else ""))
     return "; ".join(lines)
+
+
+# --- field types, for --set values and typo hints ------------------------------------------------
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """(T, True) for `T | None`; (annotation, False) otherwise."""
+    args = get_args(annotation)
+    if type(None) in args and len(args) == 2 and get_origin(annotation) in (Union, types.UnionType):
+        return next(a for a in args if a is not type(None)), True
+    return annotation, False
+
+
+def _field(dotted: str) -> Any:
+    """The pydantic FieldInfo of a dotted config field, or None (no such field)."""
+    model: Any = Config
+    info = None
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _unwrap_optional(info.annotation)[0]
+    return info
+
+
+def is_text_field(dotted: str) -> bool:
+    """Is the field a string (str, str | None, or a Literal of strings)?"""
+    info = _field(dotted)
+    if info is None:
+        return False
+    annotation = _unwrap_optional(info.annotation)[0]
+    if get_origin(annotation) is Literal:
+        return all(isinstance(a, str) for a in get_args(annotation))
+    return annotation is str
+
+
+def accepts_none(dotted: str) -> bool:
+    info = _field(dotted)
+    return info is not None and _unwrap_optional(info.annotation)[1]
+
+
+def nearest_field(dotted: str) -> str:
+    """The existing field closest in spelling to an unknown dotted name ('' when none is close)."""
+    *parents, leaf = dotted.split(".")
+    model: Any = Config
+    if parents:
+        info = _field(".".join(parents))
+        model = None if info is None else _unwrap_optional(info.annotation)[0]
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(leaf, list(model.model_fields), n=1, cutoff=0.6)
+    return ".".join([*parents, close[0]]) if close else ""
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

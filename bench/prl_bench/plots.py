@@ -29,6 +29,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("envs", _envs),
         ("dist_step", _dist_step),
         ("rewards", _rewards),
+        ("startup", _startup),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -233,4 +234,22 @@ def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     b.bar(["one sample", f"{g} in a row", f"a group of {g}"], [code["single_s"], g * code["single_s"], code["group_s"]],
           color=["tab:blue", "grey", "tab:green"])  # fmt: skip
     b.set(ylabel="seconds", title="code reward (sandboxed subprocess per sample)")
+    return fig
+
+
+def _startup(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Each measured run's seconds from `up` to its first finished epoch, against the goal, and the
+    steady epoch for scale."""
+    first = entries[0]
+    runs = first["raw"]["runs"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(runs))
+    ax.bar(xs, [r["first_epoch_s"] for r in runs], color="tab:blue", label="up -> first finished epoch")
+    ax.bar(xs, [r["steady_epoch_s"] for r in runs], color="tab:orange", label="steady epoch")
+    if first["goal"] is not None:
+        ax.axhline(first["goal"], color="k", linestyle="--", label=f"goal {first['goal']:g} s")
+    ax.set_xticks(list(xs), [f"run {i}" for i in xs])
+    ax.set_ylabel("seconds")
+    ax.set_title("Start-up of the demo (model cached)")
+    ax.legend(fontsize=8)
     return fig

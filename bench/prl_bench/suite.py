@@ -30,6 +30,7 @@ BENCHMARKS = {
     "dist_step": "prl_bench.dist_step",
     "multiturn": "prl_bench.multiturn",
     "rewards": "prl_bench.rewards",
+    "startup": "prl_bench.startup",
 }
 ALIASES = {
     "packing": "shared_prompt",
