@@ -29,6 +29,8 @@ BENCHMARKS = {
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
     "multiturn": "prl_bench.multiturn",
+    "rewards": "prl_bench.rewards",
+    "startup": "prl_bench.startup",
     "minibatch": "prl_bench.minibatch",
 }
 ALIASES = {
