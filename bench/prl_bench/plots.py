@@ -28,6 +28,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("control_plane", _control_plane),
         ("envs", _envs),
         ("dist_step", _dist_step),
+        ("multiturn", _multiturn),
         ("rewards", _rewards),
         ("startup", _startup),
         ("minibatch", _minibatch),
@@ -219,6 +220,19 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_xticklabels([f"{r['strategy']} x{r['world_size']}, {r['threads']} thr" for r in table])
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _multiturn(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Episodes/s of sync and periodic at each tool latency, side by side."""
+    rows = sorted((e["raw"] for e in entries), key=lambda r: r["tool_latency_ms"])
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([x - 0.2 for x in xs], [r["sync_episodes_per_s"] for r in rows], 0.4, color="grey", label="sync")
+    ax.bar([x + 0.2 for x in xs], [r["periodic_episodes_per_s"] for r in rows], 0.4, label="periodic")
+    ax.set_xticks(list(xs), [f"{r['tool_latency_ms']} ms" for r in rows])
+    ax.set(xlabel="tool latency per environment step", ylabel="episodes/s", title="Multi-turn episodes")
     ax.legend(fontsize=8)
     return fig
 
