@@ -29,6 +29,9 @@ BENCHMARKS = {
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
     "multiturn": "prl_bench.multiturn",
+    "rewards": "prl_bench.rewards",
+    "startup": "prl_bench.startup",
+    "minibatch": "prl_bench.minibatch",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -39,6 +42,7 @@ ALIASES = {
     "dist": "dist_step",
     "multi_turn": "multiturn",
     "tools": "multiturn",
+    "minibatches": "minibatch",
 }
 
 
