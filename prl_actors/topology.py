@@ -30,6 +30,7 @@ from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import BINDING_ROLES, role_prefix
 from prl_actors.rundir import RunDir
 from prl_actors.transport.auth import KeyStore, Security, create_keys
 from prl_actors.transport.port import ROUTER, Limits
@@ -41,11 +42,12 @@ PEERS = {
     "trainer": ("coordinator", "buffer", "publisher"),
     "worker": ("coordinator", "publisher", "buffer"),
 }
-BINDS = {"coordinator", "publisher", "buffer"}
+BINDS = {r.value for r in BINDING_ROLES if r in PEERS}  # the GRPO roles that bind (the learner is classic RL's)
 
 
 def role_of(name: str) -> str:
-    return name.split("-", 1)[0]
+    """The role part of an actor name (one parser: protocol.messages.role_prefix)."""
+    return role_prefix(name)
 
 
 def model_dir(cfg: Config) -> Path | None:
