@@ -25,9 +25,10 @@ cartpole: $(STAMP)
 	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
-	$(BIN)/ruff check prl_actors cli tests bench
-	$(BIN)/ruff format --check prl_actors cli tests bench
+	$(BIN)/ruff check prl_actors cli tests bench tools/import_cycles.py
+	$(BIN)/ruff format --check prl_actors cli tests bench tools/import_cycles.py
 	$(BIN)/mypy
+	$(BIN)/python tools/import_cycles.py  # no module or package import circles but the listed ones
 
 test: lint
 	$(BIN)/pytest -q
