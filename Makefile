@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-fast test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q
+
+# The inner loop: the unit and socket-free core tests (the `fast` tier, tests/conftest.py), < 90 s on
+# 2 cores. `make test` stays the full gate (lint, then every tier but the opt-in ones below).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m 'fast and not slow and not vllm and not compose and not dist'
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
