@@ -203,12 +203,25 @@ def check(root: Path, packages: list[str], allow: Path) -> list[str]:
         for members in components(rest):
             circle = " -> ".join(shortest_cycle(rest, members))
             problems.append(f"{kind} import cycle: {' <-> '.join(members)}\n    e.g. {circle}")
-    problems += [
-        f"allowed import edge no longer exists (remove it from {allow.name}): {kind} {a} -> {b}"
-        for kind, a, b in allowed
-        if b not in graphs[kind].get(a, ())
-    ]
+    for kind, a, b in allowed:
+        if b not in graphs[kind].get(a, ()):
+            problems.append(f"allowed import edge no longer exists (remove it from {allow.name}): {kind} {a} -> {b}")
+        elif not _reaches(_without(graphs[kind], kind, allowed), b, a):  # needed on its own
+            problems.append(f"allowed import edge closes no circle (remove it from {allow.name}): {kind} {a} -> {b}")
     return problems
+
+
+def _reaches(graph: Graph, start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        for child in graph.get(node, ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

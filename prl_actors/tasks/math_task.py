@@ -13,9 +13,9 @@ bonus is < 1, so `accuracy` (reward >= 1) still counts exactly the correct respo
 from __future__ import annotations
 
 from functools import partial
-from importlib import resources
 
 from prl_actors.config import Config
+from prl_actors.data.builtin import sample_file
 from prl_actors.rewards.math_answer import canonical, extract_answer, has_final_answer_form, numbers
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import load_items_and_rows
@@ -25,7 +25,7 @@ SAMPLE = "math_sample.jsonl"
 
 def sample_path() -> str:
     """The shipped sample file (package data)."""
-    return str(resources.files("prl_actors.tasks").joinpath("data", SAMPLE))
+    return sample_file(SAMPLE)
 
 
 def reference_answer(raw: str) -> str:
