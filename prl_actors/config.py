@@ -96,6 +96,20 @@ class RunSection(_Section):
         description="A worker that crashes before registering is restarted this many times in a row "
         "(with back-off), then `up` fails with its error.",
     )
+    max_bad_groups: int = Field(
+        3,
+        ge=1,
+        description="A worker whose groups the buffer or trainer refused this many times (bad content: "
+        "non-finite numbers, tokens outside the vocabulary, over-long responses, another prompt, wrong "
+        "size, rewards that do not re-score) is expelled for the run: its work is requeued and its name "
+        "and key are refused from then on (docs/SECURITY.md).",
+    )
+    max_group_failures: int = Field(
+        3,
+        ge=1,
+        description="A group whose generation or scoring failed this many times (a worker gave it back "
+        "with an exception) is given up: see task.on_error.",
+    )
 
 
 class TransportSection(_Section):
@@ -142,6 +156,15 @@ class CoordinatorSection(_Section):
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
     max_groups_per_request: int = Field(
         64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
+    )
+    hold_factor: float = Field(
+        10.0,
+        gt=1,
+        description="An assignment's deadline: a group held longer than hold_factor x the p95 of the run's "
+        "observed group times (at least hold_min_s) is taken back and requeued, even from a live worker.",
+    )
+    hold_min_s: float = Field(
+        30.0, gt=0, description="The floor of an assignment's deadline (and the deadline before any group was timed)."
     )
 
     @model_validator(mode="after")
@@ -204,6 +227,15 @@ class WorkerSection(_Section):
 
 class BufferSection(_Section):
     max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
+    verify_rewards: bool = Field(
+        False,
+        description="Re-score every group's texts with the task's reward in the buffer and refuse a group "
+        "whose reported rewards differ (reason reward_mismatch): for workers on hosts you do not fully "
+        "trust. Costs one reward call per sample in the buffer (docs/SECURITY.md).",
+    )
+    reward_tolerance: float = Field(
+        1e-6, ge=0, description="verify_rewards: the largest |reported - re-scored| reward accepted."
+    )
 
 
 class LoraSection(_Section):
@@ -275,6 +307,18 @@ class TrainerSection(_Section):
         description="single: one process; ddp: replicas, gradients all-reduced once per step; fsdp2: "
         "parameters, gradients and optimizer state sharded (fully_shard).",
     )
+    on_nonfinite: Literal["fail", "skip"] = Field(
+        "fail",
+        description="A non-finite loss or gradient norm never reaches the optimizer: fail = the trainer "
+        "fails the run naming the epoch and cause (no weights are published or checkpointed); skip = the "
+        "epoch's step is skipped (weights unchanged, the version still advances) and counted.",
+    )
+    no_signal_epochs: int = Field(
+        3,
+        ge=1,
+        description="After this many epochs in a row in which every group had equal rewards (zero "
+        "advantage: nothing is learned), the trainer says so in one clear console line.",
+    )
     dist_timeout_s: float = Field(
         120.0,
         gt=0,
@@ -335,6 +379,13 @@ class TaskSection(_Section):
         0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
+    on_error: Literal["fail", "skip", "fail_first"] = Field(
+        "fail_first",
+        description="A group that failed generation or scoring run.max_group_failures times: fail = the "
+        "run fails naming the prompt and exception; skip = the group is dropped from its epoch (the step "
+        "trains the rest; logged and on the console); fail_first = fail while no epoch has been trained "
+        "yet (a broken config or plugin is caught at once), skip afterwards.",
+    )
     max_operand: int = Field(20, ge=1)
 
     @model_validator(mode="after")

@@ -76,6 +76,10 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             desired_workers=cfg.run.workers,
             max_workers=cfg.run.max_workers,
+            hold_factor=cfg.coordinator.hold_factor,
+            hold_min_s=cfg.coordinator.hold_min_s,
+            max_group_failures=cfg.run.max_group_failures,
+            on_error=cfg.task.on_error,
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":
@@ -84,7 +88,12 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         shm = ShmPublisher() if cfg.publisher.shm else None
         return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
-        return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
+        from prl_actors.actors.group_check_setup import build_checker
+
+        checker = build_checker(cfg, model_dir(cfg))
+        return BufferCore(
+            name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups, checker, cfg.run.max_bad_groups
+        )
     if role == "trainer":
         from prl_actors.weights_shm import ShmReader
 

@@ -19,6 +19,7 @@ top of that `scale` is bounded by `max_workers`, and every assigned group carrie
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import msgspec
@@ -34,7 +35,9 @@ from prl_actors.protocol.messages import (
     EpochOpen,
     EpochStart,
     ErrorCode,
+    GiveBack,
     GroupAccepted,
+    GroupRefused,
     Heartbeat,
     HeartbeatAck,
     Leave,
@@ -82,6 +85,14 @@ class CoordinatorSettings:
     request_timeout_s: float = 10.0
     desired_workers: int = -1
     max_workers: int = 64  # `scale` above this is refused (over_limit)
+    hold_factor: float = 10.0  # an assignment's deadline: hold_factor x p95 of observed group times ...
+    hold_min_s: float = 30.0  # ... and at least this
+    max_group_failures: int = 3  # a group given back this often is given up (on_error)
+    on_error: str = "fail_first"  # fail | skip | fail_first (config.TaskSection.on_error)
+
+
+NOTICES_KEPT = 20
+GROUP_TIMES_KEPT = 256
 
 
 class CoordinatorCore(Core):
@@ -102,6 +113,14 @@ class CoordinatorCore(Core):
         self.stall_reason = ""
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
         self.ticket_key = tickets.new_key()  # shared with the buffer through EpochOpen
+        self.assigned_at: dict[int, float] = {}  # group id -> when it was handed out (its deadline's start)
+        self.group_times: deque[float] = deque(maxlen=GROUP_TIMES_KEPT)  # assign -> accept, seconds
+        self.failures: dict[int, list[str]] = {}  # group id -> why it failed, this epoch
+        self.expelled: set[str] = set()  # member names refused for the rest of the run
+        self.expelled_keys: set[str] = set()  # and their keys, where the key is the member's own
+        self.keys_of: dict[str, str] = {}  # member name -> the key it registered with ("" unauthenticated)
+        self.notices: deque[str] = deque(maxlen=NOTICES_KEPT)
+        self.notices_total = 0
         self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
 
     # --- inputs ------------------------------------------------------------------------------
@@ -120,11 +139,14 @@ class CoordinatorCore(Core):
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
-        if silent or any(p.deadline <= now for p in self._pending.values()):  # a tick that decides something
+        overdue = self.work.overdue(now, self.assigned_at, self.hold_deadline_s()) if self.phase.epoch_open else {}
+        if silent or overdue or any(p.deadline <= now for p in self._pending.values()):  # it decides something
             self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
         super().tick(now)
         for m in silent:
             self._remove(m, "heartbeat_timeout")
+        for worker, groups in overdue.items():
+            self._hold_expired(worker, groups)
         self._watch_stall(now)
 
     def _watch_stall(self, now: float) -> None:
@@ -167,7 +189,18 @@ class CoordinatorCore(Core):
         behind = [m.name for m in workers if not on_policy(self.epoch, m.version)]
         if len(behind) == len(workers):
             return f"every worker still holds an older version ({', '.join(sorted(behind)[:4])})"
-        return f"{len(self.work.holder)} groups held by workers, {len(self.work.queue)} queued"
+        return f"{len(self.work.holder)} groups held by workers{self._holders()}, {len(self.work.queue)} queued"
+
+    def _holders(self) -> str:
+        """(worker-0: 3, worker-1: 2): who holds the open epoch's groups, the most first (4 named)."""
+        counts: dict[str, int] = {}
+        for w in self.work.holder.values():
+            counts[w] = counts.get(w, 0) + 1
+        if not counts:
+            return ""
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        named = ", ".join(f"{w}: {n}" for w, n in top[:4]) + (", ..." if len(top) > 4 else "")
+        return f" ({named}; deadline {self.hold_deadline_s():.0f}s)"
 
     # --- membership --------------------------------------------------------------------------
 
@@ -180,6 +213,7 @@ class CoordinatorCore(Core):
         if old is not None:  # the same process again, or a dead one's successor: its old work is lost
             self._remove(old, "re_registered")
         self.members.join(msg.sender, msg.role, inbound.identity, now, pid=msg.pid, host=msg.host)
+        self.keys_of[msg.sender] = inbound.principal
         self.log("member_join", member=msg.sender, member_role=msg.role, pid=msg.pid, host=msg.host)
         if msg.role == Role.BUFFER and self.phase.is_(Phase.WAITING_WEIGHTS):
             self._maybe_open()
@@ -205,6 +239,9 @@ class CoordinatorCore(Core):
         msg = inbound.msg
         if self.phase.is_(Phase.DONE):
             self.reply(inbound, Shutdown(reason=f"the run is over ({self.done_reason})"))
+            return True
+        if msg.sender in self.expelled:
+            self.refuse(inbound, f"{msg.sender!r} was expelled from this run (run.max_bad_groups)")
             return True
         old = self.members.get(msg.sender)
         live = old is not None and now - old.last_seen <= self.s.heartbeat_timeout_s
@@ -259,6 +296,7 @@ class CoordinatorCore(Core):
             self._no_work(inbound, member.name, NoWorkReason.FAIR_SHARE)
             return
         groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
+        self.assigned_at.update((g, now) for g in groups)
         prompts = [self._ticketed(self.prompts[g], member.name) for g in groups]
         reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
         self.reply(inbound, reply)
@@ -290,6 +328,9 @@ class CoordinatorCore(Core):
         if msg.epoch != self.epoch or not self.phase.is_(Phase.RUNNING):
             self.log("late_accept_ignored", group_id=msg.group_id, msg_epoch=msg.epoch)
             return
+        started = self.assigned_at.pop(msg.group_id, None)
+        if started is not None:
+            self.group_times.append(now - started)
         if self.work.accept(msg.group_id)[0] is Accept.NEW and self.work.complete:
             self.phase.to(Phase.TRAINING)
             self.log("epoch_generated", groups=len(self.work.done))
@@ -334,6 +375,7 @@ class CoordinatorCore(Core):
         self.epoch, self.version = e, v
         self.prompts = {p.group_id: p for p in self.task.prompts_for_epoch(e, self.s.groups_per_epoch)}
         self.work = EpochWork(list(self.prompts))
+        self.assigned_at, self.failures = {}, {}
         self.phase.to(Phase.OPENING)
         open_ = EpochOpen(epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key)
         msg = self.emit(Dest.reply(buffer.identity), open_)
@@ -392,6 +434,8 @@ class CoordinatorCore(Core):
             buffer_addr=self.s.buffer_addr,
             waiting_for=self.stall_reason,
             refused={k: v for k, v in sorted(self.counters.items()) if k.startswith(REFUSALS)},
+            notices=list(self.notices),
+            notices_total=self.notices_total,
         )
         self.reply(inbound, status)
 
@@ -409,6 +453,99 @@ class CoordinatorCore(Core):
     def on_request_stop(self, now: float, inbound: Inbound[RequestStop]) -> None:
         self.reply(inbound, Ack(reply_to=inbound.msg.id))
         self._shutdown(f"stop requested: {inbound.msg.reason}" if inbound.msg.reason else "stop requested")
+
+    # --- failures: given back, refused, overdue (issue 23) -------------------------------------
+
+    def forbidden(self, inbound: Inbound[Msg]) -> str:
+        """An expelled member's name, or its own key, is refused whatever it sends."""
+        if inbound.msg.sender in self.expelled or (inbound.principal and inbound.principal in self.expelled_keys):
+            return f"{inbound.msg.sender!r} was expelled from this run (run.max_bad_groups)"
+        return super().forbidden(inbound)
+
+    def hold_deadline_s(self) -> float:
+        """How long a worker may hold a group: hold_factor x the p95 of the run's observed group times
+        (assign -> accepted), at least hold_min_s (also before any group was timed)."""
+        if not self.group_times:
+            return self.s.hold_min_s
+        times = sorted(self.group_times)
+        p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
+        return max(self.s.hold_min_s, self.s.hold_factor * p95)
+
+    def notice(self, line: str) -> None:
+        """A line for the operator's console (`up` prints new notices from Status)."""
+        self.notices.append(line)
+        self.notices_total += 1
+
+    @handles(GiveBack)
+    def on_give_back(self, now: float, inbound: Inbound[GiveBack]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id))
+        mine = [g for g in msg.groups if self.work.holder.get(g) == msg.sender]
+        if msg.epoch != self.epoch or not mine:
+            return
+        self.log("given_back", worker=msg.sender, groups=mine, error=msg.error)
+        self._requeue_failed(mine, f"{msg.sender}: {msg.error}")
+
+    def _hold_expired(self, worker: str, groups: list[int]) -> None:
+        deadline = self.hold_deadline_s()
+        self.log("hold_expired", worker=worker, groups=groups, deadline_s=round(deadline, 3))
+        self._requeue_failed(groups, f"{worker} held it past its deadline ({deadline:.0f}s)")
+
+    def _requeue_failed(self, groups: list[int], why: str) -> None:
+        """Requeue groups whose generation failed; one that failed max_group_failures times is given up."""
+        for g in groups:
+            self.assigned_at.pop(g, None)
+            self.work.give_back(g)
+            causes = self.failures.setdefault(g, [])
+            causes.append(why)
+            if len(causes) >= self.s.max_group_failures:
+                self._give_up(g, causes)
+                if self.phase.is_(Phase.DONE):
+                    return
+        self._nudge()
+
+    def _give_up(self, group_id: int, causes: list[str]) -> None:
+        prompt = self.prompts.get(group_id)
+        text = repr(prompt.prompt[:60]) if prompt is not None else "?"
+        line = f"group {group_id} of epoch {self.epoch} (prompt {text}) failed {len(causes)} times; last: {causes[-1]}"
+        self.log("group_given_up", group_id=group_id, causes=causes, policy=self.s.on_error)
+        self.notice(line)
+        fail = self.s.on_error == "fail" or (self.s.on_error == "fail_first" and self.epochs_completed == 0)
+        if fail:
+            self._shutdown(f"failed: {line} (task.on_error: {self.s.on_error})")
+        else:
+            self.failures[group_id] = []  # skip is not implemented yet: keep retrying, loudly
+            self.notice(f"retrying group {group_id} anyway: task.on_error skip is not implemented")
+
+    @handles(GroupRefused)
+    def on_group_refused(self, now: float, inbound: Inbound[GroupRefused]) -> None:
+        """The buffer refused a group for its content (or the trainer could not train it): requeue it
+        for another worker; an expelled worker leaves the run and may not come back."""
+        msg = inbound.msg
+        if msg.epoch == self.epoch and self.phase.epoch_open and self.work.give_back(msg.group_id):
+            self.assigned_at.pop(msg.group_id, None)
+            if self.phase.is_(Phase.TRAINING):
+                self.phase.to(Phase.RUNNING)
+            self.log("group_refused", group_id=msg.group_id, worker=msg.worker, reason=msg.reason, detail=msg.detail)
+        if msg.expel:
+            self._expel(msg.worker, f"{msg.reason}: {msg.detail}")
+        self._nudge()
+
+    def _expel(self, name: str, why: str) -> None:
+        self.expelled.add(name)
+        if self.keys_of.get(name) == name:  # its own key (a role-wide key would expel its peers too)
+            self.expelled_keys.add(name)
+        member = self.members.get(name)
+        self.log("member_expelled", member=name, reason=why)
+        self.notice(f"expelled {name} for the rest of the run: its groups were refused ({why})")
+        if member is not None:
+            self._to_member(name, Shutdown(reason=f"expelled: {why}", epoch=self.epoch, version=self.version))
+            self._remove(member, "expelled")
+
+    def _nudge(self) -> None:
+        if self.work.queue:
+            for name in self.work.take_waiting():
+                self._to_member(name, self._epoch_start())
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -78,6 +78,24 @@ class EpochWork:
         self.waiting.discard(worker)
         return lost
 
+    def give_back(self, group_id: int) -> bool:
+        """Requeue one group (at the front) that its holder gave back or that was refused, even after
+        it was done (the trainer refused it); False when it was neither held nor done."""
+        if self.holder.pop(group_id, None) is None:
+            if group_id not in self.done:
+                return False
+            self.done.discard(group_id)
+        self.queue.appendleft(group_id)
+        return True
+
+    def overdue(self, now: float, since: dict[int, float], deadline_s: float) -> dict[str, list[int]]:
+        """worker -> the groups it has held longer than `deadline_s` (`since`: when each was assigned)."""
+        out: dict[str, list[int]] = {}
+        for g, w in sorted(self.holder.items()):
+            if now - since.get(g, now) > deadline_s:
+                out.setdefault(w, []).append(g)
+        return out
+
     def take_waiting(self) -> list[str]:
         """The workers to nudge now that work is queued again (and forget them)."""
         names, self.waiting = sorted(self.waiting), set()

@@ -554,8 +554,10 @@ class ActorHost(pykka.ThreadingActor):
                 self.core.log("start_failed", error=one_line(exc), trace=traceback.format_exc())
                 self.core.fail(f"{failing}: {one_line(exc)}")
             else:
-                self.core.count("handler_error")
-                self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+                n = self.core.count("handler_error")
+                if n <= LOUD_FIRST or n % LOUD_EVERY == 0:  # one repeated failure cannot fill the disk
+                    error = f"{type(exc).__name__}: {exc}"
+                    self.core.log("handler_error", error=error, count=n, trace=traceback.format_exc())
         self._flush()
         hb = self.core.heartbeat()
         if hb is not None:

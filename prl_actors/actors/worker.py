@@ -17,7 +17,7 @@ import time
 
 import msgspec
 
-from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
@@ -26,6 +26,7 @@ from prl_actors.protocol.messages import (
     EpochStart,
     Error,
     FetchWeights,
+    GiveBack,
     Group,
     GroupAck,
     GroupResult,
@@ -318,20 +319,35 @@ class WorkerCore(Core):
         entries = [(g, self.assigned.pop(g.group_id, None)) for g in finished]
         sent = [(g, e) for g, e in entries if e is not None]
         for i, (g, (msg, prompt)) in enumerate(sent):
-            group = self._score(g, prompt)
+            try:
+                group = self._score(g, prompt)
+            except Exception as exc:  # a reward plugin that raises: give the group back, with the cause
+                self._give_back([g.group_id], "score", exc)
+                continue
             out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket)
             out.follows = len(sent) - 1 - i  # the rest of this burst comes right after it
             self._send_group(out, 1)
         self.log("span_end", span="score")
 
     def _engine_failed(self, exc: Exception) -> None:
+        """The engine raised: everything it ran is lost; give it all back to the coordinator at once."""
         groups = sorted(self.assigned)
-        self.count("generate_failed")
-        self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=groups)
         self.engine.abort()
         self.assigned.clear()
-        self.registered = False
-        self.register()
+        self._give_back(groups, "generate", exc)
+
+    def _give_back(self, groups: list[int], stage: str, exc: Exception) -> None:
+        """Tell the coordinator that `groups` failed (it requeues them, and gives up on a group that
+        keeps failing: run.max_group_failures). Logged rate-limited: a failure that repeats every step
+        cannot fill the disk (the count says how many)."""
+        error = f"{stage}: {type(exc).__name__}: {exc}"[:500]
+        n = self.count(f"{stage}_failed")
+        if n <= LOUD_FIRST or n % LOUD_EVERY == 0:
+            self.log(f"{stage}_failed", error=error, groups=groups, count=n)
+        if groups:
+            self.emit(
+                Dest.peer("coordinator"), GiveBack(groups=groups, error=error, epoch=self.epoch, version=self.version)
+            )
 
     def _send_group(self, out: GroupResult, attempt: int) -> None:
         """Send a group; without a GroupAck in time, send it again (the buffer dedups: retry, never skip)."""

@@ -76,6 +76,14 @@ class RejectReason(DocEnum):
     BAD_GROUP_SIZE = "bad_group_size", "not exactly G samples"
     DUPLICATE = "duplicate", "(epoch, group id) was already accepted"
     BUFFER_FULL = "buffer_full", "buffer.max_groups groups already wait for the trainer"
+    EXPELLED = "expelled", "the sender was expelled for refused groups (run.max_bad_groups)"
+    NON_FINITE = "non_finite", "a reward or log-prob is NaN or infinite"
+    BAD_TOKENS = "bad_tokens", "a token id outside the vocabulary, or log-probs not one per token"
+    TOO_LONG = "too_long", "a response longer than the run's max_new_tokens"
+    WRONG_PROMPT = "wrong_prompt", "the prompt (text or token ids) is not the one assigned"
+    BAD_TEXT = "bad_text", "a sample's text is not what its token ids decode to"
+    REWARD_MISMATCH = "reward_mismatch", "buffer.verify_rewards: a reported reward differs from the re-scored one"
+    TRAIN_FAILED = "train_failed", "the trainer's forward/backward failed on this group alone"
 
 
 class NoWorkReason(DocEnum):
@@ -161,6 +169,15 @@ class Leave(Msg, tag="leave", kw_only=True):
     """Graceful leave; the sender's outstanding groups go back to the queue. Reply: Ack."""
 
     reason: str = ""
+
+
+class GiveBack(Msg, tag="give_back", kw_only=True):
+    """Worker -> Coordinator: generating or scoring these held groups failed (`error`: the exception
+    in one line); requeue them now. A group given back run.max_group_failures times is given up
+    (task.on_error). Reply: Ack."""
+
+    groups: list[int]
+    error: str = ""
 
 
 class Ack(Msg, tag="ack", kw_only=True):
@@ -274,6 +291,19 @@ class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
 
     group_id: int
     worker: str
+
+
+class GroupRefused(Msg, tag="group_refused", kw_only=True):
+    """Trainer -> Buffer (its forward/backward failed on this group alone) and Buffer -> Coordinator
+    (a group refused for its content, or by the trainer): group `group_id` of `epoch` from `worker`
+    is not trained; requeue it for another worker. `expel`: the worker reached run.max_bad_groups
+    refusals and is expelled for the run."""
+
+    group_id: int
+    worker: str
+    reason: RejectReason
+    detail: str = ""
+    expel: bool = False
 
 
 class Shutdown(Msg, tag="shutdown", kw_only=True):
@@ -492,6 +522,8 @@ class Status(Msg, tag="status", kw_only=True):
     buffer_addr: str = ""
     waiting_for: str = ""  # why the run is stalled, when it is (empty otherwise)
     refused: dict[str, int] = {}  # the coordinator's own refusals by kind (auth, forbidden, malformed, ...)
+    notices: list[str] = []  # the run's last notices (groups given up, workers expelled), oldest first
+    notices_total: int = 0  # notices so far (the list holds the last few): a client prints the new ones
 
 
 class Scale(Msg, tag="scale", kw_only=True):
@@ -513,6 +545,7 @@ Message = (
     | Heartbeat
     | HeartbeatAck
     | Leave
+    | GiveBack
     | Ack
     | Error
     | EpochStart
@@ -523,6 +556,7 @@ Message = (
     | GroupAck
     | EpochOpen
     | GroupAccepted
+    | GroupRefused
     | Shutdown
     | Credit
     | TrainGroup

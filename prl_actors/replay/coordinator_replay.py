@@ -48,6 +48,11 @@ DECISION_EVENTS = frozenset(
         "run_done",
         "scale",
         "handler_error",
+        "group_refused",
+        "given_back",
+        "hold_expired",
+        "group_given_up",
+        "member_expelled",
     }
 )
 VOLATILE = frozenset({"event", "actor", "role", "t_mono", "t_wall", "t", "where", "_seq", "msg_id", "trace"})
@@ -162,7 +167,7 @@ def new_core(run: Run, settings: Event | None = None) -> Any:
 def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     """The recorded message as the typed message the coordinator got, reply_to mapped to replay ids."""
     try:
-        msg: Msg = msgspec.convert(e["msg"], Message)  # type: ignore[arg-type]
+        msg: Msg = msgspec.convert(_nan_floats(e["msg"]), Message)  # type: ignore[arg-type]
     except (msgspec.ValidationError, KeyError, TypeError) as exc:
         raise ReplayError(f"{e.get('where')}: coord_input message does not decode: {exc}") from None
     reply_to = getattr(msg, "reply_to", "")
@@ -171,6 +176,15 @@ def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     identity = bytes.fromhex(str(e.get("identity", "")))
     principal = str(e.get("principal", ""))  # the authenticated sender, so refusals replay as refusals
     return Inbound(msg, [], None, identity, principal=principal)  # type: ignore[arg-type]
+
+
+def _nan_floats(raw: Any) -> Any:
+    """JSON has no NaN: the log wrote a non-finite metric as null; read it back as NaN (a step_done's
+    metrics are the only floats of a coordinator input that can be non-finite)."""
+    if isinstance(raw, dict) and isinstance(raw.get("metrics"), dict):
+        metrics = {k: float("nan") if v is None else v for k, v in raw["metrics"].items()}
+        return {**raw, "metrics": metrics}
+    return raw
 
 
 def feed(core: Any, step: Step, ids: dict[str, str]) -> None:

@@ -1,0 +1,73 @@
+"""The buffer's GroupChecker for a run's config: what the engines produce, so honest groups pass.
+
+- sim: vocabulary = sim.arms, a response is sim.tokens_per_sample ids, its text the first id, the
+  prompt ids the context index;
+- torch / vllm: vocabulary = the model's `vocab_size` (config.json), responses of at most
+  worker.sampling.max_new_tokens tokens, prompt ids = the tokenizer's encoding (model/tokenizer.py),
+  and (torch only: vLLM detokenizes incrementally) text = the tokenizer's decoding of the ids.
+The epoch's prompts come from the task itself (deterministic per epoch), as the coordinator's do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from prl_actors.actors.group_check import GroupChecker
+from prl_actors.config import Config
+from prl_actors.protocol.messages import Prompt
+from prl_actors.tasks.base import Task
+
+
+def epoch_prompts(task: Task, groups: int) -> Callable[[int, int], Prompt | None]:
+    """(epoch, group id) -> the prompt the coordinator assigns (the last epoch's list is cached)."""
+    cache: dict[int, dict[int, Prompt]] = {}
+
+    def prompt_of(epoch: int, group_id: int) -> Prompt | None:
+        if epoch not in cache:
+            cache.clear()
+            cache[epoch] = {p.group_id: p for p in task.prompts_for_epoch(epoch, groups)}
+        return cache[epoch].get(group_id)
+
+    return prompt_of
+
+
+def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
+    from prl_actors.tasks import load_task
+
+    task = load_task(cfg)
+    checker = GroupChecker(
+        prompt_of=epoch_prompts(task, cfg.coordinator.groups_per_epoch),
+        score=task.score if cfg.buffer.verify_rewards else None,
+        reward_tolerance=cfg.buffer.reward_tolerance,
+    )
+    if cfg.worker.engine == "sim":
+        from prl_actors.engines.sim import context_of
+
+        checker.vocab_size, checker.max_response_tokens = cfg.sim.arms, cfg.sim.tokens_per_sample
+        checker.encode = lambda text: [context_of(text)]
+        checker.decode = lambda ids: str(ids[0]) if ids else ""
+        return checker
+    checker.max_response_tokens = cfg.worker.sampling.max_new_tokens
+    if model_dir is not None:
+        checker.vocab_size = _vocab_size(model_dir)
+        _with_tokenizer(checker, cfg, model_dir)
+    return checker
+
+
+def _vocab_size(model_dir: Path) -> int:
+    try:
+        return int(json.loads((model_dir / "config.json").read_text()).get("vocab_size", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
+def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None:
+    from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    templated = cfg.task.chat_template
+    checker.encode = lambda text: encode_prompt(tok, text, templated)
+    if cfg.worker.engine == "torch":
+        checker.decode = lambda ids: str(tok.decode(ids, skip_special_tokens=True))
