@@ -95,6 +95,7 @@ class Launcher:
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.notices_seen = 0
         self.signalled = 0
         self.hurry = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
@@ -270,6 +271,10 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
+        fresh = min(st.notices_total - self.notices_seen, len(st.notices))
+        for line in st.notices[len(st.notices) - fresh :] if fresh > 0 else []:
+            console(line)  # groups given up, workers expelled (the coordinator's notices)
+        self.notices_seen = max(self.notices_seen, st.notices_total)
         if st.waiting_for and st.waiting_for != self.last_stall:
             console(f"stalled: {st.waiting_for}")
         self.last_stall = st.waiting_for

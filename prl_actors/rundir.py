@@ -34,7 +34,7 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
 LOCK = ".up.lock"
-EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
+EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "zero_adv_share", "samples_per_s", "gen_s", "train_s", "wall_s")
 SkipFn = Callable[[Path, str], None]
 
 
@@ -131,6 +131,11 @@ class RunDir:
         return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
 
     # --- TrainerSink --------------------------------------------------------------------------
+
+    def warn(self, line: str) -> None:
+        """A console line from the trainer (e.g. no learning signal), with `echo`."""
+        if self.echo:
+            console(line)
 
     def epoch_metrics(self, row: Mapping[str, Any]) -> None:
         if self.echo:

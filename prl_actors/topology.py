@@ -110,6 +110,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             resume=cfg.run.resume,
             threads=_trainer_threads(cfg, learner),
             shm=ShmReader() if cfg.publisher.shm else None,
+            on_nonfinite=cfg.trainer.on_nonfinite,
+            no_signal_epochs=cfg.trainer.no_signal_epochs,
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail

@@ -43,6 +43,8 @@ def sample_messages() -> list[m.Msg]:
         m.GroupAck(reply_to="x", group_id=3, accepted=False, reason="duplicate"),
         m.EpochOpen(groups=4),
         m.GroupAccepted(group_id=3, worker="worker-0"),
+        m.GroupRefused(group_id=3, worker="worker-0", reason=m.RejectReason.NON_FINITE, detail="nan", expel=True),
+        m.GiveBack(groups=[3, 4], error="generate: IndexError"),
         m.Shutdown(reason="done"),
         m.Credit(n=2),
         m.TrainGroup(seq=0, group=group),

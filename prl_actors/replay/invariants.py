@@ -30,7 +30,36 @@ def epoch_versions(run: Run) -> dict[int, int]:
 
 
 def _trained(run: Run) -> list[Event]:
-    return [e for e in run.of("train_group") if e.get("role") == "trainer"]
+    """The trainer's received groups, less those it refused (`train_refused`: generated again)."""
+    refused = {e.get("msg_id") for e in run.of("train_refused")}
+    return [e for e in run.of("train_group") if e.get("role") == "trainer" and e.get("msg_id") not in refused]
+
+
+def check_trained_tokens(run: Run) -> list[Violation]:
+    """Exactly-once in tokens: every stepped epoch trained (`groups_trained`) the tokens of every group it
+    kept (`train_group`): a forward that failed and silently dropped its micro-batch shows up here.
+    Runs whose trainer logs no `groups_trained` (older logs) are not checked."""
+    if not run.of("groups_trained"):
+        return []
+    received: dict[int, dict[int, int]] = defaultdict(dict)
+    for t in _kept(run, _trained(run)):
+        received[int(t.get("msg_epoch", -1))][int(t.get("group_id", -1))] = int(t.get("received_tokens", 0) or 0)
+    trained: dict[int, dict[int, int]] = defaultdict(dict)
+    for e in run.of("groups_trained"):
+        for g, n in zip(e.get("groups", []), e.get("tokens", []), strict=False):
+            trained[int(e.get("msg_epoch") or e.get("epoch") or 0)][int(g)] = int(n)
+    out = []
+    for s in run.of("optimizer_step"):
+        epoch = int(s.get("epoch", -1))
+        want, got = received.get(epoch, {}), trained.get(epoch, {})
+        lost = sorted(set(want) - set(got))
+        if lost or sum(want.values()) != sum(got[g] for g in want if g in got):
+            msg = (
+                f"epoch {epoch} stepped ({at(s)}) after training {sum(got.values())} of {sum(want.values())} "
+                f"received tokens (groups never trained: {lost})"
+            )
+            out.append(Violation("exactly-once", msg))
+    return out
 
 
 def _kept(run: Run, events: list[Event]) -> list[Event]:

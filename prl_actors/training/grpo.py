@@ -40,6 +40,7 @@ from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
+from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
 from prl_actors.training.trimodel import TriModel
@@ -117,7 +118,7 @@ def engine_logprobs(groups: list[Group]) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-class GRPOLearner:
+class GRPOLearner(GuardedGRPO):
     """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
 
     def __init__(self, cfg: Config, model_dir: Path | str | None) -> None:
