@@ -23,7 +23,7 @@ from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
 from prl_actors.replay.coordinator_replay import decode_input
 from prl_actors.rundir import RunDir
-from prl_actors.tasks.base import Task, exact_match
+from prl_actors.tasks.base import Task
 from tests.test_cores import KEY, FailingEngine, coordinator, drive, inbound, open_epoch, request_work, worker
 
 G, TOKENS, ARMS = 2, 3, 8
@@ -275,3 +275,30 @@ def test_a_non_finite_gradient_never_reaches_the_optimizer(grpo, tmp_path: Path)
     assert core.learner.version == 0 and not (tmp_path / "checkpoints").exists()
     after = core.learner.policy.state_dict()  # type: ignore[attr-defined]
     assert all(torch.equal(before[k].nan_to_num(), after[k].nan_to_num()) for k in before)  # no step
+
+
+def test_on_error_skip_drops_a_group_that_keeps_failing_and_the_epoch_trains_without_it() -> None:
+    coord = coordinator()
+    coord.s.on_error = "skip"
+    open_epoch(coord)
+    for i in range(3):
+        got = request_work(coord, "worker-a", 0, now=0.1 + i)
+        assert isinstance(got, m.WorkAssign) and got.prompts[0].group_id == 0
+        out = drive(coord, 0.2 + i, m.GiveBack(epoch=0, version=0, groups=[0], error="IndexError: x"), "worker-a")
+    (dropped,) = [x for _, x in out if isinstance(x, m.GroupDropped)]
+    assert dropped.group_id == 0 and "IndexError" in dropped.reason and coord.phase.current == m.Phase.RUNNING
+    assert any("dropped group 0" in n for n in coord.notices)
+    for g in (1, 2, 3):
+        request_work(coord, "worker-b", 0, now=5.0)
+        drive(coord, 5.0, m.GroupAccepted(epoch=0, version=0, group_id=g, worker="worker-b"), "buffer")
+    assert coord.phase.current == m.Phase.TRAINING  # the epoch is generated without group 0
+
+    buf = checked_buffer()
+    for g in (1, 2, 3):
+        send(buf, honest(g))
+    buf.handle(0.0, inbound(dropped, "coordinator", "coordinator"))
+    out = [x for _, x, _ in buf.outbox]
+    (complete,) = [x for x in out if isinstance(x, m.EpochComplete)]
+    assert complete.groups == 3  # the trainer steps on the 3 groups it got
+    ack, _ = send(buf, honest(0))
+    assert (ack.accepted, ack.reason) == (False, "dropped")

@@ -45,6 +45,7 @@ def sample_messages() -> list[m.Msg]:
         m.GroupAccepted(group_id=3, worker="worker-0"),
         m.GroupRefused(group_id=3, worker="worker-0", reason=m.RejectReason.NON_FINITE, detail="nan", expel=True),
         m.GiveBack(groups=[3, 4], error="generate: IndexError"),
+        m.GroupDropped(group_id=3, reason="generate: IndexError"),
         m.Shutdown(reason="done"),
         m.Credit(n=2),
         m.TrainGroup(seq=0, group=group),

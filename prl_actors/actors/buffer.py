@@ -11,6 +11,7 @@ Admission (in this order; the first failing rule is the rejection reason, counte
   bad_group_size              it does not hold G samples
   duplicate                   (epoch, group id) was already accepted
   buffer_full                 more than buffer.max_groups groups wait for the trainer
+  dropped                     the coordinator gave up on the group (task.on_error skip)
   expelled                    its sender was expelled (below)
 Content (actors/group_check.py, after the rules above): non_finite, bad_tokens, too_long,
 wrong_prompt, bad_text, reward_mismatch. A group refused for its content (or for its size), or
@@ -40,6 +41,7 @@ from prl_actors.protocol.messages import (
     ErrorCode,
     GroupAccepted,
     GroupAck,
+    GroupDropped,
     GroupRefused,
     GroupResult,
     Msg,
@@ -71,6 +73,7 @@ class BufferCore(Core):
         self.bad: dict[str, int] = {}  # worker -> its groups refused for their content
         self.expelled: set[str] = set()
         self.senders: dict[int, str] = {}  # group id -> the worker whose group was accepted (this epoch)
+        self.dropped: set[int] = set()  # groups the coordinator gave up on (task.on_error skip)
         self.groups = 0  # B of the open epoch (0 = none open)
         self.accepted: set[int] = set()
         self.held: list[TrainGroup] = []  # sync mode: the epoch's groups until the batch is complete
@@ -97,7 +100,7 @@ class BufferCore(Core):
                 self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
             self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
-            self.senders = {}
+            self.senders, self.dropped = {}, set()
             self.following = {}
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
             self._pump()
@@ -140,12 +143,29 @@ class BufferCore(Core):
             self.held.append(item)
         else:
             self.stream.append(item)
-        if len(self.accepted) == self.groups:
-            self.stream.extend(self.held)
-            self.held = []
-            gen_s = round(now - self.opened_at, 6)
-            self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
-            self.log("batch_complete", groups=self.groups)
+        self._maybe_complete(now)
+        self._pump()
+
+    def _maybe_complete(self, now: float) -> None:
+        """Every group of the epoch is accepted or dropped: release the batch and say how many were sent."""
+        if not self.groups or len(self.accepted) + len(self.dropped) != self.groups:
+            return
+        self.stream.extend(self.held)
+        self.held = []
+        gen_s = round(now - self.opened_at, 6)
+        sent = len(self.accepted)
+        self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=sent, gen_s=gen_s))
+        self.log("batch_complete", groups=sent, dropped=sorted(self.dropped))
+
+    @handles(GroupDropped)
+    def on_group_dropped(self, now: float, inbound: Inbound[GroupDropped]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
+        if msg.epoch != self.epoch or msg.group_id in self.accepted or msg.group_id in self.dropped:
+            return
+        self.dropped.add(msg.group_id)
+        self.log("group_dropped", group_id=msg.group_id, msg_epoch=msg.epoch, reason=msg.reason)
+        self._maybe_complete(now)
         self._pump()
 
     def _bad_content(self, msg: GroupResult, reason: RejectReason | None) -> tuple[RejectReason, str] | None:
@@ -213,6 +233,8 @@ class BufferCore(Core):
             return RejectReason.BAD_GROUP_SIZE
         if group_id in self.accepted:
             return RejectReason.DUPLICATE
+        if group_id in self.dropped:
+            return RejectReason.DROPPED
         if len(self.stream) + len(self.held) >= self.max_groups:
             return RejectReason.BUFFER_FULL
         return None
@@ -235,7 +257,7 @@ class BufferCore(Core):
                 if self.credits <= 0:
                     return
                 self.credits -= 1
-                head.generated = len(self.accepted) + sum(self.following.values()) >= self.groups
+                head.generated = len(self.accepted) + len(self.dropped) + sum(self.following.values()) >= self.groups
                 self.log("group_streamed", group_id=head.group.group_id, seq=head.seq, credits=self.credits)
             self.stream.popleft()
             self.emit(Dest.reply(self.trainer), head)

@@ -37,6 +37,7 @@ from prl_actors.protocol.messages import (
     ErrorCode,
     GiveBack,
     GroupAccepted,
+    GroupDropped,
     GroupRefused,
     Heartbeat,
     HeartbeatAck,
@@ -513,9 +514,18 @@ class CoordinatorCore(Core):
         fail = self.s.on_error == "fail" or (self.s.on_error == "fail_first" and self.epochs_completed == 0)
         if fail:
             self._shutdown(f"failed: {line} (task.on_error: {self.s.on_error})")
-        else:
-            self.failures[group_id] = []  # skip is not implemented yet: keep retrying, loudly
-            self.notice(f"retrying group {group_id} anyway: task.on_error skip is not implemented")
+            return
+        self.work.drop(group_id)
+        self.log("group_dropped", group_id=group_id, msg_epoch=self.epoch)
+        self.notice(f"dropped group {group_id} from epoch {self.epoch} (task.on_error: skip)")
+        buffer = self.members.first(Role.BUFFER)
+        if buffer is not None:
+            dropped = GroupDropped(epoch=self.epoch, version=self.version, group_id=group_id, reason=causes[-1])
+            self.emit(Dest.reply(buffer.identity), dropped)
+        if self.work.complete:
+            self.phase.to(Phase.TRAINING)
+            self.log("epoch_generated", groups=len(self.work.done))
+            self._maybe_open()
 
     @handles(GroupRefused)
     def on_group_refused(self, now: float, inbound: Inbound[GroupRefused]) -> None:

@@ -88,6 +88,13 @@ class EpochWork:
         self.queue.appendleft(group_id)
         return True
 
+    def drop(self, group_id: int) -> None:
+        """Give up on a group (task.on_error skip): done without being trained, never handed out again."""
+        self.holder.pop(group_id, None)
+        if group_id in self.queue:
+            self.queue.remove(group_id)
+        self.done.add(group_id)
+
     def overdue(self, now: float, since: dict[int, float], deadline_s: float) -> dict[str, list[int]]:
         """worker -> the groups it has held longer than `deadline_s` (`since`: when each was assigned)."""
         out: dict[str, list[int]] = {}

@@ -84,6 +84,7 @@ class RejectReason(DocEnum):
     BAD_TEXT = "bad_text", "a sample's text is not what its token ids decode to"
     REWARD_MISMATCH = "reward_mismatch", "buffer.verify_rewards: a reported reward differs from the re-scored one"
     TRAIN_FAILED = "train_failed", "the trainer's forward/backward failed on this group alone"
+    DROPPED = "dropped", "the coordinator gave up on this group (task.on_error skip): the epoch trains without it"
 
 
 class NoWorkReason(DocEnum):
@@ -304,6 +305,15 @@ class GroupRefused(Msg, tag="group_refused", kw_only=True):
     reason: RejectReason
     detail: str = ""
     expel: bool = False
+
+
+class GroupDropped(Msg, tag="group_dropped", kw_only=True):
+    """Coordinator -> Buffer: group `group_id` of `epoch` failed generation or scoring
+    run.max_group_failures times and task.on_error is skip: the epoch completes without it (the
+    buffer's EpochComplete counts the groups actually sent). Reply: Ack."""
+
+    group_id: int
+    reason: str = ""
 
 
 class Shutdown(Msg, tag="shutdown", kw_only=True):
@@ -557,6 +567,7 @@ Message = (
     | EpochOpen
     | GroupAccepted
     | GroupRefused
+    | GroupDropped
     | Shutdown
     | Credit
     | TrainGroup

@@ -30,6 +30,7 @@ from prl_actors.protocol.messages import (
     GiveBack,
     GroupAccepted,
     GroupAck,
+    GroupDropped,
     GroupRefused,
     GroupResult,
     Heartbeat,
@@ -105,6 +106,7 @@ HOPS: tuple[Hop, ...] = (
     _hop(GiveBack, W, C, "generating/scoring these held groups failed: requeue them now; reply ack"),
     _hop(GroupRefused, T, B, "the forward/backward failed on this group alone: not trained"),
     _hop(GroupRefused, B, C, "a group refused for its content (or by the trainer): requeue it"),
+    _hop(GroupDropped, C, B, "a group given up (task.on_error skip): the epoch completes without it; reply ack"),
     # the buffer's stream to the trainer
     _hop(Credit, T, B, "the trainer can take n more groups"),
     _hop(EpochOpen, B, T, "the epoch's stream begins"),

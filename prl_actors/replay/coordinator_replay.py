@@ -52,6 +52,7 @@ DECISION_EVENTS = frozenset(
         "given_back",
         "hold_expired",
         "group_given_up",
+        "group_dropped",
         "member_expelled",
     }
 )

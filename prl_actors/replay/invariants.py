@@ -128,11 +128,15 @@ def check_exactly_once(run: Run) -> list[Violation]:
     for t in trained_events:
         trained[t.get("msg_epoch", -1)].add(t.get("group_id", -1))
     sizes = _epoch_sizes(run)
+    dropped: dict[int, set[int]] = defaultdict(set)  # given up by the coordinator (task.on_error skip)
+    for e in run.of("group_dropped", actor="coordinator"):
+        dropped[int(e.get("msg_epoch", -1))].add(int(e.get("group_id", -1)))
     stepped = set()
     for s in run.of("optimizer_step"):
         epoch = s.get("epoch", -1)
         stepped.add(epoch)
-        missing = sorted(set(range(sizes.get(epoch, int(s.get("groups") or 0)))) - trained[epoch])
+        expected = set(range(sizes.get(epoch, int(s.get("groups") or 0)))) - dropped.get(epoch, set())
+        missing = sorted(expected - trained[epoch])
         if missing:
             msg = f"epoch {epoch} stepped ({at(s)}) but groups {missing} were never trained"
             out.append(Violation("exactly-once", msg))
