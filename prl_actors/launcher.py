@@ -401,7 +401,7 @@ def summary(run_dir: Path, wall_s: float) -> str:
     first, last = rows[0], rows[-1]
     sps = sum(r.get("samples", 0) for r in rows) / max(1e-9, sum(r.get("wall_s", 0) for r in rows))
     return (
-        f"done: {len(rows)} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
+        f"done: {len({r.get('epoch') for r in rows})} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
         f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)"
     )

@@ -137,6 +137,18 @@ class RunDir:
         if self.echo:
             console(line)
 
+    def rollback(self, version: int) -> None:
+        """Resumed from the checkpoint of `version` (maybe older than the last: a damaged one was
+        skipped): the rows of epochs >= version are redone, so they leave metrics.jsonl (one row
+        per trained epoch of the surviving line)."""
+        rows = self.metrics_rows()
+        kept = [r for r in rows if int(r.get("epoch", -1)) < version]
+        if len(kept) == len(rows):
+            return
+        tmp = self.metrics.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.metrics)
+
     def epoch_metrics(self, row: Mapping[str, Any]) -> None:
         if self.echo:
             console(epoch_line(row))

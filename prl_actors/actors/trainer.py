@@ -109,6 +109,9 @@ class TrainerCore(Core):
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
                 self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
+            rollback = getattr(self.sink, "rollback", None)
+            if rollback is not None:  # epochs past the checkpoint (a damaged newer one) are redone
+                rollback(self.learner.version)
         self.version = self.learner.version
         self.register()
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))

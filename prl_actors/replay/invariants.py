@@ -62,16 +62,25 @@ def check_trained_tokens(run: Run) -> list[Violation]:
     return out
 
 
-def _kept(run: Run, events: list[Event]) -> list[Event]:
+def _kept(run: Run, events: list[Event], key: str = "msg_epoch") -> list[Event]:
     """Drop the events of epochs a run was stopped in before their step (a `--resume` redoes them:
-    the accumulated gradients died with the process). A run segment starts at each coordinator start."""
+    the accumulated gradients died with the process), and of epochs a later `--resume` rolled back
+    (it resumed from an older checkpoint than the last, e.g. past a damaged one: those epochs are
+    legitimately redone). A run segment starts at each coordinator start."""
     starts = [e["t"] for e in run.of("actor_start", actor="coordinator")]
     if len(starts) <= 1:
         return events
     segment = lambda e: bisect_right(starts, e["t"]) - 1  # noqa: E731
     stepped = {(segment(s), s.get("epoch")) for s in run.of("optimizer_step") if s.get("role") == "trainer"}
+    resumed = [(segment(r), int(r.get("new_version", 0))) for r in run.of("resumed") if r.get("role") == "trainer"]
     last = len(starts) - 1
-    return [e for e in events if segment(e) == last or (segment(e), e.get("msg_epoch")) in stepped]
+
+    def rolled_back(e: Event) -> bool:
+        epoch = e.get(key)
+        return isinstance(epoch, int) and any(seg > segment(e) and epoch >= v for seg, v in resumed)
+
+    kept = [e for e in events if segment(e) == last or (segment(e), e.get(key)) in stepped]
+    return [e for e in kept if not rolled_back(e)]
 
 
 def check_on_policy(run: Run) -> list[Violation]:
@@ -171,7 +180,7 @@ def _epoch_sizes(run: Run) -> dict[int, int]:
 
 
 def check_one_step(run: Run) -> list[Violation]:
-    steps = [s for s in run.of("optimizer_step") if s.get("role") == "trainer"]
+    steps = _kept(run, [s for s in run.of("optimizer_step") if s.get("role") == "trainer"], key="epoch")
     per_epoch: dict[int, list[Event]] = defaultdict(list)
     for s in steps:
         per_epoch[s.get("epoch", -1)].append(s)
