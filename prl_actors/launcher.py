@@ -400,8 +400,9 @@ def summary(run_dir: Path, wall_s: float) -> str:
         return f"no epoch finished (wall {wall_s:.1f}s); logs in {run_dir}/logs"
     first, last = rows[0], rows[-1]
     sps = sum(r.get("samples", 0) for r in rows) / max(1e-9, sum(r.get("wall_s", 0) for r in rows))
+    epochs = len({r.get("epoch") for r in rows})  # one per epoch, even in a metrics file written before rollback
     return (
-        f"done: {len({r.get('epoch') for r in rows})} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
+        f"done: {epochs} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
         f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)"
     )
