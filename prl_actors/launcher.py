@@ -84,6 +84,9 @@ class Child:
     ready: bool = False  # it bound its port: requests to its address reach this process
 
 
+FAILED_STOP_S = 0.5  # a failed run (a core actor died): each stop stage waits at most this long
+
+
 class Launcher:
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
@@ -98,6 +101,7 @@ class Launcher:
         self.notices_seen = 0
         self.signalled = 0
         self.hurry = False
+        self.failed = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
 
     # --- the run -----------------------------------------------------------------------------
@@ -114,6 +118,7 @@ class Launcher:
             self._stop_all(f"{sig} to prl-actors up")
             return 128 + sig.signum
         except RunFailed as exc:
+            self.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
             self._stop_all(f"the run failed: {exc}")
             raise
         finally:
@@ -312,16 +317,26 @@ class Launcher:
     def _stop_all(self, reason: str) -> None:
         """RequestStop: the coordinator sends every member Shutdown; then wait for them a while."""
         coordinator = self.children.get("coordinator")
-        if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
+        live = coordinator is not None and coordinator.ready and coordinator.proc.poll() is None  # else: not ours
+        if live:
             with contextlib.suppress(RequestFailed):
-                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
-        self._wait_exit(self._all(), 0.0 if self.hurry else self.cfg.run.stop_grace_s)
+                timeout = FAILED_STOP_S if self.failed else 2.0
+                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=timeout, keys=self.keys)
+        self._wait_exit(self._all(), self._grace(carried=live))
+
+    def _grace(self, carried: bool = True) -> float:
+        """How long to wait for actors to exit on their own: none after a second signal, none when no
+        live coordinator carries the stop (it was the one that died), a short one when the run failed."""
+        if self.hurry or not carried:
+            return 0.0
+        return FAILED_STOP_S if self.failed else self.cfg.run.stop_grace_s
 
     def _reap(self) -> None:
         """Every actor still running: SIGTERM to its process group, then SIGKILL (bounded waits)."""
-        grace = 0.0 if self.hurry else self.cfg.run.stop_grace_s
+        grace = self._grace()
         self._wait_exit(self._all(), grace)
-        for sig, wait_s in ((signal.SIGTERM, grace + 2.0), (signal.SIGKILL, 2.0)):
+        waits = (FAILED_STOP_S, FAILED_STOP_S) if self.failed else (grace + 2.0, 2.0)
+        for sig, wait_s in zip((signal.SIGTERM, signal.SIGKILL), waits, strict=True):
             alive = [c for c in self._all() if c.proc.poll() is None]
             for c in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
