@@ -28,6 +28,7 @@ BENCHMARKS = {
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
+    "group_checks": "prl_bench.group_checks",
 }
 ALIASES = {
     "packing": "shared_prompt",

@@ -62,6 +62,9 @@ SLICE_S = 0.25  # a paced flush's work (actors/threads.py): at most this long be
 
 class TrainerCore(Core):
     role = Role.TRAINER
+    # learner failures are isolated (_learn); any other exception would leave the epoch waiting for a
+    # step that never comes: the trainer fails, naming the message and the cause, and `up` ends the run
+    fatal_errors = True
 
     def __init__(
         self,
