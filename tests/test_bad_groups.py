@@ -23,7 +23,7 @@ from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
 from prl_actors.replay.coordinator_replay import decode_input
 from prl_actors.rundir import RunDir
-from prl_actors.tasks.base import Task
+from prl_actors.tasks.base import Task, exact_match
 from tests.test_cores import KEY, FailingEngine, coordinator, drive, inbound, open_epoch, request_work, worker
 
 G, TOKENS, ARMS = 2, 3, 8
@@ -111,9 +111,9 @@ def test_a_worker_refused_max_bad_groups_times_is_expelled_by_buffer_and_coordin
     gid = assign.prompts[0].group_id
     refused = m.GroupRefused(epoch=0, version=0, group_id=gid, worker="worker-a", reason=m.RejectReason.NON_FINITE)
     refused.expel = True
-    out = drive(coord, 0.2, refused, "buffer")
+    sent = drive(coord, 0.2, refused, "buffer")
     assert coord.work.queue[0] == gid and "worker-a" not in coord.members  # requeued at once, member gone
-    assert any(isinstance(x, m.Shutdown) and "expelled" in x.reason for _, x in out)
+    assert any(isinstance(x, m.Shutdown) and "expelled" in x.reason for _, x in sent)
     assert any("expelled worker-a" in n for n in coord.notices)
     (_, again), *_ = drive(coord, 0.3, m.Register(role=m.Role.WORKER), "worker-a")
     assert isinstance(again, m.Error) and "expelled" in again.detail
@@ -302,3 +302,87 @@ def test_on_error_skip_drops_a_group_that_keeps_failing_and_the_epoch_trains_wit
     assert complete.groups == 3  # the trainer steps on the 3 groups it got
     ack, _ = send(buf, honest(0))
     assert (ack.accepted, ack.reason) == (False, "dropped")
+
+
+def test_verify_rewards_refuses_a_group_whose_reported_rewards_differ() -> None:
+    task = Task(items=[("ctx 1", "4")], reward=exact_match)
+    checker = GroupChecker(prompt_of=lambda e, g: m.Prompt(group_id=g, prompt="ctx 1", answer="4"), score=task.score)
+    msg = honest(0)  # samples "4" (right: 1.0) and "5" (wrong: 0.0), both reported as 1.0
+    reason, detail = checker.check(0, msg.group) or (None, "")
+    assert reason == m.RejectReason.REWARD_MISMATCH and "sample 1" in detail
+    msg.group.samples[1].reward = 0.0
+    assert checker.check(0, msg.group) is None
+
+
+def test_the_assignment_deadline_follows_the_observed_group_times() -> None:
+    coord = coordinator()
+    coord.s.hold_factor, coord.s.hold_min_s = 10.0, 2.0
+    assert coord.hold_deadline_s() == 2.0  # nothing timed yet: the floor
+    coord.group_times.extend([0.1] * 95 + [1.0] * 5)
+    assert coord.hold_deadline_s() == pytest.approx(10.0)  # 10 x p95 (1.0 s)
+    coord.group_times.clear()
+    coord.group_times.extend([0.01] * 100)
+    assert coord.hold_deadline_s() == 2.0  # never below the floor
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.rows: list[dict] = []  # type: ignore[type-arg]
+
+    def warn(self, line: str) -> None:
+        self.lines.append(line)
+
+    def epoch_metrics(self, row) -> None:  # type: ignore[no-untyped-def]
+        self.rows.append(dict(row))
+
+    def save_checkpoint(self, version, write):  # type: ignore[no-untyped-def]
+        return None
+
+    def latest_checkpoint(self, on_skip=None):  # type: ignore[no-untyped-def]
+        return None
+
+
+def sim_trainer(sink: Sink) -> TrainerCore:
+    from prl_actors.config import load_config
+    from prl_actors.training.sim import SimLearner
+
+    cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0})
+    return TrainerCore("trainer", EventLog("trainer", "trainer"), SimLearner(cfg), sink, 32, 1 << 20, 5.0)
+
+
+def test_epochs_without_learning_signal_are_said_and_k_in_a_row_once_clearly() -> None:
+    sink = Sink()
+    core = sim_trainer(sink)
+    for epoch in range(4):
+        core.handle(0.0, inbound(m.EpochOpen(epoch=epoch, version=epoch, groups=2), "buffer", "buffer"))
+        for gid in range(2):
+            g = honest(gid, epoch).group
+            for s in g.samples:
+                s.reward = 0.0  # every sample equal: zero advantage
+            core.handle(0.0, inbound(m.TrainGroup(epoch=epoch, version=epoch, seq=gid, group=g), "buffer", "buffer"))
+        core.handle(0.0, inbound(m.EpochComplete(epoch=epoch, version=epoch, groups=2), "buffer", "buffer"))
+        v = core.learner.version
+        core.handle(0.0, inbound(m.WeightsStored(reply_to="u", version=v), "publisher", "publisher"))
+    assert [r["zero_adv_share"] for r in sink.rows] == [1.0] * 4
+    assert sum("had no learning signal" in line for line in sink.lines) == 2  # epochs 0 and 1
+    (clear,) = [line for line in sink.lines if "3 epochs in a row without learning signal" in line]
+    assert len(sink.lines) == 3  # then quiet: one clear line, not one per epoch
+
+
+def test_an_unhandled_trainer_error_fails_the_actor_naming_the_message() -> None:
+    from prl_actors.actors.runtime import ActorHost
+
+    core = sim_trainer(Sink())
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=1), "buffer", "buffer"))
+    host = ActorHost.__new__(ActorHost)  # only _run's error path, without sockets
+    host.core, host._heartbeat, host.error = core, None, None
+    host._flush = lambda: None  # type: ignore[method-assign]
+    host.stop = lambda: None  # type: ignore[method-assign]
+    host._fail = lambda error: setattr(host, "error", error)  # type: ignore[method-assign]
+
+    def boom(now: float) -> None:
+        raise KeyError("a bug")
+
+    host._run(boom, what="epoch_complete")
+    assert host.error is not None and "failed handling epoch_complete: KeyError" in host.error

@@ -57,6 +57,9 @@ def spoiled(kind: str, msg: m.GroupResult) -> m.GroupResult:
         msg.group.prompt = "ctx 99"
     elif kind == "bad_group_size":
         msg.group.samples = [*msg.group.samples, s0]
+    elif kind == "reward_mismatch":
+        for s in msg.group.samples:
+            s.reward = 1000.0  # well-formed, but not what the task's reward says
     elif kind == "too_long":
         s0.token_ids, s0.logprobs = [1] * 2000, [-1.0] * 2000
     return msg
@@ -107,6 +110,14 @@ def test_malformed_groups_from_an_authenticated_worker_are_refused_requeued_and_
     trained_as_unattacked(run_dir, reference)  # every group once, by the run's own workers, same rewards
     requeued = [e for e in read_logs(run_dir) if e["event"] == "group_refused" and e["actor"] == "coordinator"]
     assert sorted(e["reason"] for e in requeued) == sorted(KINDS)
+    replay_green(run_dir)
+
+
+def test_verify_rewards_refuses_rewards_a_worker_made_up(run_dir: Path, reference: list[float]) -> None:
+    cfg = live_config(run_dir, buffer__verify_rewards=True)
+    replies = run_with_insider(run_dir, cfg, ("reward_mismatch",))
+    assert [r.reason if isinstance(r, m.GroupAck) else r for r in replies] == ["reward_mismatch"]
+    trained_as_unattacked(run_dir, reference)  # the honest workers' rewards re-score equal: all accepted
     replay_green(run_dir)
 
 
