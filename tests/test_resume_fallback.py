@@ -36,3 +36,16 @@ def test_a_resume_past_a_damaged_checkpoint_redoes_its_epochs_and_replay_reads_i
     assert summary(run_dir, 1.0).startswith(f"done: {EPOCHS} epochs")
     failed = [(r.name, r.violations[:3]) for r in run_checks(load_run(run_dir)) if not r.ok]
     assert not failed, failed
+
+
+def test_replay_check_counts_trained_tokens_so_a_silently_dropped_group_is_caught(run_dir: Path) -> None:
+    """A trainer that lost a micro-batch but still stepped (issue 23: 643 tokens received, 198 trained,
+    `exactly-once ok`) fails the trained-tokens check: simulated by deleting one `groups_trained` line."""
+    run(sim_config(run_dir, run__epochs=2), run_dir)
+    assert all(r.ok for r in run_checks(load_run(run_dir)))
+    log = run_dir / "logs" / "trainer.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    drop = next(i for i, line in enumerate(lines) if '"groups_trained"' in line)
+    log.write_text("".join(lines[:drop] + lines[drop + 1 :]))
+    (tokens,) = [r for r in run_checks(load_run(run_dir)) if r.name == "trained-tokens"]
+    assert not tokens.ok and "received tokens" in tokens.violations[0].message
