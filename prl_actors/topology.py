@@ -88,9 +88,9 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         shm = ShmPublisher() if cfg.publisher.shm else None
         return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
-        from prl_actors.actors.group_check_setup import build_checker
+        from prl_actors.actors.group_check_setup import build_checker, model_path
 
-        checker = build_checker(cfg, model_dir(cfg))
+        checker = build_checker(cfg, model_path(cfg))
         return BufferCore(
             name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups, checker, cfg.run.max_bad_groups
         )

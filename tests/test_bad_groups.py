@@ -398,3 +398,38 @@ def test_workers_in_a_crash_loop_are_not_replaced_forever(tmp_path: Path) -> Non
         launcher._crash_loop("signal 9")
     with pytest.raises(RunFailed, match="crashed 5 times within 60s .*last: signal 9"):
         launcher._crash_loop("signal 9")  # ... one more is a crash loop: the run fails with the cause
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "gpt2", "mistral"])
+def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
+    tmp_path: Path, family_dirs: dict[str, Path], family: str
+) -> None:
+    """No false refusal: what the torch engine generates passes every check (an honest worker is
+    never refused, let alone expelled), and a spoiled copy does not."""
+    from prl_actors.actors.group_check_setup import build_checker
+    from prl_actors.config import load_config
+    from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.tasks import load_task
+    from tests.learning_utils import to_group
+
+    path = family_dirs[family]
+    cfg = load_config(
+        None,
+        {
+            "model.path": str(path),
+            "run.run_dir": str(tmp_path),
+            "worker.group_size": 4,
+            "coordinator.groups_per_epoch": 3,
+        },
+    )
+    prompts = load_task(cfg).prompts_for_epoch(0, 3)
+    engine = TorchEngine(cfg, path)
+    engine.version = 0
+    checker = build_checker(cfg, path)
+    for gen in engine.generate(prompts, 4):
+        group = to_group(gen, lambda text: 0.0)
+        assert checker.check(0, group) is None, (family, checker.check(0, group), checker.note)
+        group.samples[0].text += " extra"
+        reason, _ = checker.check(0, group) or (None, "")
+        assert reason == m.RejectReason.BAD_TEXT
+    assert checker.vocab_size > 0 and not checker.note

@@ -39,6 +39,7 @@ from prl_actors.protocol.messages import (
     EpochComplete,
     EpochOpen,
     ErrorCode,
+    Group,
     GroupAccepted,
     GroupAck,
     GroupDropped,
@@ -74,6 +75,7 @@ class BufferCore(Core):
         self.expelled: set[str] = set()
         self.senders: dict[int, str] = {}  # group id -> the worker whose group was accepted (this epoch)
         self.dropped: set[int] = set()  # groups the coordinator gave up on (task.on_error skip)
+        self.noted = False  # the checker's note (checks it cannot run) was logged
         self.groups = 0  # B of the open epoch (0 = none open)
         self.accepted: set[int] = set()
         self.held: list[TrainGroup] = []  # sync mode: the epoch's groups until the batch is complete
@@ -168,6 +170,13 @@ class BufferCore(Core):
         self._maybe_complete(now)
         self._pump()
 
+    def _check(self, epoch: int, group: Group) -> tuple[RejectReason, str] | None:
+        verdict = self.checker.check(epoch, group)
+        if self.checker.note and not self.noted:
+            self.noted = True
+            self.log("checks_limited", reason=self.checker.note)
+        return verdict
+
     def _bad_content(self, msg: GroupResult, reason: RejectReason | None) -> tuple[RejectReason, str] | None:
         """The group's fault (its size, then its content), or None; only for a group of the open
         epoch that would otherwise be admitted (a late or duplicate one is not the sender's fault)."""
@@ -175,7 +184,7 @@ class BufferCore(Core):
             return reason, f"{len(msg.group.samples)} samples, the run's group size is {self.group_size}"
         if reason is not None:
             return None
-        return self.checker.check(msg.epoch, msg.group)
+        return self._check(msg.epoch, msg.group)
 
     def _refuse_group(self, inbound: Inbound[GroupResult], reason: RejectReason, detail: str) -> None:
         msg = inbound.msg

@@ -29,10 +29,11 @@ class GroupChecker:
     vocab_size: int = 0  # 0: unknown (token ids are only checked for >= 0)
     max_response_tokens: int = 0  # 0: unbounded
     prompt_of: Callable[[int, int], Prompt | None] | None = None  # (epoch, group id) -> the assigned prompt
-    encode: Callable[[str], list[int]] | None = None  # a prompt's token ids, as the engines encode it
-    decode: Callable[[list[int]], str] | None = None  # a response's text, as the engines decode it
+    encode: Callable[[str], list[int] | None] | None = None  # a prompt's ids as the engines encode it (None: unknown)
+    decode: Callable[[list[int]], str | None] | None = None  # a response's text as the engines decode it
     score: Callable[[Prompt, str], float] | None = None  # buffer.verify_rewards: the task's reward
     reward_tolerance: float = 1e-6
+    note: str = ""  # why some checks cannot run (e.g. no tokenizer on this host); the buffer logs it once
 
     def check(self, epoch: int, group: Group) -> Refusal | None:
         """The first rule `group` breaks, or None when it is well-formed."""
@@ -75,7 +76,8 @@ class GroupChecker:
                 RejectReason.WRONG_PROMPT,
                 f"prompt {_short(group.prompt)} is not the assigned {_short(assigned.prompt)}",
             )
-        if self.encode is not None and group.prompt_ids != self.encode(assigned.prompt):
+        want = self.encode(assigned.prompt) if self.encode is not None else None
+        if want is not None and group.prompt_ids != want:
             return RejectReason.WRONG_PROMPT, "prompt_ids are not the assigned prompt's tokenisation"
         return None
 
@@ -83,7 +85,8 @@ class GroupChecker:
         if self.decode is None:
             return None
         for i, s in enumerate(group.samples):
-            if s.text != self.decode(s.token_ids):
+            text = self.decode(s.token_ids)
+            if text is not None and s.text != text:
                 return RejectReason.BAD_TEXT, f"sample {i}: text {_short(s.text)} is not its tokens' text"
         return None
 

@@ -5,12 +5,16 @@
 - torch / vllm: vocabulary = the model's `vocab_size` (config.json), responses of at most
   worker.sampling.max_new_tokens tokens, prompt ids = the tokenizer's encoding (model/tokenizer.py),
   and (torch only: vLLM detokenizes incrementally) text = the tokenizer's decoding of the ids.
+  The buffer starts at once: the tokenizer (a transformers import, seconds) loads in a thread while
+  the other actors start; a check that needs it waits for it. Where the model directory is not on the
+  buffer's host (model.path elsewhere, RUN_DIR/model not prepared), those checks are skipped.
 The epoch's prompts come from the task itself (deterministic per epoch), as the coordinator's do.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,11 +67,43 @@ def _vocab_size(model_dir: Path) -> int:
         return 0
 
 
-def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None:
-    from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
+def model_path(cfg: Config) -> Path | None:
+    """Where `up` prepared the run's model (never built here: that is `up`'s job), if it is on this host."""
+    path = Path(cfg.model.path) if cfg.model.path else Path(cfg.run.run_dir) / "model"
+    return path if (path / "config.json").is_file() else None
 
-    tok = load_tokenizer(model_dir)
+
+def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None:
+    loaded = threading.Event()
+    box: dict[str, object] = {}
+
+    def load() -> None:
+        try:
+            from prl_actors.model.tokenizer import load_tokenizer
+
+            box["tok"] = load_tokenizer(model_dir)
+        except Exception as exc:  # noqa: BLE001 - any failure only limits the checks (logged by the buffer)
+            checker.note = (
+                f"no tokenizer from {model_dir} ({type(exc).__name__}: {exc}): prompt ids and texts unchecked"
+            )
+        finally:
+            loaded.set()
+
+    threading.Thread(target=load, name="buffer-tokenizer", daemon=True).start()
     templated = cfg.task.chat_template
-    checker.encode = lambda text: encode_prompt(tok, text, templated)
+
+    def encode(text: str) -> list[int] | None:
+        from prl_actors.model.tokenizer import encode_prompt
+
+        loaded.wait()
+        tok = box.get("tok")
+        return None if tok is None else encode_prompt(tok, text, templated)  # type: ignore[arg-type]
+
+    def decode(ids: list[int]) -> str | None:
+        loaded.wait()
+        tok = box.get("tok")
+        return None if tok is None else str(tok.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
+
+    checker.encode = encode
     if cfg.worker.engine == "torch":
-        checker.decode = lambda ids: str(tok.decode(ids, skip_special_tokens=True))
+        checker.decode = decode
