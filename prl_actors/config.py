@@ -161,10 +161,11 @@ class CoordinatorSection(_Section):
         10.0,
         gt=1,
         description="An assignment's deadline: a group held longer than hold_factor x the p95 of the run's "
-        "observed group times (at least hold_min_s) is taken back and requeued, even from a live worker.",
+        "observed group times (at least hold_min_s; hold_factor x hold_min_s before any group was timed) is "
+        "taken back and requeued, even from a live worker.",
     )
     hold_min_s: float = Field(
-        30.0, gt=0, description="The floor of an assignment's deadline (and the deadline before any group was timed)."
+        30.0, gt=0, description="The floor of an assignment's deadline (see hold_factor)."
     )
 
     @model_validator(mode="after")

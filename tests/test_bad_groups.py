@@ -176,7 +176,8 @@ def test_a_reward_plugin_that_raises_gives_the_group_back_with_the_cause() -> No
 
 def test_a_group_held_past_its_deadline_by_a_live_worker_is_taken_back_and_its_holder_named() -> None:
     coord = coordinator()
-    coord.s.hold_min_s = 5.0
+    coord.s.hold_min_s, coord.s.hold_factor = 5.0, 10.0
+    coord.group_times.append(0.2)  # groups took 0.2 s so far: the deadline is its floor, 5 s
     open_epoch(coord)
     got = request_work(coord, "worker-a", 0, now=0.1)
     assert isinstance(got, m.WorkAssign)
@@ -317,7 +318,7 @@ def test_verify_rewards_refuses_a_group_whose_reported_rewards_differ() -> None:
 def test_the_assignment_deadline_follows_the_observed_group_times() -> None:
     coord = coordinator()
     coord.s.hold_factor, coord.s.hold_min_s = 10.0, 2.0
-    assert coord.hold_deadline_s() == 2.0  # nothing timed yet: the floor
+    assert coord.hold_deadline_s() == 20.0  # nothing timed yet: hold_factor x the floor
     coord.group_times.extend([0.1] * 95 + [1.0] * 5)
     assert coord.hold_deadline_s() == pytest.approx(10.0)  # 10 x p95 (1.0 s)
     coord.group_times.clear()

@@ -465,9 +465,10 @@ class CoordinatorCore(Core):
 
     def hold_deadline_s(self) -> float:
         """How long a worker may hold a group: hold_factor x the p95 of the run's observed group times
-        (assign -> accepted), at least hold_min_s (also before any group was timed)."""
+        (assign -> accepted), at least hold_min_s; before any group was timed, hold_factor x hold_min_s
+        (a first group on a slow machine is not a hang)."""
         if not self.group_times:
-            return self.s.hold_min_s
+            return self.s.hold_factor * self.s.hold_min_s
         times = sorted(self.group_times)
         p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
         return max(self.s.hold_min_s, self.s.hold_factor * p95)
@@ -488,9 +489,15 @@ class CoordinatorCore(Core):
         self._requeue_failed(mine, f"{msg.sender}: {msg.error}")
 
     def _hold_expired(self, worker: str, groups: list[int]) -> None:
+        """Take the groups back from a live worker (a hung plugin or engine): requeued for anyone, not
+        counted as failures (a slow worker is not a broken prompt); if the holder delivers after all,
+        the buffer still accepts its group once (exactly-once holds: the first one in wins)."""
         deadline = self.hold_deadline_s()
         self.log("hold_expired", worker=worker, groups=groups, deadline_s=round(deadline, 3))
-        self._requeue_failed(groups, f"{worker} held it past its deadline ({deadline:.0f}s)")
+        for g in groups:
+            self.assigned_at.pop(g, None)
+            self.work.give_back(g)
+        self._nudge()
 
     def _requeue_failed(self, groups: list[int], why: str) -> None:
         """Requeue groups whose generation failed; one that failed max_group_failures times is given up."""
