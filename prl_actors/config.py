@@ -164,9 +164,7 @@ class CoordinatorSection(_Section):
         "observed group times (at least hold_min_s; hold_factor x hold_min_s before any group was timed) is "
         "taken back and requeued, even from a live worker.",
     )
-    hold_min_s: float = Field(
-        30.0, gt=0, description="The floor of an assignment's deadline (see hold_factor)."
-    )
+    hold_min_s: float = Field(30.0, gt=0, description="The floor of an assignment's deadline (see hold_factor).")
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
