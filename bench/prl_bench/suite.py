@@ -28,6 +28,7 @@ BENCHMARKS = {
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
+    "multiturn": "prl_bench.multiturn",
     "group_checks": "prl_bench.group_checks",
 }
 ALIASES = {
@@ -37,6 +38,8 @@ ALIASES = {
     "loop": "e2e",
     "lora": "lora_sync",
     "dist": "dist_step",
+    "multi_turn": "multiturn",
+    "tools": "multiturn",
 }
 
 
