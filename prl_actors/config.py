@@ -465,6 +465,15 @@ class Config(_Section):
     )
 
     @model_validator(mode="after")
+    def _verify_single_turn(self) -> Config:
+        if self.buffer.verify_rewards and self.task.multi_turn:
+            raise ValueError(
+                "buffer.verify_rewards re-scores a response with the task's reward; a multi-turn episode's "
+                "rewards come from its environment, which the buffer cannot replay: turn one of them off"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:
         if (self.worker.engine == "sim") != (self.trainer.learner == "sim"):
             raise ValueError("worker.engine 'sim' and trainer.learner 'sim' go together")

@@ -5,7 +5,8 @@ ticket, size, duplicate). The first failing rule is the refusal (a RejectReason 
 a refused group is requeued for another worker and counted against its sender (actors/buffer.py):
   non_finite       a reward or engine log-prob is NaN or infinite
   bad_tokens       a token id outside 0..vocab-1, or not one log-prob per token (when log-probs are sent)
-  too_long         a response of more than `max_response_tokens` tokens
+  too_long         a response of more than `max_response_tokens` sampled tokens (a multi-turn
+                   episode: its model tokens, loss_mask 1; the environment's are not bounded here)
   wrong_prompt     the prompt text is not the assigned one, or its ids are not that text's tokenisation
   bad_text         a sample's text is not what its token ids decode to (where decoding is exact)
   reward_mismatch  buffer.verify_rewards: a reported reward differs from the task's re-scored one
@@ -55,10 +56,11 @@ class GroupChecker:
     def _tokens(self, epoch: int, group: Group) -> Refusal | None:
         limit = self.vocab_size or None
         for i, s in enumerate(group.samples):
-            if self.max_response_tokens and len(s.token_ids) > self.max_response_tokens:
-                return RejectReason.TOO_LONG, f"sample {i}: {len(s.token_ids)} tokens > {self.max_response_tokens}"
-            if s.logprobs and len(s.logprobs) != len(s.token_ids):
-                return RejectReason.BAD_TOKENS, f"sample {i}: {len(s.logprobs)} log-probs for {len(s.token_ids)} tokens"
+            sampled = sum(s.model_mask())  # the model's tokens (a multi-turn sample also holds the env's)
+            if self.max_response_tokens and sampled > self.max_response_tokens:
+                return RejectReason.TOO_LONG, f"sample {i}: {sampled} sampled tokens > {self.max_response_tokens}"
+            if s.logprobs and len(s.logprobs) != sampled:
+                return RejectReason.BAD_TOKENS, f"sample {i}: {len(s.logprobs)} log-probs for {sampled} sampled tokens"
             bad = _out_of_range(s.token_ids, limit)
             if bad is not None:
                 return RejectReason.BAD_TOKENS, f"sample {i}: token id {bad} outside the vocabulary ({limit})"

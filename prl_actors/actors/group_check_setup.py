@@ -54,6 +54,10 @@ def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
         checker.decode = lambda ids: str(ids[0]) if ids else ""
         return checker
     checker.max_response_tokens = cfg.worker.sampling.max_new_tokens
+    if cfg.task.multi_turn:  # every model turn bounded, max_turns of them
+        checker.max_response_tokens = cfg.task.max_turns * (
+            cfg.task.max_turn_tokens or cfg.worker.sampling.max_new_tokens
+        )
     if model_dir is not None:
         checker.vocab_size = _vocab_size(model_dir)
         _with_tokenizer(checker, cfg, model_dir)
