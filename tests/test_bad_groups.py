@@ -434,3 +434,19 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
         reason, _ = checker.check(0, group) or (None, "")
         assert reason == m.RejectReason.BAD_TEXT
     assert checker.vocab_size > 0 and not checker.note
+
+
+def test_a_multi_turn_sample_is_bounded_by_its_sampled_tokens_and_verify_rewards_is_refused() -> None:
+    from prl_actors.config import ConfigError, load_config
+
+    checker = GroupChecker(vocab_size=50, max_response_tokens=4)
+    mask = [1, 1, 0, 0, 0, 0, 1, 1]  # two model turns of 2 tokens around a 4-token observation
+    episode = m.Sample(text="t", token_ids=[3] * 8, logprobs=[-1.0] * 4, reward=1.0, loss_mask=mask)
+    group = m.Group(group_id=0, prompt="p", prompt_ids=[1], samples=[episode], worker="w")
+    assert checker.check(0, group) is None  # 4 sampled tokens, one log-prob each; the env's are not bounded
+    episode.logprobs = [-1.0] * 8
+    assert (checker.check(0, group) or (None,))[0] == m.RejectReason.BAD_TOKENS
+    episode.logprobs, episode.loss_mask = [-1.0] * 5, [1, 1, 1, 0, 0, 0, 1, 1]
+    assert (checker.check(0, group) or (None,))[0] == m.RejectReason.TOO_LONG
+    with pytest.raises(ConfigError, match="verify_rewards .* multi-turn"):
+        load_config(None, {"task.name": "guess", "buffer.verify_rewards": True})
