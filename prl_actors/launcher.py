@@ -84,7 +84,6 @@ class Child:
     ready: bool = False  # it bound its port: requests to its address reach this process
 
 
-CRASH_LOOP_S, CRASH_LOOP_FACTOR = 60.0, 2  # workers crashing more than 2 x (worker_restarts + 1) times a minute
 FAILED_STOP_S = 0.5  # a failed run (a core actor died): each stop stage waits at most this long
 
 
@@ -103,7 +102,6 @@ class Launcher:
         self.signalled = 0
         self.hurry = False
         self.failed = False
-        self.crashes: list[float] = []  # when workers crashed (the crash-loop bound)
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
 
     # --- the run -----------------------------------------------------------------------------
@@ -223,7 +221,6 @@ class Launcher:
         restarts = child.restarts + 1 if at_start else 0
         cause = self._cause(child, rc)
         console(f"{child.name} exited ({cause})")
-        self._crash_loop(cause)
         if restarts > self.cfg.run.worker_restarts:
             raise RunFailed(
                 f"{child.name} failed before registering, {restarts} times in a row "
@@ -233,17 +230,6 @@ class Launcher:
         if delay:
             console(f"restarting it in {delay:g}s (start-up failure {restarts} of {self.cfg.run.worker_restarts})")
         self.pending.append((time.monotonic() + delay, restarts))
-
-    def _crash_loop(self, cause: str) -> None:
-        """Workers that keep crashing after they registered are not replaced forever: more than
-        CRASH_LOOP_FACTOR x (run.worker_restarts + 1) crashes within CRASH_LOOP_S fail the run."""
-        now = time.monotonic()
-        self.crashes = [t for t in self.crashes if now - t < CRASH_LOOP_S] + [now]
-        limit = CRASH_LOOP_FACTOR * (self.cfg.run.worker_restarts + 1)
-        if len(self.crashes) > limit:
-            raise RunFailed(
-                f"workers crashed {len(self.crashes)} times within {CRASH_LOOP_S:g}s (a crash loop); last: {cause}"
-            )
 
     def _start_due_workers(self) -> None:
         now = time.monotonic()

@@ -389,18 +389,6 @@ def test_an_unhandled_trainer_error_fails_the_actor_naming_the_message() -> None
     assert host.error is not None and "failed handling epoch_complete: KeyError" in host.error
 
 
-def test_workers_in_a_crash_loop_are_not_replaced_forever(tmp_path: Path) -> None:
-    from prl_actors.config import load_config
-    from prl_actors.launcher import Launcher, RunFailed
-
-    cfg = load_config(None, {"run.run_dir": str(tmp_path), "run.worker_restarts": 1, "transport.auth": "none"})
-    launcher = Launcher(cfg, tmp_path / "config.yaml", progress=False)
-    for _ in range(4):  # 2 x (worker_restarts + 1) crashes within a minute are still replaced ...
-        launcher._crash_loop("signal 9")
-    with pytest.raises(RunFailed, match="crashed 5 times within 60s .*last: signal 9"):
-        launcher._crash_loop("signal 9")  # ... one more is a crash loop: the run fails with the cause
-
-
 @pytest.mark.parametrize("family", ["qwen2", "llama", "gpt2", "mistral"])
 def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
     tmp_path: Path, family_dirs: dict[str, Path], family: str
