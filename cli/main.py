@@ -195,9 +195,12 @@ def _check_task(cfg: Any) -> None:
     from prl_actors.tasks import load_task
 
     try:
-        load_task(cfg)
+        task = load_task(cfg)
     except ConfigError as exc:
         fail(str(exc))
+        return
+    if task.note:
+        typer.secho(f"warning: {task.note}", fg=typer.colors.YELLOW, err=True)
 
 
 def _up_env(cfg: Any) -> None:

@@ -165,6 +165,19 @@ class CoordinatorSection(_Section):
         "taken back and requeued, even from a live worker.",
     )
     hold_min_s: float = Field(30.0, gt=0, description="The floor of an assignment's deadline (see hold_factor).")
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose rewards are all equal is not trained (nor counted in the "
+        "loss normaliser), and the epoch hands out more prompts, in rounds, until it has B informative groups "
+        "(docs/LEARNING.md).",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="dynamic_sampling: rounds of prompts an epoch may hand out (the first is its B); when they run "
+        "out the epoch trains the informative groups it has and says so. An epoch reserves B x this many "
+        "positions of the prompt stream.",
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -181,6 +194,32 @@ class SamplingSection(_Section):
         1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
     )
     max_new_tokens: int = Field(8, ge=1)
+    top_k: int = Field(
+        0, ge=0, description="Sample from the k most likely tokens only (ties at the k-th included); 0 = off."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens whose probability (after the temperature) is below min_p x the top token's; 0 = off.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="HF/vLLM repetition penalty: the logit of every token already in the prompt or the response "
+        "so far is divided by it if positive, multiplied if negative (> 1 discourages repeats); 1 = off.",
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a response ends at the first one (its text cut before it, its tokens up to the "
+        "one that completed it) and counts as finished.",
+    )
+
+    @model_validator(mode="after")
+    def _stop_strings(self) -> SamplingSection:
+        if any(not x for x in self.stop):
+            raise ValueError("stop: stop strings must be non-empty")
+        return self
 
 
 class WorkerSection(_Section):
@@ -388,6 +427,20 @@ class TaskSection(_Section):
         "yet (a broken config or plugin is caught at once), skip afterwards.",
     )
     max_operand: int = Field(20, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts longer than this (in tokens, after templating) are left out at load, with one line "
+        "giving their count and the first one's row; None = no limit. Prompts that cannot fit the model's "
+        "positions with max_new_tokens are refused at load either way.",
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong penalty: a response longer than max_new_tokens - overlong_buffer tokens "
+        "gets a reward penalty growing linearly to overlong_penalty at max_new_tokens; 0 = off.",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The overlong penalty's size at max_new_tokens.")
     environment: str | None = Field(
         None,
         description="Multi-turn: module:factory of an environment (reset/step, docs/TASKS.md); "
@@ -489,6 +542,15 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_within_length(self) -> Config:
+        if self.task.overlong_buffer > self.worker.sampling.max_new_tokens:
+            raise ValueError(
+                f"task.overlong_buffer ({self.task.overlong_buffer}) exceeds worker.sampling.max_new_tokens "
+                f"({self.worker.sampling.max_new_tokens})"
+            )
         return self
 
     @model_validator(mode="after")

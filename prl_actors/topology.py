@@ -80,6 +80,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             hold_min_s=cfg.coordinator.hold_min_s,
             max_group_failures=cfg.run.max_group_failures,
             on_error=cfg.task.on_error,
+            dynamic_sampling=cfg.coordinator.dynamic_sampling,
+            max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":

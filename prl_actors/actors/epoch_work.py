@@ -103,6 +103,11 @@ class EpochWork:
                 out.setdefault(w, []).append(g)
         return out
 
+    def extend(self, group_ids: list[int]) -> None:
+        """Add new groups (dynamic sampling's next round) at the back of the queue."""
+        self.total += len(group_ids)
+        self.queue.extend(sorted(group_ids))
+
     def take_waiting(self) -> list[str]:
         """The workers to nudge now that work is queued again (and forget them)."""
         names, self.waiting = sorted(self.waiting), set()

@@ -33,6 +33,7 @@ class GroupChecker:
     encode: Callable[[str], list[int] | None] | None = None  # a prompt's ids as the engines encode it (None: unknown)
     decode: Callable[[list[int]], str | None] | None = None  # a response's text as the engines decode it
     score: Callable[[Prompt, str], float] | None = None  # buffer.verify_rewards: the task's reward
+    length_penalty: Callable[[int], float] | None = None  # what the worker adds for a response's length
     reward_tolerance: float = 1e-6
     note: str = ""  # why some checks cannot run (e.g. no tokenizer on this host); the buffer logs it once
 
@@ -99,6 +100,8 @@ class GroupChecker:
         prompt = assigned or Prompt(group_id=group.group_id, prompt=group.prompt)
         for i, s in enumerate(group.samples):
             want = self.score(prompt, s.text)
+            if self.length_penalty is not None:  # as the worker scores (tasks/shaping.py: overlong)
+                want += self.length_penalty(len(s.token_ids))
             if not abs(want - s.reward) <= self.reward_tolerance:
                 return RejectReason.REWARD_MISMATCH, f"sample {i}: reported reward {s.reward}, re-scored {want}"
         return None

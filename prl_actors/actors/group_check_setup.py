@@ -44,6 +44,7 @@ def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
     checker = GroupChecker(
         prompt_of=epoch_prompts(task, cfg.coordinator.groups_per_epoch),
         score=task.score if cfg.buffer.verify_rewards else None,
+        length_penalty=task.length_penalty,
         reward_tolerance=cfg.buffer.reward_tolerance,
     )
     if cfg.worker.engine == "sim":

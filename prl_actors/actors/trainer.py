@@ -330,6 +330,9 @@ class TrainerCore(Core):
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
         self._checkpoint()
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
+        if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
+            kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)
+            metrics.update(groups_kept=kept, groups_generated=made, groups_target=wanted)
         # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
         self.finished[self.learner.version] = (self.epoch, self.t_open, metrics)
         self._upload()

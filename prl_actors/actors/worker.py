@@ -371,7 +371,8 @@ class WorkerCore(Core):
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=self.task.score(prompt, s.text) if s.reward is None else s.reward,
+                reward=(self.task.score(prompt, s.text) if s.reward is None else s.reward)
+                + self.task.length_penalty(len(s.token_ids)),
                 finished=s.finished,
                 loss_mask=s.loss_mask or [],
             )

@@ -304,13 +304,27 @@ class EpochOpen(Msg, tag="epoch_open", kw_only=True):
 
     groups: int
     ticket_key: bytes = b""
+    id_bound: int = 0
+    """Dynamic sampling (coordinator -> buffer only; 0 = off): group ids run over 0..id_bound-1, the
+    epoch closes with EpochClose, and a group whose rewards are all equal is accepted, not streamed."""
 
 
 class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
-    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned)."""
+    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned).
+    `informative`: its rewards are not all equal (dynamic sampling trains only those)."""
 
     group_id: int
     worker: str
+    informative: bool = True
+
+
+class EpochClose(Msg, tag="epoch_close", kw_only=True):
+    """Coordinator -> Buffer, dynamic sampling only: the epoch's sampling is over; `groups` groups
+    (its informative ones) are to be trained out of `generated` accepted. Reply: Ack. The buffer then
+    ends the trainer's stream with EpochComplete(groups)."""
+
+    groups: int
+    generated: int
 
 
 class GroupRefused(Msg, tag="group_refused", kw_only=True):
@@ -367,6 +381,7 @@ class EpochComplete(Msg, tag="epoch_complete", kw_only=True):
 
     groups: int
     gen_s: float = 0.0
+    generated: int = 0  # dynamic sampling: groups generated, kept or not (0: off, = groups)
 
 
 class StepDone(Msg, tag="step_done", kw_only=True):
@@ -587,6 +602,7 @@ Message = (
     | GroupAccepted
     | GroupRefused
     | GroupDropped
+    | EpochClose
     | Shutdown
     | Credit
     | TrainGroup

@@ -22,6 +22,7 @@ from prl_actors.protocol.messages import (
     EnvReset,
     EnvStep,
     EnvStepResult,
+    EpochClose,
     EpochComplete,
     EpochOpen,
     EpochStart,
@@ -107,6 +108,7 @@ HOPS: tuple[Hop, ...] = (
     _hop(GroupRefused, T, B, "the forward/backward failed on this group alone: not trained"),
     _hop(GroupRefused, B, C, "a group refused for its content (or by the trainer): requeue it"),
     _hop(GroupDropped, C, B, "a group given up (task.on_error skip): the epoch completes without it; reply ack"),
+    _hop(EpochClose, C, B, "dynamic sampling: no more rounds, train the informative groups; reply ack"),
     # the buffer's stream to the trainer
     _hop(Credit, T, B, "the trainer can take n more groups"),
     _hop(EpochOpen, B, T, "the epoch's stream begins"),

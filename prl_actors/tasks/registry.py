@@ -10,8 +10,10 @@ from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.guess_task import guess_task
 from prl_actors.tasks.jsonl import jsonl_task
+from prl_actors.tasks.limits import limit_prompts
 from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
+from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
 
 TASKS: dict[str, Callable[[Config], Task]] = {
@@ -32,8 +34,12 @@ def load_task(cfg: Config) -> Task:
         return sim_task(cfg)
     _check_options(cfg)
     task = TASKS[cfg.task.name](untemplated(cfg))
+    task.items, task.note = limit_prompts(untemplated(cfg), task.items)
     if cfg.task.reward:
         task.reward = load_reward(cfg.task.reward)
+    if cfg.task.overlong_buffer:
+        t = cfg.task
+        task.overlong = Overlong(cfg.worker.sampling.max_new_tokens, t.overlong_buffer, t.overlong_penalty)
     if cfg.run.resume:
         check_resume(cfg, task)
     return task
@@ -69,9 +75,15 @@ def check_resume(cfg: Config, task: Task) -> None:
     except CheckpointError:
         return  # no intact checkpoint: the trainer refuses to start and says why
     if ckpt is not None:
-        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch))
+        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch, stride(cfg)))
 
 
 def data_identity(cfg: Config) -> dict[str, Any]:
     """The identity of the run's prompt stream, as recorded in checkpoints (data/position.py)."""
-    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch)
+    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch, stride(cfg))
+
+
+def stride(cfg: Config) -> int:
+    """Stream positions per epoch (data/position.py): B, or B x max_sampling_rounds (dynamic sampling)."""
+    c = cfg.coordinator
+    return c.groups_per_epoch * (c.max_sampling_rounds if c.dynamic_sampling else 1)
