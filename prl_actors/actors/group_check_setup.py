@@ -24,14 +24,25 @@ from prl_actors.protocol.messages import Prompt
 from prl_actors.tasks.base import Task
 
 
-def epoch_prompts(task: Task, groups: int) -> Callable[[int, int], Prompt | None]:
-    """(epoch, group id) -> the prompt the coordinator assigns (the last epoch's list is cached)."""
+def epoch_prompts(task: Task, cfg: Config) -> Callable[[int, int], Prompt | None]:
+    """(epoch, group id) -> the prompt the coordinator assigns, by the coordinator's own rule
+    (CoordinatorCore._epoch_prompts: the epoch's B prompts, or with dynamic sampling stream position
+    epoch x stride + id); the last epoch's prompts are cached."""
+    from prl_actors.actors.dynamic_sampling import epoch_stride
+
+    c = cfg.coordinator
+    stride = epoch_stride(c.groups_per_epoch, c.dynamic_sampling, c.max_sampling_rounds)
     cache: dict[int, dict[int, Prompt]] = {}
 
     def prompt_of(epoch: int, group_id: int) -> Prompt | None:
         if epoch not in cache:
             cache.clear()
-            cache[epoch] = {p.group_id: p for p in task.prompts_for_epoch(epoch, groups)}
+            cache[epoch] = {}
+            if not c.dynamic_sampling:
+                cache[epoch] = {p.group_id: p for p in task.prompts_for_epoch(epoch, c.groups_per_epoch)}
+        if c.dynamic_sampling and group_id not in cache[epoch] and 0 <= group_id < stride:
+            (prompt,) = task.prompts_at(epoch * stride, [group_id])
+            cache[epoch][group_id] = prompt
         return cache[epoch].get(group_id)
 
     return prompt_of
@@ -42,7 +53,7 @@ def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
 
     task = load_task(cfg)
     checker = GroupChecker(
-        prompt_of=epoch_prompts(task, cfg.coordinator.groups_per_epoch),
+        prompt_of=epoch_prompts(task, cfg),
         score=task.score if cfg.buffer.verify_rewards else None,
         length_penalty=task.length_penalty,
         reward_tolerance=cfg.buffer.reward_tolerance,
