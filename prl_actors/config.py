@@ -6,10 +6,12 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -52,6 +54,7 @@ SAFE_ON_RESUME = (
     "worker.tensor_parallel_size",
     "trainer.credits",
     "trainer.checkpoint_every",
+    "trainer.gradient_checkpointing",  # recomputes the same forward: the same update
     "publisher.",
 )
 
@@ -363,12 +366,108 @@ class TrainerSection(_Section):
         description="A collective or command that a rank does not join within this fails the step (no hang); "
         "a rank whose process dies fails it at once.",
     )
+    # --- the GRPO family (docs/LEARNING.md: recipes) -------------------------------------------
+    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "gspo", "cispo"] = Field(
+        "dapo",
+        description="How per-token losses become the minibatch loss. dapo/bnpo: sum / the minibatch's tokens; "
+        "grpo: token mean per sequence, then mean over sequences; dr_grpo: sum / (sequences x max_new_tokens); "
+        "gspo: sequence-level ratio (importance_sampling_level sequence), aggregated as grpo; cispo: "
+        "REINFORCE weighted by the clipped, detached ratio, aggregated as dapo.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Advantage = reward - group mean, divided by the group's std (group), the whole epoch's "
+        "std (batch: training waits until every group of the epoch is in), or nothing (none, as Dr. GRPO).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="token: one ratio per token (PPO); sequence: exp(mean log-ratio of the sequence) for every "
+        "token (GSPO). Unset: sequence for loss_type gspo, token otherwise.",
+    )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="M: optimizer steps per pass over the epoch's groups; minibatch k holds the groups with "
+        "group_id * M // B == k (by index, never by arrival). Must not exceed coordinator.groups_per_epoch.",
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="mu: passes over the epoch's groups (M x mu optimizer steps, one published version)."
+    )
+    delta: float | None = Field(
+        None,
+        gt=1,
+        description="Two-sided clip (TRL delta, INTELLECT-2): the unclipped PPO term uses min(ratio, delta). "
+        "None: off.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Per-token KL(policy || reference) estimator weighted by beta: k1 = logp - ref, "
+        "k2 = (logp - ref)^2 / 2, k3 = exp(ref - logp) - (ref - logp) - 1.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: loss -= entropy_coef x the token's entropy (behaviour distribution)."
+    )
+    ref_sync_epochs: int = Field(
+        0,
+        ge=0,
+        description="Every N epochs the reference becomes ref_mixup_alpha x policy + (1 - alpha) x reference "
+        "(TRL sync_ref_model); 0 = the reference stays the initial weights. Needs beta > 0, no LoRA.",
+    )
+    ref_mixup_alpha: float = Field(0.6, ge=0, le=1, description="Mixing weight of a reference sync.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate by epoch (the same for the M x mu steps of an epoch): constant, or linear / "
+        "cosine decay to 0 at run.epochs (the horizon is saved in checkpoints, so a resume continues it).",
+    )
+    warmup_epochs: int = Field(0, ge=0, description="Linear warm-up: epoch e < warmup_epochs uses lr x (e+1)/(W+1).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward (less memory, ~30% more compute: docs/MEMORY.md)."
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="A sample that hit max_new_tokens without finishing (finished = false) contributes no loss "
+        "and is not counted by the normaliser (its reward still enters its group's advantages).",
+    )
 
     @model_validator(mode="after")
     def _ranks_need_a_strategy(self) -> TrainerSection:
         if self.world_size > 1 and self.strategy == "single":
             raise ValueError("world_size > 1 needs strategy ddp or fsdp2")
         return self
+
+    @model_validator(mode="after")
+    def _recipe_options(self) -> TrainerSection:
+        if self.loss_type == "gspo" and self.importance_sampling_level == "token":
+            raise ValueError("loss_type gspo is the sequence-level ratio: leave importance_sampling_level unset")
+        if self.ref_sync_epochs and (self.beta == 0 or self.lora is not None):
+            raise ValueError("ref_sync_epochs needs beta > 0 and no LoRA (a reference model of its own to mix)")
+        if self.strategy != "single" and (unsupported := distributed_refused(self)):
+            raise ValueError(f"strategy {self.strategy} does not support {unsupported} yet: use strategy single")
+        return self
+
+    def ratio_level(self) -> str:
+        """token or sequence: the importance-sampling level in force."""
+        if self.importance_sampling_level is not None:
+            return self.importance_sampling_level
+        return "sequence" if self.loss_type == "gspo" else "token"
+
+
+def distributed_refused(t: TrainerSection) -> str:
+    """The recipe options a trainer rank group cannot run yet ('' if none): ranks train shares of a
+    round (training/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
+    bad = [
+        name
+        for name, on in (
+            ("trainer.num_minibatches > 1", t.num_minibatches > 1),
+            ("trainer.num_iterations > 1", t.num_iterations > 1),
+            ("trainer.scale_rewards batch", t.scale_rewards == "batch"),
+            ("trainer.ref_sync_epochs", t.ref_sync_epochs > 0),
+            ("trainer.gradient_checkpointing", t.gradient_checkpointing),
+        )
+        if on
+    ]
+    return ", ".join(bad)
 
 
 class PublisherSection(_Section):
@@ -401,9 +500,66 @@ class ModelSection(_Section):
     )
 
 
+REWARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class RewardSpec(_Section):
+    """One reward of `task.rewards`: exactly one of `fn`, `model`, `url` (docs/TASKS.md)."""
+
+    fn: str | None = Field(
+        None, description="A built-in (math, format, length, add, code) or 'module:function' (per sample or batched)."
+    )
+    model: str | None = Field(None, description="A local Hugging Face sequence-classification checkpoint directory.")
+    url: str | None = Field(None, description="An http(s) reward service (JSON contract in docs/TASKS.md).")
+    name: str | None = Field(
+        None, description="Metrics key reward/<name> (default: the builtin or function name, 'model', 'service')."
+    )
+    weight: float = Field(1.0, allow_inf_nan=False, description="Its weight in the total (sum of weight * value).")
+    batched: bool = Field(False, description="fn: called once per group with its G records instead of per sample.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments bound to fn (length: max_tokens)."
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default 300).",
+    )
+    retries: int = Field(2, ge=0, le=10, description="url: extra attempts after a failed or timed-out request.")
+    concurrency: int = Field(4, ge=1, le=256, description="url: requests in flight at once (per worker).")
+    device: str = Field("cpu", description="model: torch device of the reward model (cpu, cuda, cuda:1, ...).")
+    threads: int | None = Field(None, ge=1, description="model: torch CPU threads while scoring (default: unchanged).")
+    batch_size: int = Field(16, ge=1, description="model: sequences per forward pass.")
+    max_length: int = Field(1024, ge=8, description="model: prompt+completion tokens kept (truncated from the left).")
+    label: int = Field(0, ge=0, description="model: the logit used as the reward (num_labels > 1).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        given = [k for k in ("fn", "model", "url") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"a reward needs exactly one of fn, model, url (got {', '.join(given) or 'none'})")
+        if self.batched and not self.fn:
+            raise ValueError("batched applies to fn rewards (model and url rewards always score a group at once)")
+        if self.args and not self.fn:
+            raise ValueError("args applies to fn rewards (keyword arguments bound to the function)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        if self.name is not None and not REWARD_NAME.fullmatch(self.name):
+            raise ValueError(f"reward name {self.name!r}: use letters, digits, '_', '.', '-'")
+        return self
+
+    def default_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.fn:
+            return self.fn.rpartition(":")[2] or self.fn
+        return "model" if self.model else "service"
+
+
 class TaskSection(_Section):
     name: str = Field(
-        "add", description="add (a+b=, the default), jsonl (prompts_file), math (word problems) or guess (a game)."
+        "add",
+        description="add (a+b=, the default), jsonl (prompts_file), math (word problems), code (programs vs "
+        "tests) or guess (a game).",
     )
     prompts_file: str | None = Field(
         None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
@@ -426,6 +582,17 @@ class TaskSection(_Section):
         "trains the rest; logged and on the console); fail_first = fail while no epoch has been trained "
         "yet (a broken config or plugin is caught at once), skip afterwards.",
     )
+    rewards: list[RewardSpec] = Field(
+        default_factory=list,
+        description="Weighted rewards (fn / model / url), summed by weight; replaces the task's own reward.",
+    )
+    on_reward_error: Literal["fail", "zero"] = Field(
+        "fail",
+        description="A reward that raises or returns a non-finite number: fail the run (one line), or score 0, warn.",
+    )
+    tests_field: str = Field("tests", description="code: column holding the row's tests (a list of Python asserts).")
+    code_timeout_s: float = Field(5.0, gt=0, le=600, description="code: seconds a sample's program may run.")
+    code_memory_mb: int = Field(512, ge=16, description="code: address-space limit (RLIMIT_AS) of the program.")
     max_operand: int = Field(20, ge=1)
     max_prompt_tokens: int | None = Field(
         None,
@@ -485,6 +652,18 @@ class TaskSection(_Section):
         return bool(self.environment or self.tools or self.name == "guess")
 
     @model_validator(mode="after")
+    def _rewards(self) -> TaskSection:
+        if self.reward and self.rewards:
+            raise ValueError("set task.reward or task.rewards, not both (task.rewards: [{fn: module:function}])")
+        names = [r.default_name() for r in self.rewards]
+        if "env" in names:
+            raise ValueError("task.rewards: the name 'env' is the multi-turn environment's own reward: pick another")
+        doubles = sorted({n for n in names if names.count(n) > 1})
+        if doubles:
+            raise ValueError(f"task.rewards: two rewards named {doubles[0]!r}: give each a distinct name")
+        return self
+
+    @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:
         if self.system_prompt is not None and not self.chat_template:
             raise ValueError("system_prompt needs chat_template: true (the system message goes into the template)")
@@ -542,6 +721,18 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> Config:
+        steps = self.trainer.num_minibatches * self.trainer.num_iterations
+        if steps > 1 and self.trainer.learner != "grpo":
+            raise ValueError("trainer.num_minibatches / num_iterations > 1 need trainer.learner grpo")
+        if self.trainer.num_minibatches > self.coordinator.groups_per_epoch:
+            raise ValueError(
+                f"trainer.num_minibatches ({self.trainer.num_minibatches}) exceeds coordinator.groups_per_epoch "
+                f"({self.coordinator.groups_per_epoch}): a minibatch needs at least one group"
+            )
         return self
 
     @model_validator(mode="after")
@@ -687,12 +878,17 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4); the value is read as YAML."""
+    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4): the value is read as YAML, except for a string
+    field (`task.system_prompt=... End with #### ...`), whose value is kept exactly as written (YAML
+    would cut it at ' #' or refuse 'Answer: give a number')."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value")
     key, raw = item.split("=", 1)
+    key = key.strip()
+    if is_text_field(key):
+        return key, None if raw.strip() in ("null", "~") and accepts_none(key) else raw
     try:
-        return key.strip(), yaml.safe_load(raw)
+        return key, yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
 
@@ -701,8 +897,61 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{where}: {err['msg']}")
+        hint = nearest_field(where) if err["type"] == "extra_forbidden" else ""
+        lines.append(f"{where}: {err['msg']}" + (f" (did you mean {hint}?)" if hint else ""))
     return "; ".join(lines)
+
+
+# --- field types, for --set values and typo hints ------------------------------------------------
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """(T, True) for `T | None`; (annotation, False) otherwise."""
+    args = get_args(annotation)
+    if type(None) in args and len(args) == 2 and get_origin(annotation) in (Union, types.UnionType):
+        return next(a for a in args if a is not type(None)), True
+    return annotation, False
+
+
+def _field(dotted: str) -> Any:
+    """The pydantic FieldInfo of a dotted config field, or None (no such field)."""
+    model: Any = Config
+    info = None
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _unwrap_optional(info.annotation)[0]
+    return info
+
+
+def is_text_field(dotted: str) -> bool:
+    """Is the field a string (str, str | None, or a Literal of strings)?"""
+    info = _field(dotted)
+    if info is None:
+        return False
+    annotation = _unwrap_optional(info.annotation)[0]
+    if get_origin(annotation) is Literal:
+        return all(isinstance(a, str) for a in get_args(annotation))
+    return annotation is str
+
+
+def accepts_none(dotted: str) -> bool:
+    info = _field(dotted)
+    return info is not None and _unwrap_optional(info.annotation)[1]
+
+
+def nearest_field(dotted: str) -> str:
+    """The existing field closest in spelling to an unknown dotted name ('' when none is close)."""
+    *parents, leaf = dotted.split(".")
+    model: Any = Config
+    if parents:
+        info = _field(".".join(parents))
+        model = None if info is None else _unwrap_optional(info.annotation)[0]
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(leaf, list(model.model_fields), n=1, cutoff=0.6)
+    return ".".join([*parents, close[0]]) if close else ""
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

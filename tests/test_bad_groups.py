@@ -153,9 +153,9 @@ def test_a_failing_engine_gives_its_groups_back_and_a_group_that_keeps_failing_e
     assert coord.notices and "failed 3 times" in coord.notices[-1]
 
 
-def test_a_reward_plugin_that_raises_gives_the_group_back_with_the_cause() -> None:
-    def reward(prompt: str, response: str, answer: str) -> float:
-        raise ValueError("plugin broke")
+def test_a_scoring_failure_outside_the_reward_policy_gives_the_group_back_with_the_cause() -> None:
+    """Reward errors follow task.on_reward_error (the rewards' own tests); anything else that raises
+    while a finished group is scored (here the task's length penalty) gives the group back at once."""
 
     class Once(FailingEngine):
         def step(self) -> list:  # type: ignore[type-arg]
@@ -165,13 +165,17 @@ def test_a_reward_plugin_that_raises_gives_the_group_back_with_the_cause() -> No
             return [GeneratedGroup(2, "ctx 1", [1], [Generated("4", [4], [-1.0])] * G)]
 
     w = worker(Once())
-    w.task = Task(items=[("ctx 1", "4")], reward=reward)
+
+    def broken(length: int) -> float:
+        raise ValueError("shaping broke")
+
+    w.task.length_penalty = broken  # type: ignore[method-assign]
     from tests.test_cores import assign
 
     out = assign(w)
     (back,) = [x for x in out if isinstance(x, m.GiveBack)]
-    assert back.groups == [2] and "plugin broke" in back.error and "score" in back.error
-    assert not any(isinstance(x, m.GroupResult) for x in out)
+    assert back.groups == [2] and "shaping broke" in back.error and "score" in back.error
+    assert not any(isinstance(x, m.GroupResult) for x in out) and w.failure is None
 
 
 def test_a_group_held_past_its_deadline_by_a_live_worker_is_taken_back_and_its_holder_named() -> None:

@@ -30,6 +30,9 @@ BENCHMARKS = {
     "dist_step": "prl_bench.dist_step",
     "multiturn": "prl_bench.multiturn",
     "group_checks": "prl_bench.group_checks",
+    "rewards": "prl_bench.rewards",
+    "startup": "prl_bench.startup",
+    "minibatch": "prl_bench.minibatch",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -40,6 +43,7 @@ ALIASES = {
     "dist": "dist_step",
     "multi_turn": "multiturn",
     "tools": "multiturn",
+    "minibatches": "minibatch",
 }
 
 

@@ -1,12 +1,14 @@
-"""Trainer: consumes the buffer's stream in arrival order, one optimizer step per epoch.
+"""Trainer: consumes the buffer's stream in arrival order, one published version per epoch.
 
 Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
 and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
 a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
 and the trainer never idles with groups queued while others are still generated. Once the buffer says
 the epoch is generated (TrainGroup.generated: every group left is on its way), no more early flushes:
-the rest is trained in micro-batches as big as the budget allows. EpochComplete -> exactly one `learner.step`
-(version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
+the rest is trained in micro-batches as big as the budget allows. With trainer.num_minibatches M > 1 the
+learner itself steps a minibatch (groups fixed by index) once its groups are in, inside `accumulate`
+(training/grpo.py). EpochComplete -> exactly one `learner.step` (the epoch's remaining optimizer steps,
+M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
@@ -49,6 +51,7 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.protocol.versions import on_policy
+from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
@@ -105,6 +108,7 @@ class TrainerCore(Core):
         self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
         self.run_id = ""
         self.shared_upload_id = ""  # the id of the last upload if it went through /dev/shm
+        self.reward_means = RewardMeans()  # reward/<name> of the open epoch (task.rewards)
 
     def start(self, now: float) -> None:
         if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
@@ -141,6 +145,7 @@ class TrainerCore(Core):
         if self.threads is not None:
             self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
+        self.reward_means.reset()
         self.log("train_epoch_begin", groups=msg.groups)
 
     @handles(TrainGroup)
@@ -156,6 +161,7 @@ class TrainerCore(Core):
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
         stats: dict[str, float] = {}
+        self.reward_means.add(msg.group)
         self.consumed += 1
         self.untrained.append(msg)
         rewards = [s.reward for s in msg.group.samples]
@@ -326,9 +332,17 @@ class TrainerCore(Core):
         step_s = time.monotonic() - t0
         self.train_s += step_s
         self.version = self.learner.version
-        self.log("optimizer_step", version_before=before, version_after=self.learner.version, groups=self.consumed)
+        inner = int(metrics.get("optimizer_steps", 1))  # M x mu (the sim learner: 1)
+        self.log(
+            "optimizer_step",
+            version_before=before,
+            version_after=self.learner.version,
+            groups=self.consumed,
+            optimizer_steps=inner,
+        )
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
         self._checkpoint()
+        metrics.update(self.reward_means.metrics())
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
         if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
             kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)

@@ -13,6 +13,7 @@ A worker that is behind never gets work: it is told `stale_version` and fetches.
 
 from __future__ import annotations
 
+import math
 import time
 
 import msgspec
@@ -21,7 +22,7 @@ from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
-from prl_actors.logs import EventLog
+from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
     EpochStart,
     Error,
@@ -47,6 +48,7 @@ from prl_actors.protocol.messages import (
     new_id,
 )
 from prl_actors.protocol.versions import on_policy
+from prl_actors.rewards.errors import RewardError
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
@@ -321,9 +323,11 @@ class WorkerCore(Core):
         for i, (g, (msg, prompt)) in enumerate(sent):
             try:
                 group = self._score(g, prompt)
-            except Exception as exc:  # a reward plugin that raises: give the group back, with the cause
+            except Exception as exc:  # scoring itself raised (not a reward error handled in _score)
                 self._give_back([g.group_id], "score", exc)
                 continue
+            if group is None:  # a reward failed under on_reward_error: fail; the run ends
+                return
             out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket)
             out.follows = len(sent) - 1 - i  # the rest of this burst comes right after it
             self._send_group(out, 1)
@@ -365,18 +369,34 @@ class WorkerCore(Core):
                 lambda now: self._send_group(retry, attempt + 1),
             )
 
-    def _score(self, g: GeneratedGroup, prompt: Prompt) -> Group:
+    def _score(self, g: GeneratedGroup, prompt: Prompt) -> Group | None:
+        """The group with its rewards (rewards/: weighted parts, async rewards concurrent). A reward
+        error ends the run with its one line (`task.on_reward_error: fail`, returns None) or scores
+        0 and is counted and logged (`zero`)."""
+        try:
+            scored = self.task.score_generated(prompt, g.prompt_ids, g.samples)
+        except RewardError as exc:
+            self.log("reward_failed", error=str(exc), group_id=g.group_id)
+            self.fail(str(exc))
+            return None
+        for error in scored.errors:
+            loud, n = self.count_loud("reward_errors"), self.counters["reward_errors"]
+            if loud:
+                self.log("reward_error", error=error, count=n, policy="zero")
+            if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
+                console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
+        parts = self.task.reward_set().report_parts
         samples = [
             Sample(
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=(self.task.score(prompt, s.text) if s.reward is None else s.reward)
-                + self.task.length_penalty(len(s.token_ids)),
+                reward=total + self.task.length_penalty(len(s.token_ids)),
                 finished=s.finished,
                 loss_mask=s.loss_mask or [],
+                reward_parts=part if parts else {},
             )
-            for s in g.samples
+            for s, total, part in zip(g.samples, scored.totals, scored.parts, strict=True)
         ]
         return Group(
             group_id=g.group_id,

@@ -219,6 +219,7 @@ class Prompt(msgspec.Struct, kw_only=True):
     prompt: str
     answer: str = ""
     ticket: bytes = b""
+    item: int = -1  # the row's index in the task's data (rewards read its columns there); -1: unknown
 
 
 class WorkAssign(Msg, tag="work_assign", kw_only=True):
@@ -245,7 +246,9 @@ class Sample(msgspec.Struct, kw_only=True):
     has a behaviour log-prob), 0 = the environment wrote it (in the context, never in the loss).
     `logprobs` then holds one entry per model token only (len = sum(loss_mask)). An empty
     `loss_mask` means every token is the model's (single-turn). Checked at decode (the codec's
-    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`."""
+    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`.
+    `reward` is the weighted sum of `reward_parts` when the task has several rewards (task.rewards);
+    `reward_parts` is empty for a task with its one default reward."""
 
     text: str
     token_ids: list[int]
@@ -253,6 +256,7 @@ class Sample(msgspec.Struct, kw_only=True):
     reward: float
     finished: bool = True
     loss_mask: list[int] = msgspec.field(default_factory=list)
+    reward_parts: dict[str, float] = msgspec.field(default_factory=dict)  # name -> value (task.rewards), unweighted
 
     def __post_init__(self) -> None:
         if self.loss_mask and len(self.loss_mask) != len(self.token_ids):
