@@ -2,7 +2,9 @@
 
     RUN_DIR/config.yaml          the resolved config
     RUN_DIR/logs/<actor>.jsonl   one structlog JSON-lines file per actor (docs/LOGS.md)
-    RUN_DIR/metrics.jsonl        one JSON object per epoch
+    RUN_DIR/metrics.jsonl        one JSON object per epoch (and one per evaluation, with "eval": true)
+    RUN_DIR/eval/epoch-<N>.jsonl each eval prompt of the evaluation of v_N: completions, rewards
+    RUN_DIR/completions.jsonl    run.log_completions samples per epoch (prompt, completion, reward, advantage)
     RUN_DIR/checkpoints/v<N>/    learner state after the step that made version N (DONE marks complete)
     RUN_DIR/model/               the built-in tiny model (an ordinary Hugging Face directory)
 
@@ -20,7 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -126,9 +128,29 @@ class RunDir:
             yield
 
     def metrics_rows(self) -> list[dict[str, Any]]:
+        """The training epochs' rows (evaluation rows left out: see eval_rows)."""
+        return [r for r in self.all_rows() if not r.get("eval")]
+
+    def eval_rows(self) -> list[dict[str, Any]]:
+        """One row per finished evaluation: epoch, version, eval_pass@k, eval_mean@k, eval_s."""
+        return [r for r in self.all_rows() if r.get("eval")]
+
+    def all_rows(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
             return []
         return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+
+    # --- EvalSink (the coordinator's; prl_actors/evaluation.py) ------------------------------------
+
+    def eval_result(self, epoch: int, version: int, groups: Sequence[Any], summary: Mapping[str, Any]) -> None:
+        from prl_actors.evaluation import write_eval
+
+        write_eval(self.root, epoch, version, groups, summary)
+        row = {"eval": True, **summary}
+        if self.echo:
+            console("eval    " + "  ".join(f"{k}={v}" for k, v in row.items() if k != "eval"))
+        with open(self.metrics, "a") as f:  # one short line in one write: appends of two processes don't mix
+            f.write(json.dumps(row) + "\n")
 
     # --- TrainerSink --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import socket
 import traceback
 import uuid
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -77,7 +78,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             desired_workers=cfg.run.workers,
             max_workers=cfg.run.max_workers,
         )
-        return CoordinatorCore(name, log, settings, load_task(cfg))
+        task = load_task(cfg)
+        return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))
     if role == "publisher":
         from prl_actors.weights_shm import ShmPublisher
 
@@ -122,8 +124,20 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             prefetch=cfg.worker.prefetch,
             shm=ShmReader() if cfg.worker.shm else None,
             threads=_worker_threads(cfg, engine),
+            eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
+
+
+def _eval_parts(cfg: Config, task: Any, run_dir: Path, quiet: bool) -> tuple[Any, Any]:
+    """The coordinator's EvalPlan and sink (None, None when eval.every_epochs is 0)."""
+    if cfg.eval.every_epochs <= 0:
+        return None, None
+    from prl_actors.evaluation import EvalPlan, done_epochs, eval_items
+
+    done = done_epochs(run_dir) if cfg.run.resume else set()
+    plan = EvalPlan(eval_items(cfg, task.items), cfg.eval.samples, cfg.eval.every_epochs, done)
+    return plan, RunDir(run_dir, echo=not quiet)
 
 
 def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
