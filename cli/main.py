@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.export_cmd import export
 from cli.keys_cmd import keys_app
 from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
@@ -504,6 +505,7 @@ app.command()(replay)
 app.command()(bench)
 app.add_typer(keys_app)
 app.command("export-merged")(export_merged)
+app.command("export")(export)
 
 
 def main() -> None:

@@ -75,8 +75,10 @@ class RunDir:
     """A run directory on disk. As a `TrainerSink` it appends metrics.jsonl, writes checkpoints and,
     with `echo`, prints one line per epoch."""
 
-    def __init__(self, root: Path | str, echo: bool = False) -> None:
+    def __init__(self, root: Path | str, echo: bool = False, keep_checkpoints: int = 0) -> None:
         self.root, self.echo = Path(root), echo
+        self.keep_checkpoints = keep_checkpoints  # 0: keep every checkpoint
+        self.protected: set[Path] = set()  # the checkpoint this run resumed from: never pruned
 
     @property
     def config(self) -> Path:
@@ -168,7 +170,33 @@ class RunDir:
         write(path)
         marker = {"version": version, "sha256": {str(f.relative_to(path)): _sha256(f) for f in _files(path)}}
         (path / DONE).write_text(json.dumps(marker, indent=1))
+        self.prune_checkpoints()
         return path
+
+    def prune_checkpoints(self) -> list[Path]:
+        """trainer.keep_checkpoints: delete complete checkpoints older than the newest N, never the one
+        this run resumed from (`protected`) and never one without its DONE marker (being written).
+        The DONE marker goes first, so a prune cut short leaves an incomplete, ignored directory."""
+        import shutil
+
+        if self.keep_checkpoints <= 0 or not self.checkpoints.exists():
+            return []
+        done = [p for p in self.checkpoints.glob("v*") if p.name[1:].isdigit() and (p / DONE).exists()]
+        done.sort(key=lambda p: int(p.name[1:]), reverse=True)
+        removed = []
+        for path in done[self.keep_checkpoints :]:
+            if path.resolve() in self.protected:
+                continue
+            (path / DONE).unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
+
+    def completions(self, rows: list[dict[str, Any]]) -> None:
+        """run.log_completions rows (prl_actors/completions.py)."""
+        from prl_actors import completions
+
+        completions.append(self.root, rows)
 
     def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
@@ -180,6 +208,7 @@ class RunDir:
         for path in sorted(done, key=lambda p: int(p.name[1:]), reverse=True):
             why = checkpoint_damage(path)
             if why is None:
+                self.protected.add(path.resolve())
                 if problems and self.echo:
                     console(f"warning: resuming from {path.name}: {'; '.join(problems)}")
                 return path

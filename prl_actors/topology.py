@@ -95,7 +95,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             name,
             log,
             learner,
-            RunDir(run_dir, echo=not quiet),
+            RunDir(run_dir, echo=not quiet, keep_checkpoints=cfg.trainer.keep_checkpoints),
             credits=cfg.trainer.credits,
             chunk_bytes=cfg.publisher.chunk_bytes,
             request_timeout_s=cfg.transport.request_timeout_s,
@@ -103,6 +103,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             resume=cfg.run.resume,
             threads=_trainer_threads(cfg, learner),
             shm=ShmReader() if cfg.publisher.shm else None,
+            log_completions=cfg.run.log_completions,
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Snapshot, transfer_messages
+from prl_actors.completions import CompletionPicker
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Credit,
@@ -66,8 +67,10 @@ class TrainerCore(Core):
         resume: bool = False,
         threads: ThreadPlan | None = None,
         shm: ShmReader | None = None,
+        log_completions: int = 0,
     ) -> None:
         super().__init__(name, log)
+        self.completions = CompletionPicker(log_completions) if log_completions > 0 else None
         self.threads = threads
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
@@ -132,6 +135,8 @@ class TrainerCore(Core):
             self.generated = True  # every group left is on its way: no flush before they are all queued
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
+        if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
+            self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
         stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.consumed += 1
         self.log(
@@ -270,6 +275,11 @@ class TrainerCore(Core):
         close = getattr(self.learner, "close", None)
         if close is not None:
             close()
+
+    def sink_completions(self, rows: list[dict[str, Any]]) -> None:
+        write = getattr(self.sink, "completions", None)
+        if rows and write is not None:
+            write(rows)
 
     def _checkpoint(self) -> None:
         v = self.learner.version

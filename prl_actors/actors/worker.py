@@ -299,9 +299,9 @@ class WorkerCore(Core):
             self._next()
             return
         self.evaluating, self.eval_groups = msg, []
-        if hasattr(self.engine, "sampling"):
-            self.train_sampling = self.engine.sampling
-            self.engine.sampling = self.eval_sampling
+        if hasattr(self.engine, "sampling"):  # the torch engine (the sim engine has no sampling settings)
+            engine: Any = self.engine
+            self.train_sampling, engine.sampling = engine.sampling, self.eval_sampling
         self.log("span_begin", span="eval", prompts=[p.group_id for p in msg.prompts], eval_epoch=msg.epoch)
         self.engine.admit(msg.prompts, msg.samples)
         self._kick()
@@ -328,12 +328,16 @@ class WorkerCore(Core):
         assert ev is not None
         if self.engine.busy:
             self.engine.abort()
-        if self.train_sampling is not None:
-            self.engine.sampling, self.train_sampling = self.train_sampling, None
+        self._restore_sampling()
         self.emit(Dest.peer("coordinator"), EvalResult(epoch=ev.epoch, version=ev.version, groups=self.eval_groups))
         self.log("span_end", span="eval", returned=len(self.eval_groups), prompts=len(ev.prompts))
         self.eval_groups = []
         self.hold = None
+
+    def _restore_sampling(self) -> None:
+        if self.train_sampling is not None:
+            engine: Any = self.engine
+            engine.sampling, self.train_sampling = self.train_sampling, None
 
     @handles(WorkAssign)
     def on_work_assign(self, now: float, inbound: Inbound[WorkAssign]) -> None:
@@ -399,8 +403,7 @@ class WorkerCore(Core):
         self.assigned.clear()
         if self.evaluating is not None:  # re-registering releases its eval prompts at the coordinator
             self.evaluating, self.eval_groups = None, []
-            if self.train_sampling is not None:
-                self.engine.sampling, self.train_sampling = self.train_sampling, None
+            self._restore_sampling()
         self.registered = False
         self.register()
 
