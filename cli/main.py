@@ -420,6 +420,10 @@ def status(
     )
     if st.waiting_for:
         typer.echo(f"stalled: {st.waiting_for}")
+    if st.eval:  # the latest finished evaluation (docs/OBSERVE.md)
+        ev = st.eval
+        scores = "  ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.startswith("eval_") and k != "eval_s")
+        typer.echo(f"eval   v{int(ev.get('version', -1))} (epoch {int(ev.get('epoch', -1))}): {scores}")
     for m in st.members:
         refused = f"  refused {m.refused}" if m.refused else ""
         typer.echo(
