@@ -276,3 +276,17 @@ def test_trackers_read_back_with_each_librarys_own_reader(tmp_path: Path, monkey
     history = _wandb_history(run_file)
     assert [(h["_step"], h["reward_mean"]) for h in history] == [(0, 0.25), (1, 0.5)]
     assert history[0]["eval_pass@4"] == 0.5
+
+
+def test_the_classic_rl_policy_is_saved_and_loads_back(tmp_path: Path) -> None:
+    from prl_actors.envs.policy import Agent
+    from prl_actors.envs.ppo import save_policy
+
+    agent = Agent(4, 2, 16)
+    path = save_policy(tmp_path / "final", agent, "CartPole-v1", 16)
+    saved = torch.load(path, weights_only=True)
+    assert saved["meta"] == {"env_id": "CartPole-v1", "obs_dim": 4, "n_actions": 2, "hidden": 16}
+    again = Agent(saved["meta"]["obs_dim"], saved["meta"]["n_actions"], saved["meta"]["hidden"])
+    again.load_state_dict(saved["state_dict"])
+    x = torch.randn(3, 4)
+    assert torch.equal(again.actor(x), agent.actor(x))

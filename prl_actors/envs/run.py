@@ -60,6 +60,11 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
         finally:
             hub.close("completed")
     console(final_line(result))
+    if "agent" in result:  # the final policy, for use after the run
+        from prl_actors.envs.ppo import save_policy
+
+        saved = save_policy(rd.root / "final", result["agent"], cfg.env.env_id, cfg.env.ppo.hidden)
+        console(f"final policy: {saved}")
     return 0
 
 
