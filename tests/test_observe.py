@@ -290,3 +290,42 @@ def test_the_classic_rl_policy_is_saved_and_loads_back(tmp_path: Path) -> None:
     again.load_state_dict(saved["state_dict"])
     x = torch.randn(3, 4)
     assert torch.equal(again.actor(x), agent.actor(x))
+
+
+@pytest.mark.slow  # ~25 s on 2 shared cores (a warm start, a LoRA step, three model loads)
+def test_lora_export_merged_and_adapter_load_with_transformers(tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.training.grpo import GRPOLearner
+    from tests.learning_utils import prompts, random_rewards, tiny_model
+    from tests.test_lora import with_lora
+
+    cfg, model_dir = tiny_model(tmp_path / "m")
+    engine = TorchEngine(cfg, model_dir)
+    engine.version = 0
+    groups = random_rewards(engine.generate(prompts(["3+4=", "7+15=", "9+9="]), 4))
+    cfg = with_lora(cfg, dropout=0.0)
+    learner = GRPOLearner(cfg, model_dir)
+    learner.begin_epoch(0, len(groups))
+    for g in groups:
+        learner.accumulate(g)
+    learner.step()
+    RunDir(tmp_path / "run").save_checkpoint(learner.version, learner.save_checkpoint)
+    runner = CliRunner()
+    res = runner.invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "merged")])
+    assert res.exit_code == 0 and "merged LoRA model" in res.output, res.output
+    res = runner.invoke(app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "adapter"), "--adapter"])
+    assert res.exit_code == 0 and "LoRA adapter" in res.output, res.output
+
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "merged"), local_files_only=True)
+    ids = tok("3+4=", return_tensors="pt").input_ids
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), local_files_only=True).eval()
+    assert not hasattr(merged, "peft_config") and (tmp_path / "merged/generation_config.json").is_file()
+    assert merged.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > ids.shape[1]
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    adapted = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():  # the adapter export on its base computes the merged export's logits
+        torch.testing.assert_close(adapted(ids).logits, merged(ids).logits, atol=1e-5, rtol=0)
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "adapter"), local_files_only=True)("1+1=").input_ids

@@ -28,6 +28,7 @@ BENCHMARKS = {
     "control_plane": "prl_bench.control_plane",
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
+    "eval_cost": "prl_bench.eval_cost",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -36,6 +37,7 @@ ALIASES = {
     "loop": "e2e",
     "lora": "lora_sync",
     "dist": "dist_step",
+    "eval": "eval_cost",
 }
 
 
