@@ -410,8 +410,19 @@ def summary(run_dir: Path, wall_s: float) -> str:
     return (
         f"done: {len(rows)} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
-        f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)" + final_model_line(run_dir)
+        f"{eval_line(run_dir)}run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)" + final_model_line(run_dir)
     )
+
+
+def eval_line(run_dir: Path) -> str:
+    """'eval v0 -> vN: eval_pass@k a -> b  eval_mean@k c -> d' + newline ('' without evaluations)."""
+    rows = RunDir(run_dir).eval_rows()
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    keys = [k for k in first if k.startswith("eval_") and k != "eval_s" and k in last]
+    scores = "  ".join(f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)
+    return f"eval v{first.get('version')} -> v{last.get('version')}: {scores}\n"
 
 
 def final_model_line(run_dir: Path) -> str:

@@ -91,6 +91,8 @@ def test_eval_of_a_lost_worker_is_requeued_and_the_next_epoch_waits_for_it() -> 
     ((epoch, version, groups, summary),) = sink.results
     assert (epoch, version, len(groups)) == (0, 0, 2)
     assert summary[f"eval_pass@{K}"] == 1.0 and summary[f"eval_mean@{K}"] == 1.0
+    ((_, status),) = drive(core, 0.5, m.StatusRequest(), "operator")  # `prl-actors status` shows it
+    assert isinstance(status, m.Status) and status.eval[f"eval_pass@{K}"] == 1.0 and status.eval["version"] == 0
 
 
 def test_the_final_weights_are_evaluated_before_the_run_ends() -> None:
@@ -177,6 +179,10 @@ def test_evaluation_never_changes_what_is_trained(runs: tuple[Path, Path]) -> No
     assert all(len(set(p["completions"])) == 1 for p in per_prompt)  # eval.sampling: greedy
     assert [r["epoch"] for r in RunDir(evald).metrics_rows()] == [0, 1]  # training rows unchanged
     assert sorted(p.name for p in (evald / "checkpoints").iterdir()) == ["v2"]  # keep_checkpoints: 1
+    from prl_actors.launcher import summary
+
+    lines = summary(evald, 1.0)  # what `up` prints at the end
+    assert "eval v0 -> v2: eval_pass@3" in lines and f"final model: {evald}/checkpoints/v2/model" in lines
 
 
 @pytest.mark.integration
@@ -329,3 +335,24 @@ def test_lora_export_merged_and_adapter_load_with_transformers(tmp_path: Path) -
     with torch.no_grad():  # the adapter export on its base computes the merged export's logits
         torch.testing.assert_close(adapted(ids).logits, merged(ids).logits, atol=1e-5, rtol=0)
     assert AutoTokenizer.from_pretrained(str(tmp_path / "adapter"), local_files_only=True)("1+1=").input_ids
+
+
+def test_evaluation_survives_resume_and_replays(tmp_path: Path) -> None:
+    from prl_actors.replay.checks import run_checks
+    from prl_actors.replay.events import load_run
+    from tests.conftest import sim_config
+
+    run_dir = tmp_path / "run"
+    for epochs, resume in ((2, False), (4, True)):
+        cfg = sim_config(run_dir, run__epochs=epochs, run__resume=resume, eval__every_epochs=2, eval__num_prompts=3)
+        cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
+        try:
+            assert cluster.wait(30), "run did not finish"
+        finally:
+            cluster.close()
+    rd = RunDir(run_dir)
+    assert [r["epoch"] for r in rd.metrics_rows()] == [0, 1, 2, 3]
+    assert [r["epoch"] for r in rd.eval_rows()] == [0, 2, 4]  # v2 (the first run's final) is not redone
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["epoch-0.jsonl", "epoch-2.jsonl", "epoch-4.jsonl"]
+    results = run_checks(load_run(run_dir))
+    assert all(r.ok for r in results), [r.summary for r in results]
