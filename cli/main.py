@@ -196,7 +196,12 @@ def _check_task(cfg: Any) -> None:
     from prl_actors.tasks import load_task
 
     try:
-        load_task(cfg)
+        task = load_task(cfg)
+        if cfg.eval.every_epochs > 0:  # a bad eval.prompts_file is refused here too, not in the coordinator
+            from prl_actors.evaluation import eval_items
+
+            if not eval_items(cfg, task.items):
+                raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
     except ConfigError as exc:
         fail(str(exc))
 

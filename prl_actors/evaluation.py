@@ -71,10 +71,14 @@ def summarize(groups: Sequence[EvalGroup], k: int) -> dict[str, float]:
         return {f"eval_pass@{k}": 0.0, f"eval_mean@{k}": 0.0}
     passed = [any(r >= PASS_REWARD for r in g.rewards) for g in groups]
     rewards = [r for g in groups for r in g.rewards]
-    return {
+    out = {
         f"eval_pass@{k}": round(float(np.mean(passed)), 6),
         f"eval_mean@{k}": round(float(np.mean(rewards)) if rewards else 0.0, 6),
     }
+    errors = sum(1 for g in groups if g.error)
+    if errors:  # prompts the engine failed on (their error is in eval/epoch-N.jsonl)
+        out["eval_errors"] = float(errors)
+    return out
 
 
 def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -82,9 +86,13 @@ def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, s
     task's items drawn with a seed of their own (deterministic; the training sampler is not touched, so
     enabling eval never changes what is trained)."""
     if cfg.eval.prompts_file:
+        from prl_actors.config import ConfigError
         from prl_actors.tasks.dataset import load_items
 
-        return load_items(cfg, cfg.eval.prompts_file, "prompt")
+        try:
+            return load_items(cfg, cfg.eval.prompts_file, "prompt")
+        except ConfigError as exc:
+            raise ConfigError(f"eval.prompts_file: {exc}") from None
     n = min(cfg.eval.num_prompts, len(task_items))
     rng = np.random.default_rng([int(cfg.run.seed), 0xE7A1])
     picks = sorted(rng.choice(len(task_items), size=n, replace=False).tolist())
@@ -118,6 +126,7 @@ def write_eval(
                 "answer": g.answer,
                 "completions": g.completions,
                 "rewards": g.rewards,
+                **({"error": g.error} if g.error else {}),
             }
             f.write(json.dumps(row) + "\n")
     tmp.rename(path)

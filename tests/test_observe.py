@@ -356,3 +356,51 @@ def test_evaluation_survives_resume_and_replays(tmp_path: Path) -> None:
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["epoch-0.jsonl", "epoch-2.jsonl", "epoch-4.jsonl"]
     results = run_checks(load_run(run_dir))
     assert all(r.ok for r in results), [r.summary for r in results]
+
+
+def _eval_on(core, engine_idle: bool = True) -> list[m.Msg]:  # type: ignore[no-untyped-def]
+    from tests.test_cores import inbound
+
+    msg = m.EvalAssign(
+        reply_to="r",
+        epoch=0,
+        version=0,
+        samples=2,
+        prompts=[m.Prompt(group_id=EVAL_ID_BASE, prompt="ctx 1", answer="4")],
+    )
+    core.handle(0.0, inbound(msg, "coordinator", peer="coordinator"))
+    while core.deferred:
+        core.deferred.pop(0)(0.0)
+    out, core.outbox = core.outbox, []
+    return [x for _, x, _ in out]
+
+
+def test_a_worker_runs_eval_alone_and_returns_every_prompt_even_when_the_engine_fails() -> None:
+    import numpy as np
+
+    from prl_actors.engines.sim import SimEngine
+    from tests.test_cores import FailingEngine, sim_config_for_cores, worker
+
+    engine = SimEngine(sim_config_for_cores())
+    engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    core = worker(engine)
+    core.eval_sampling = object()  # this run evaluates
+    out = _eval_on(core)
+    (result,) = [x for x in out if isinstance(x, m.EvalResult)]
+    assert not any(isinstance(x, m.GroupResult) for x in out)  # eval samples never go to the buffer
+    ((g),) = result.groups
+    assert (g.prompt_id, len(g.completions), len(g.rewards), g.error) == (EVAL_ID_BASE, 2, 2, "")
+    assert core.evaluating is None and isinstance(out[-1], m.WorkRequest)  # back to training work
+
+    class IdleUntilAdmitted(FailingEngine):
+        busy = False
+
+        def admit(self, prompts: list[m.Prompt], group_size: int) -> None:
+            self.busy = True
+
+    failing = worker(IdleUntilAdmitted())
+    failing.eval_sampling = object()
+    out = _eval_on(failing)
+    (result,) = [x for x in out if isinstance(x, m.EvalResult)]
+    assert result.groups[0].error == "RuntimeError: device lost" and result.groups[0].rewards == []
+    assert failing.registered and failing.counters["eval_failed"] == 1  # no re-register: no endless retry

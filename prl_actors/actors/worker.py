@@ -323,6 +323,22 @@ class WorkerCore(Core):
         if len(self.eval_groups) >= len(ev.prompts):
             self._end_eval()
 
+    def _eval_failed(self, exc: Exception) -> None:
+        """The engine raised on eval prompts: each unfinished one is returned with the error (a voice in
+        eval/epoch-N.jsonl, counted as not passed) and the worker goes back to training."""
+        ev = self.evaluating
+        assert ev is not None
+        error = f"{type(exc).__name__}: {exc}"
+        self.count("eval_failed")
+        self.log("eval_failed", error=error)
+        returned = {g.prompt_id for g in self.eval_groups}
+        self.eval_groups += [
+            EvalGroup(prompt_id=p.group_id, prompt=p.prompt, answer=p.answer, completions=[], rewards=[], error=error)
+            for p in ev.prompts
+            if p.group_id not in returned
+        ]
+        self._end_eval()
+
     def _end_eval(self) -> None:
         ev, self.evaluating = self.evaluating, None
         assert ev is not None
@@ -366,7 +382,10 @@ class WorkerCore(Core):
         try:
             finished = self.engine.step()
         except Exception as exc:  # engine failure: hand the groups back by registering anew
-            self._engine_failed(exc)
+            if self.evaluating is not None:  # eval prompts are not handed back: retrying could loop forever
+                self._eval_failed(exc)
+            else:
+                self._engine_failed(exc)
             finished = []
         if finished and self.evaluating is not None:
             self._eval_finished(finished)

@@ -237,6 +237,7 @@ class EvalGroup(msgspec.Struct, kw_only=True):
     answer: str
     completions: list[str]
     rewards: list[float]
+    error: str = ""  # the engine failed on this prompt (no completions; counted as not passed)
 
 
 class EvalResult(Msg, tag="eval_result", kw_only=True):
