@@ -404,3 +404,15 @@ def test_a_worker_runs_eval_alone_and_returns_every_prompt_even_when_the_engine_
     (result,) = [x for x in out if isinstance(x, m.EvalResult)]
     assert result.groups[0].error == "RuntimeError: device lost" and result.groups[0].rewards == []
     assert failing.registered and failing.counters["eval_failed"] == 1  # no re-register: no endless retry
+
+
+def test_a_retried_epoch_open_does_not_wait_for_its_own_evaluation() -> None:
+    core, _ = eval_coordinator()
+    drive(core, 0.0, m.Register(role=m.Role.BUFFER), "buffer")
+    drive(core, 0.0, m.WeightsAvailable(version=0), "publisher")  # epoch 0 opening, its eval queued
+    assert core.eval_epoch == 0 and core.phase.current == m.Phase.OPENING
+    core.now = 20.0
+    core.tick(20.0)  # the buffer never acked: the open is retried
+    out = core.outbox
+    assert any(isinstance(msg, m.EpochOpen) and msg.epoch == 0 for _, msg, _ in out)
+    assert core.phase.current == m.Phase.OPENING

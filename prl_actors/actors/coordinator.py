@@ -358,7 +358,7 @@ class CoordinatorCore(Core):
             return
         if self.phase.is_(Phase.TRAINING) and e != self.epoch + 1:
             return
-        if self._eval_blocks():  # the workers must keep v_e until its evaluation is done
+        if self._eval_blocks() and self.eval_epoch < e:  # the workers must keep v_e until it is evaluated
             self.log("epoch_open_deferred", reason=f"evaluation of v{version_for(self.eval_epoch)} running")
             return
         buffer = self.members.first(Role.BUFFER)
