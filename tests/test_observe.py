@@ -416,3 +416,20 @@ def test_a_retried_epoch_open_does_not_wait_for_its_own_evaluation() -> None:
     out = core.outbox
     assert any(isinstance(msg, m.EpochOpen) and msg.epoch == 0 for _, msg, _ in out)
     assert core.phase.current == m.Phase.OPENING
+
+
+def test_the_last_step_done_before_its_weights_are_announced_still_gets_the_final_evaluation() -> None:
+    core, sink = eval_coordinator(epochs=1, prompts=1)
+    open_epoch(core)
+    drain(core)
+    finish_epoch(core, 0)
+    ev0 = ask(core, "worker-b", 0)
+    assert isinstance(ev0, m.EvalAssign)
+    drive(core, 0.4, m.StepDone(epoch=0, version=1), "trainer")  # before the publisher's weights_available
+    assert not core.stopped  # v0's evaluation is still out
+    answer(core, "worker-b", ev0)
+    assert not core.stopped and core.eval_epoch == 1  # the final weights v1 are evaluated next
+    ev1 = ask(core, "worker-a", 1)
+    assert isinstance(ev1, m.EvalAssign) and ev1.version == 1
+    answer(core, "worker-a", ev1)
+    assert core.stopped and [r[0] for r in sink.results] == [0, 1]

@@ -122,6 +122,7 @@ class CoordinatorCore(Core):
         self.eval_started = 0.0
         self.eval_last: dict[str, float] = {}
         self.final_eval = False  # the last step is done; the run ends when this evaluation does
+        self.final_epoch = -1  # set once the last step is done: the epoch of the final weights
         eval_done = sorted(eval_plan.done) if eval_plan is not None else []
         self.log(  # for replay (the epochs already evaluated decide what is evaluated)
             "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
@@ -469,6 +470,7 @@ class CoordinatorCore(Core):
 
     def _finish_run(self, epoch: int) -> None:
         """The last step is done: evaluate the final weights first when due, then end the run."""
+        self.final_epoch = epoch
         if self._eval_blocks():  # the last epoch's own evaluation: the final one waits for it
             return
         if not self.final_eval and self._start_eval(epoch, final=True):
@@ -539,8 +541,8 @@ class CoordinatorCore(Core):
         if self.eval_sink is not None:
             self.eval_sink.eval_result(epoch, version, groups, summary)
         self.eval_epoch = -1
-        if self.final_eval or (self.phase.is_(Phase.TRAINING) and self.epochs_completed >= self.s.epochs):
-            self._finish_run(epoch_for(self.available_version))
+        if self.final_epoch >= 0:  # the last step was done while this evaluation ran (or it was the final one)
+            self._finish_run(self.final_epoch)
         else:
             self._maybe_open()  # the next epoch may have waited for this evaluation
 
