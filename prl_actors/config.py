@@ -415,6 +415,13 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _eval_fits_the_engine(self) -> Config:
+        rows = max(self.worker.max_batch_rows, self.worker.group_size)
+        if self.eval.every_epochs and self.worker.engine == "sim" and self.eval.samples > rows:
+            raise ValueError(f"eval.samples ({self.eval.samples}) exceeds the sim engine's batch of {rows} rows")
+        return self
+
+    @model_validator(mode="after")
     def _lora_needs_grpo(self) -> Config:
         if self.trainer.lora is not None and self.trainer.learner != "grpo":
             raise ValueError("trainer.lora needs trainer.learner 'grpo' (the sim learner has no model to adapt)")

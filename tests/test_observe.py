@@ -433,3 +433,21 @@ def test_the_last_step_done_before_its_weights_are_announced_still_gets_the_fina
     assert isinstance(ev1, m.EvalAssign) and ev1.version == 1
     answer(core, "worker-a", ev1)
     assert core.stopped and [r[0] for r in sink.results] == [0, 1]
+
+
+def test_eval_config_mistakes_are_one_line(tmp_path: Path) -> None:
+    from prl_actors.config import ConfigError, load_config
+
+    repo = Path(__file__).resolve().parent.parent
+    with pytest.raises(ConfigError, match=r"eval.samples \(20\) exceeds the sim engine's batch"):
+        load_config(repo / "configs/sim.yaml", {"eval.every_epochs": 1, "eval.samples": 20})
+    with pytest.raises(ConfigError, match="eval.every_epochs"):
+        load_config(None, {"eval.every_epochs": -1})
+    cfg = load_config(None, {"eval.every_epochs": 1, "eval.sampling": {"temperature": 0.0}})
+    assert cfg.eval.sampling is not None and cfg.eval.sampling.temperature == 0.0  # greedy is fine for eval
+    res = CliRunner().invoke(
+        app,
+        ["up", "--config", str(repo / "configs/sim.yaml"), "--run-dir", str(tmp_path / "r"), "--set",
+         "eval.every_epochs=1", "--set", f"eval.prompts_file={tmp_path / 'missing.jsonl'}"],
+    )  # fmt: skip
+    assert res.exit_code == 2 and "eval.prompts_file:" in res.output and "Traceback" not in res.output
