@@ -134,6 +134,15 @@ class EnvLauncher:
         return name
 
     def run(self) -> int:
+        follower = None
+        if self.cfg.run.report_to:  # run.report_to: one thread follows metrics.jsonl (prl_actors/tracking.py)
+            from prl_actors.tracking import MetricsFollower
+
+            config = self.cfg.model_dump(mode="json")
+            follower = MetricsFollower(
+                Path(self.cfg.run.run_dir), list(self.cfg.run.report_to), self.cfg.run.name, config
+            )
+            follower.start()
         self.spawn("learner", "learner")
         assert self.cfg.env is not None
         for _ in range(self.cfg.env.actors):
@@ -146,6 +155,8 @@ class EnvLauncher:
             return 130
         finally:
             self._reap()
+            if follower is not None:
+                follower.stop()
 
     def _supervise(self) -> int:
         while True:
