@@ -334,7 +334,9 @@ class ModelSection(_Section):
 
 
 class TaskSection(_Section):
-    name: str = Field("add", description="add (a+b=, the default), jsonl (prompts_file) or math (word problems).")
+    name: str = Field(
+        "add", description="add (a+b=, the default), jsonl (prompts_file), math (word problems) or guess (a game)."
+    )
     prompts_file: str | None = Field(
         None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
     )
@@ -350,6 +352,48 @@ class TaskSection(_Section):
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     max_operand: int = Field(20, ge=1)
+    environment: str | None = Field(
+        None,
+        description="Multi-turn: module:factory of an environment (reset/step, docs/TASKS.md); "
+        "the factory is called once per episode. The `guess` task has its own.",
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Multi-turn tool calling: tool names (`calculator`) or module:function; the model calls "
+        "them as <tool_call>{...}</tool_call>, its first turn without a call is scored by the task's reward.",
+    )
+    max_turns: int = Field(4, ge=1, le=64, description="Multi-turn: model turns per episode at most.")
+    max_turn_tokens: int | None = Field(
+        None, ge=1, description="Multi-turn: tokens per model turn at most (default worker.sampling.max_new_tokens)."
+    )
+    guess_max: int = Field(9, ge=1, le=99, description="guess: the secret is a number in 0..guess_max.")
+    env_threads: int = Field(8, ge=1, le=256, description="Multi-turn: threads running environment / tool steps.")
+
+    @model_validator(mode="after")
+    def _one_kind_of_episode(self) -> TaskSection:
+        kinds = [
+            k
+            for k, on in (
+                ("task.environment", self.environment),
+                ("task.tools", self.tools),
+                ("the guess task", self.name == "guess"),
+            )
+            if on
+        ]
+        if len(kinds) > 1:
+            raise ValueError(f"{' and '.join(kinds)} exclude each other (one kind of episode per run)")
+        return self
+
+    @model_validator(mode="after")
+    def _tools_need_template(self) -> TaskSection:
+        if self.tools and not self.chat_template:
+            raise ValueError("task.tools needs chat_template: true (the template shows the model the tools' schemas)")
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns (an environment or tools) instead of one response per sample."""
+        return bool(self.environment or self.tools or self.name == "guess")
 
     @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:
@@ -406,6 +450,12 @@ class Config(_Section):
     def _engine_matches_learner(self) -> Config:
         if (self.worker.engine == "sim") != (self.trainer.learner == "sim"):
             raise ValueError("worker.engine 'sim' and trainer.learner 'sim' go together")
+        return self
+
+    @model_validator(mode="after")
+    def _multi_turn_engine(self) -> Config:
+        if self.task.multi_turn and self.worker.engine == "sim":
+            raise ValueError("multi-turn tasks (task.environment, task.tools, guess) need worker.engine torch or vllm")
         return self
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ BENCHMARKS = {
     "envs": "prl_bench.envs",
     "dist_step": "prl_bench.dist_step",
     "eval_cost": "prl_bench.eval_cost",
+    "multiturn": "prl_bench.multiturn",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -38,6 +39,8 @@ ALIASES = {
     "lora": "lora_sync",
     "dist": "dist_step",
     "eval": "eval_cost",
+    "multi_turn": "multiturn",
+    "tools": "multiturn",
 }
 
 

@@ -448,8 +448,9 @@ class WorkerCore(Core):
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=self.task.score(prompt, s.text),
+                reward=self.task.score(prompt, s.text) if s.reward is None else s.reward,
                 finished=s.finished,
+                loss_mask=s.loss_mask or [],
             )
             for s in g.samples
         ]

@@ -35,6 +35,8 @@ class Generated:
     token_ids: list[int]
     logprobs: list[float]
     finished: bool = True
+    reward: float | None = None  # a multi-turn episode's own reward (None: the task scores `text`)
+    loss_mask: list[int] | None = None  # multi-turn: 1 = model token, 0 = environment token (Sample.loss_mask)
 
 
 @dataclass

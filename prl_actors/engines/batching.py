@@ -71,6 +71,7 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     eos: bool = False
+    offset: int = 0  # draws made before this row (a later turn of a multi-turn episode), for the counter
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Running:
     tag: Any = None  # the caller's (e.g. the Prompt); handed back with the finished group
     rows: list[Row] = field(default_factory=list)
     t_admit: float = 0.0
+    index: int = 0  # the first row's sample index (a later turn of episode i is one row of index i)
+    offset: int = 0  # the rows' sampling counters start here (engines/multiturn.py)
 
 
 @dataclass
@@ -124,9 +127,21 @@ class RunningBatch:
 
     # --- the caller's API ------------------------------------------------------------------------
 
-    def add(self, group_id: int, prompt_ids: list[int], key: int, size: int, tag: Any = None) -> None:
-        """Queue a group of `size` samples (one larger than `max_rows` runs alone in an empty batch)."""
-        self.pending.append(Running(group_id, list(prompt_ids), key, size, tag))
+    def add(
+        self,
+        group_id: int,
+        prompt_ids: list[int],
+        key: int,
+        size: int,
+        tag: Any = None,
+        index: int = 0,
+        offset: int = 0,
+    ) -> None:
+        """Queue a group of `size` samples (one larger than `max_rows` runs alone in an empty batch).
+        Its rows are samples index..index+size-1 and draw their t-th token with counter offset + t,
+        so a multi-turn episode's later turn (one row, re-entering with its whole context) never
+        reuses an earlier turn's uniforms."""
+        self.pending.append(Running(group_id, list(prompt_ids), key, size, tag, index=index, offset=offset))
 
     @property
     def busy(self) -> bool:
@@ -189,7 +204,7 @@ class RunningBatch:
         now = time.monotonic()
         rows = []
         for g in new:
-            g.rows, g.t_admit = [Row(g.key, i) for i in range(g.size)], now
+            g.rows, g.t_admit = [Row(g.key, g.index + i, offset=g.offset) for i in range(g.size)], now
             rows += g.rows
         self._merge(cache, mask.repeat_interleave(sizes, dim=0), mask.sum(-1).repeat_interleave(sizes, dim=0))
         self.groups += new
@@ -231,7 +246,7 @@ class RunningBatch:
     def _sample(self, logits: torch.Tensor, index: list[int]) -> None:
         """Draw the next token of rows `index` (logits [n, V]) and record token and log-prob."""
         rows = [self.rows[i] for i in index]
-        u = uniforms([r.key for r in rows], [r.index for r in rows], [len(r.tokens) for r in rows])
+        u = uniforms([r.key for r in rows], [r.index for r in rows], [r.offset + len(r.tokens) for r in rows])
         token = draw(logits, u, self.temperature, self.top_p)  # [n]
         logp = behaviour_logprobs(logits, token, self.temperature, self.top_p)  # [n]
         eos = torch.isin(token, self._eos)

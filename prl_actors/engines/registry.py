@@ -20,18 +20,52 @@ def make_engine(cfg: Config, model_dir: Path | None) -> Engine:
     if kind == "torch":
         from prl_actors.engines.torch_engine import TorchEngine
 
-        return TorchEngine(cfg, model_dir)
-    if kind == "vllm":
+        engine: Engine = TorchEngine(cfg, model_dir)
+    elif kind == "vllm":
         from prl_actors.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(cfg, model_dir)
-    raise ConfigError(f"unknown worker.engine {kind!r}: use torch, vllm or sim")
+        engine = VllmEngine(cfg, model_dir)
+    else:
+        raise ConfigError(f"unknown worker.engine {kind!r}: use torch, vllm or sim")
+    return multi_turn_engine(cfg, engine) if cfg.task.multi_turn else engine
+
+
+def multi_turn_engine(cfg: Config, engine: Engine) -> Engine:
+    """`engine` playing the run's episodes (engines/multiturn.py): its turns, the task's environment."""
+    from prl_actors.engines.multiturn import MultiTurnEngine, TurnBackend
+    from prl_actors.envs_llm.registry import env_factory, tool_schemas
+    from prl_actors.envs_llm.render import Renderer
+    from prl_actors.tasks.registry import load_task
+
+    turn_tokens = cfg.task.max_turn_tokens or cfg.worker.sampling.max_new_tokens
+    turns: TurnBackend
+    if cfg.worker.engine == "torch":
+        from prl_actors.engines.torch_engine import TorchEngine, TorchTurns
+
+        assert isinstance(engine, TorchEngine)
+        turns = TorchTurns(engine, turn_tokens)
+    else:
+        from prl_actors.engines.vllm_turns import VllmTurns
+
+        turns = VllmTurns(engine, turn_tokens)
+    renderer = Renderer(engine.tokenizer, cfg.task.chat_template, tool_schemas(cfg))  # type: ignore[attr-defined]
+    factory = env_factory(cfg, load_task(cfg).reward)
+    return MultiTurnEngine(  # type: ignore[return-value]
+        turns,
+        factory,
+        renderer,
+        max_turns=cfg.task.max_turns,
+        max_turn_tokens=turn_tokens,
+        env_threads=cfg.task.env_threads,
+    )
 
 
 def check_engine(cfg: Config, model_dir: Path | None, workers: int = 1) -> None:
     """Refuse, with one ConfigError line, an engine setup that would only fail inside the start-up
     of `workers` workers on this host (`up` calls it before it starts any): vLLM missing, on another
     device kind, unable to run the model's attention on CPU, or short of RAM on CPU."""
+    if cfg.task.multi_turn and cfg.worker.engine == "sim":
+        raise ConfigError("multi-turn tasks (task.environment, task.tools, guess) need worker.engine torch or vllm")
     if cfg.worker.engine == "vllm" and model_dir is not None:
         from prl_actors.engines.vllm_engine import check_vllm_setup
 

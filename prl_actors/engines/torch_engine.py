@@ -158,3 +158,53 @@ class TorchEngine:
     def close(self) -> None:
         self.batch.abort()
         self.model = None  # type: ignore[assignment]
+
+
+class TorchTurns:
+    """engines/multiturn.py's TurnBackend on a TorchEngine's running batch: a turn is an entry of the
+    batch (a group's first turn: G rows sharing one prefill; a later turn: one row re-prefilled with
+    its whole context), at most `max_turn_tokens` tokens each, sampled by the episode's counters."""
+
+    def __init__(self, engine: TorchEngine, max_turn_tokens: int) -> None:
+        self.engine = engine
+        engine.batch.max_new_tokens = max_turn_tokens
+        limit = getattr(engine.model.config, "max_position_embeddings", None)
+        self.max_context: int | None = int(limit) if limit else None
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def max_rows(self) -> int:
+        return self.engine.max_rows
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.batch.busy
+
+    def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:
+        self.engine.load_weights(version, tensors)
+
+    def seed_for(self, group_id: int) -> int:
+        return seed_for(self.engine.seed, self.engine.version, group_id)
+
+    def submit(self, turn: Any) -> None:
+        self.engine.batch.add(
+            turn.turn_id, turn.ids, turn.key, turn.size, tag=turn, index=turn.index, offset=turn.offset
+        )
+
+    def poll(self) -> list[Any]:
+        from prl_actors.engines.multiturn import TurnOut
+
+        return [
+            TurnOut(f.group_id, row.index, list(row.tokens), list(row.logprobs), row.eos)
+            for f in self.engine.batch.step()
+            for row in f.rows
+        ]
+
+    def abort(self) -> None:
+        self.engine.batch.abort()
+
+    def close(self) -> None:
+        self.engine.close()

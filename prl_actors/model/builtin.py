@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.model.device import resolve_dtype
 from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
-from prl_actors.model.warmstart import warm_start
+from prl_actors.model.warmstart import warm_start, warm_start_on
 
 BUILDER_VERSION = 1  # bump when the recipe below changes: cached models are then rebuilt
 STAMP = "prl_builtin.json"
@@ -49,6 +49,8 @@ def builtin_key(cfg: Config) -> str:
         "max_operand": cfg.task.max_operand,
         "seed": cfg.run.seed,
     }
+    if cfg.task.name == "guess":  # warm-started on the game instead (other keys unchanged: caches stay valid)
+        spec["guess"] = {"max": cfg.task.guess_max, "turns": cfg.task.max_turns}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -79,15 +81,35 @@ def create_builtin(cfg: Config, out_dir: Path, on_step: Callable[[int, int], Non
     model = Qwen2ForCausalLM(builtin_config(cfg, len(tok)))
     m = cfg.model
     with one_thread():  # a tiny model: OpenMP threads would mostly wait for each other (and on a busy host, far worse)
-        warm_start(
-            model, tok, cfg.task.max_operand, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step
-        )
+        if cfg.task.name == "guess":
+            _warm_start_guess(cfg, model, tok, on_step)
+        else:
+            warm_start(
+                model,
+                tok,
+                cfg.task.max_operand,
+                m.warm_start_steps,
+                cfg.run.seed,
+                m.warm_start_smoothing,
+                on_step=on_step,
+            )
     model.generation_config.pad_token_id = PAD_ID
     with quiet_progress():
         model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     (out_dir / STAMP).write_text(json.dumps({"key": builtin_key(cfg)}))
     return out_dir
+
+
+def _warm_start_guess(
+    cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase, on_step: Callable[[int, int], None] | None
+) -> None:
+    """The guess game's warm start: transcripts of a uniform-among-the-possible player (envs_llm/guess.py)."""
+    from prl_actors.envs_llm.guess import warm_start_examples
+
+    t, m = cfg.task, cfg.model
+    examples = warm_start_examples(tok, t.guess_max, t.max_turns, 2048, cfg.run.seed)
+    warm_start_on(model, tok, examples, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step)
 
 
 def validate_model_dir(path: str) -> Path:

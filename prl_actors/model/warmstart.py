@@ -54,6 +54,21 @@ def warm_start(
     `on_step(done, steps)` is called after every step (progress display)."""
     items = add_items(max_operand)
     examples = [encode_example(tok, p, a) for p, a in items]
+    return warm_start_on(model, tok, examples, steps, seed, label_smoothing, lr, batch_size, on_step)
+
+
+def warm_start_on(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    examples: list[tuple[list[int], list[int]]],
+    steps: int,
+    seed: int,
+    label_smoothing: float = 0.0,
+    lr: float = 3e-3,
+    batch_size: int = 64,
+    on_step: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """`warm_start` on any (input ids, labels) examples (e.g. the guess game's transcripts)."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()

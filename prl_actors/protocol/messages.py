@@ -248,13 +248,32 @@ class EvalResult(Msg, tag="eval_result", kw_only=True):
 
 
 class Sample(msgspec.Struct, kw_only=True):
-    """One generated response. Token ids exclude the prompt; logprobs are per response token."""
+    """One generated response. Token ids exclude the prompt; logprobs are per response token.
+
+    Multi-turn episodes (docs/TASKS.md, "Writing an environment"): `token_ids` is the whole episode
+    after the shared prompt, the model's turns and the environment's / tools' observation tokens
+    interleaved, and `loss_mask` has one entry per token: 1 = the model sampled it (trained, and it
+    has a behaviour log-prob), 0 = the environment wrote it (in the context, never in the loss).
+    `logprobs` then holds one entry per model token only (len = sum(loss_mask)). An empty
+    `loss_mask` means every token is the model's (single-turn). Checked at decode (the codec's
+    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
     reward: float
     finished: bool = True
+    loss_mask: list[int] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.loss_mask and len(self.loss_mask) != len(self.token_ids):
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} tokens")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask entries must be 0 (environment token) or 1 (model token)")
+
+    def model_mask(self) -> list[int]:
+        """One 0/1 per token of `token_ids` (all 1 for a single-turn sample)."""
+        return self.loss_mask or [1] * len(self.token_ids)
 
 
 class Group(msgspec.Struct, kw_only=True):

@@ -8,12 +8,18 @@ from typing import Any
 from prl_actors.config import Config, ConfigError
 from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
+from prl_actors.tasks.guess_task import guess_task
 from prl_actors.tasks.jsonl import jsonl_task
 from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
 from prl_actors.tasks.sim import sim_task
 
-TASKS: dict[str, Callable[[Config], Task]] = {"add": add_task, "jsonl": jsonl_task, "math": math_task}
+TASKS: dict[str, Callable[[Config], Task]] = {
+    "add": add_task,
+    "jsonl": jsonl_task,
+    "math": math_task,
+    "guess": guess_task,
+}
 TASK_NAMES = tuple(TASKS)
 DATASET_TASKS = ("jsonl", "math")
 
@@ -25,12 +31,20 @@ def load_task(cfg: Config) -> Task:
     if cfg.worker.engine == "sim":
         return sim_task(cfg)
     _check_options(cfg)
-    task = TASKS[cfg.task.name](cfg)
+    task = TASKS[cfg.task.name](untemplated(cfg))
     if cfg.task.reward:
         task.reward = load_reward(cfg.task.reward)
     if cfg.run.resume:
         check_resume(cfg, task)
     return task
+
+
+def untemplated(cfg: Config) -> Config:
+    """Multi-turn runs keep the rows' plain text: the episode's renderer applies the chat template
+    to the environment's messages (envs_llm/render.py). Other runs: `cfg` itself."""
+    if not (cfg.task.multi_turn and cfg.task.chat_template):
+        return cfg
+    return cfg.model_copy(update={"task": cfg.task.model_copy(update={"chat_template": False, "system_prompt": None})})
 
 
 def _check_options(cfg: Config) -> None:

@@ -109,12 +109,23 @@ def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
 
 def engine_logprobs(groups: list[Group]) -> torch.Tensor:
     """[N] float64: the engine's log-prob of every response token (group, sample, position order,
-    as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its tokens."""
+    as in ModelBatch); NaN for the tokens of a sample whose logprobs do not match its model tokens,
+    and for environment tokens of a multi-turn sample (they have none: Sample.loss_mask)."""
     out: list[float] = []
     for s in (s for g in groups for s in g.samples):
-        ok = len(s.logprobs) == len(s.token_ids)
-        out += s.logprobs if ok else [float("nan")] * len(s.token_ids)
+        mask = s.model_mask()
+        if len(s.logprobs) != sum(mask):
+            out += [float("nan")] * len(s.token_ids)
+            continue
+        given = iter(s.logprobs)
+        out += [next(given) if m else float("nan") for m in mask]
     return torch.tensor(out, dtype=torch.float64)
+
+
+def loss_mask(groups: list[Group]) -> torch.Tensor:
+    """[N] float64: 1 for a token the model sampled, 0 for an environment / tool token of a multi-turn
+    sample (in the context, never in the loss); same order as ModelBatch's response tokens."""
+    return torch.tensor([m for g in groups for s in g.samples for m in s.model_mask()], dtype=torch.float64)
 
 
 class GRPOLearner:
@@ -215,14 +226,15 @@ class GRPOLearner:
         with self._autocast():
             out = self.tri(batch)
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
+        mask = loss_mask(groups).to(self.device, out.policy.dtype)  # [N] 0 on environment tokens
         pg, clipped = ppo_clip_loss(out.policy, out.old, adv_tok, self.cfg.eps_low, self.cfg.eps_high)  # [N]
         kl = k3_kl(out.policy, out.ref) if out.ref is not None else torch.zeros_like(pg)  # [N]
-        loss = (pg + self.cfg.beta * kl).sum()
+        loss = ((pg + self.cfg.beta * kl) * mask).sum()
         loss.backward()
-        self.stats.tokens += int(batch.targets.numel())
+        self.stats.tokens += int(mask.sum())  # model tokens only: the normaliser of the epoch's gradient
         self.stats.loss_sum += float(loss.detach())
-        self.stats.kl_sum += float(kl.detach().sum())
-        self.stats.clipped += int(clipped.sum())
+        self.stats.kl_sum += float((kl.detach() * mask).sum())
+        self.stats.clipped += int((clipped * mask.bool()).sum())
         self.stats.add_logprob_diff(engine_logprobs(groups), out.old)
 
     def step(self) -> dict[str, float]:

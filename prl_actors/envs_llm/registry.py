@@ -1,0 +1,66 @@
+"""Which environment a run's episodes play, from the `task` section (multi-turn runs only)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from prl_actors.config import Config, ConfigError
+from prl_actors.envs_llm.base import EnvFactory
+from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
+from prl_actors.envs_llm.guess import GuessEnv
+from prl_actors.envs_llm.tools import Tool, ToolEnv, tool
+
+
+def load_object(spec: str, option: str) -> Any:
+    """Import `module:name`; any failure is a one-line ConfigError naming `option`."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{option} {spec!r} must look like 'module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{option} {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    obj = getattr(module, attr, None)
+    if obj is None or not callable(obj):
+        raise ConfigError(f"{option} {spec!r}: module {module_name!r} has no callable {attr!r}")
+    return obj
+
+
+def load_tools(specs: list[str]) -> list[Tool]:
+    """The `task.tools`: built-in names or module:function (a Tool, or a function given a schema here)."""
+    tools = []
+    for spec in specs:
+        if spec in BUILTIN_TOOLS:
+            tools.append(BUILTIN_TOOLS[spec])
+            continue
+        if ":" not in spec:
+            raise ConfigError(
+                f"task.tools: unknown tool {spec!r} (built-in: {', '.join(BUILTIN_TOOLS)}; or module:function)"
+            )
+        obj = load_object(spec, "task.tools")
+        tools.append(obj if isinstance(obj, Tool) else tool(obj))
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"task.tools: two tools share a name ({names})")
+    return tools
+
+
+def env_factory(cfg: Config, reward: Callable[[str, str, str], float]) -> EnvFactory:
+    """A new environment per call, for the run's kind of episode (`reward`: the task's, for tools)."""
+    t = cfg.task
+    if t.name == "guess":
+        return lambda: GuessEnv(t.guess_max, t.max_turns)
+    if t.tools:
+        tools = load_tools(t.tools)
+        return lambda: ToolEnv(tools, reward, t.system_prompt)
+    if t.environment:
+        factory: EnvFactory = load_object(t.environment, "task.environment")
+        return factory
+    raise ConfigError("not a multi-turn task (set task.environment or task.tools, or use the guess task)")
+
+
+def tool_schemas(cfg: Config) -> list[dict[str, Any]]:
+    """The JSON schemas the chat template shows the model (empty without tools)."""
+    return [t.schema for t in load_tools(cfg.task.tools)] if cfg.task.tools else []
