@@ -316,7 +316,8 @@ class WorkerCore(Core):
             if p is None:
                 continue
             texts = [s.text for s in g.samples]
-            rewards = [self.task.score(p, t) for t in texts]
+            # the task's reward, or the episode's own (multi-turn environments), as for training groups
+            rewards = [self.task.score(p, s.text) if s.reward is None else s.reward for s in g.samples]
             self.eval_groups.append(
                 EvalGroup(prompt_id=p.group_id, prompt=p.prompt, answer=p.answer, completions=texts, rewards=rewards)
             )
