@@ -469,6 +469,12 @@ class Config(_Section):
         rows = max(self.worker.max_batch_rows, self.worker.group_size)
         if self.eval.every_epochs and self.worker.engine == "sim" and self.eval.samples > rows:
             raise ValueError(f"eval.samples ({self.eval.samples}) exceeds the sim engine's batch of {rows} rows")
+        multi_turn = bool(self.task.environment or self.task.tools or self.task.name == "guess")
+        if self.eval.every_epochs and self.eval.sampling is not None and (self.worker.engine != "torch" or multi_turn):
+            raise ValueError(
+                "eval.sampling needs worker.engine torch and single-turn episodes (other engines sample with "
+                "worker.sampling); leave eval.sampling out to evaluate with worker.sampling"
+            )
         return self
 
     @model_validator(mode="after")

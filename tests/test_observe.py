@@ -445,6 +445,8 @@ def test_eval_config_mistakes_are_one_line(tmp_path: Path) -> None:
         load_config(None, {"eval.every_epochs": -1})
     cfg = load_config(None, {"eval.every_epochs": 1, "eval.sampling": {"temperature": 0.0}})
     assert cfg.eval.sampling is not None and cfg.eval.sampling.temperature == 0.0  # greedy is fine for eval
+    with pytest.raises(ConfigError, match="eval.sampling needs worker.engine torch"):
+        load_config(repo / "configs/sim.yaml", {"eval.every_epochs": 1, "eval.sampling": {"temperature": 0.0}})
     res = CliRunner().invoke(
         app,
         ["up", "--config", str(repo / "configs/sim.yaml"), "--run-dir", str(tmp_path / "r"), "--set",
