@@ -35,7 +35,7 @@ def bench(
         typer.Option(
             "--only",
             help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs, "
-            "dist_step, multiturn, eval_cost "
+            "dist_step, multiturn, eval_cost, rewards "
             "(repeatable or a,b).",
         ),
     ] = None,

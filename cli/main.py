@@ -204,6 +204,9 @@ def _check_task(cfg: Any) -> None:
                 raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
     except ConfigError as exc:
         fail(str(exc))
+        return
+    if task.note:
+        typer.secho(f"warning: {task.note}", fg=typer.colors.YELLOW, err=True)
 
 
 def _up_env(cfg: Any) -> None:

@@ -154,6 +154,19 @@ class CoordinatorSection(_Section):
     max_groups_per_request: int = Field(
         64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose rewards are all equal is not trained (nor counted in the "
+        "loss normaliser), and the epoch hands out more prompts, in rounds, until it has B informative groups "
+        "(docs/LEARNING.md).",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="dynamic_sampling: rounds of prompts an epoch may hand out (the first is its B); when they run "
+        "out the epoch trains the informative groups it has and says so. An epoch reserves B x this many "
+        "positions of the prompt stream.",
+    )
 
     @model_validator(mode="after")
     def _timeout_after_interval(self) -> CoordinatorSection:
@@ -170,6 +183,32 @@ class SamplingSection(_Section):
         1.0, gt=0, le=1, description="Nucleus: sample from the smallest set of tokens with mass >= top_p."
     )
     max_new_tokens: int = Field(8, ge=1)
+    top_k: int = Field(
+        0, ge=0, description="Sample from the k most likely tokens only (ties at the k-th included); 0 = off."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Drop tokens whose probability (after the temperature) is below min_p x the top token's; 0 = off.",
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="HF/vLLM repetition penalty: the logit of every token already in the prompt or the response "
+        "so far is divided by it if positive, multiplied if negative (> 1 discourages repeats); 1 = off.",
+    )
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Stop strings: a response ends at the first one (its text cut before it, its tokens up to the "
+        "one that completed it) and counts as finished.",
+    )
+
+    @model_validator(mode="after")
+    def _stop_strings(self) -> SamplingSection:
+        if any(not x for x in self.stop):
+            raise ValueError("stop: stop strings must be non-empty")
+        return self
 
 
 class WorkerSection(_Section):
@@ -333,9 +372,66 @@ class ModelSection(_Section):
     )
 
 
+REWARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class RewardSpec(_Section):
+    """One reward of `task.rewards`: exactly one of `fn`, `model`, `url` (docs/TASKS.md)."""
+
+    fn: str | None = Field(
+        None, description="A built-in (math, format, length, add, code) or 'module:function' (per sample or batched)."
+    )
+    model: str | None = Field(None, description="A local Hugging Face sequence-classification checkpoint directory.")
+    url: str | None = Field(None, description="An http(s) reward service (JSON contract in docs/TASKS.md).")
+    name: str | None = Field(
+        None, description="Metrics key reward/<name> (default: the builtin or function name, 'model', 'service')."
+    )
+    weight: float = Field(1.0, allow_inf_nan=False, description="Its weight in the total (sum of weight * value).")
+    batched: bool = Field(False, description="fn: called once per group with its G records instead of per sample.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments bound to fn (length: max_tokens)."
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default 300).",
+    )
+    retries: int = Field(2, ge=0, le=10, description="url: extra attempts after a failed or timed-out request.")
+    concurrency: int = Field(4, ge=1, le=256, description="url: requests in flight at once (per worker).")
+    device: str = Field("cpu", description="model: torch device of the reward model (cpu, cuda, cuda:1, ...).")
+    threads: int | None = Field(None, ge=1, description="model: torch CPU threads while scoring (default: unchanged).")
+    batch_size: int = Field(16, ge=1, description="model: sequences per forward pass.")
+    max_length: int = Field(1024, ge=8, description="model: prompt+completion tokens kept (truncated from the left).")
+    label: int = Field(0, ge=0, description="model: the logit used as the reward (num_labels > 1).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSpec:
+        given = [k for k in ("fn", "model", "url") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"a reward needs exactly one of fn, model, url (got {', '.join(given) or 'none'})")
+        if self.batched and not self.fn:
+            raise ValueError("batched applies to fn rewards (model and url rewards always score a group at once)")
+        if self.args and not self.fn:
+            raise ValueError("args applies to fn rewards (keyword arguments bound to the function)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} must start with http:// or https://")
+        if self.name is not None and not REWARD_NAME.fullmatch(self.name):
+            raise ValueError(f"reward name {self.name!r}: use letters, digits, '_', '.', '-'")
+        return self
+
+    def default_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.fn:
+            return self.fn.rpartition(":")[2] or self.fn
+        return "model" if self.model else "service"
+
+
 class TaskSection(_Section):
     name: str = Field(
-        "add", description="add (a+b=, the default), jsonl (prompts_file), math (word problems) or guess (a game)."
+        "add",
+        description="add (a+b=, the default), jsonl (prompts_file), math (word problems), code (programs vs "
+        "tests) or guess (a game).",
     )
     prompts_file: str | None = Field(
         None, description="JSONL or parquet file, or a local `datasets` directory (math: the shipped sample if unset)."
@@ -351,7 +447,32 @@ class TaskSection(_Section):
         0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
+    rewards: list[RewardSpec] = Field(
+        default_factory=list,
+        description="Weighted rewards (fn / model / url), summed by weight; replaces the task's own reward.",
+    )
+    on_reward_error: Literal["fail", "zero"] = Field(
+        "fail",
+        description="A reward that raises or returns a non-finite number: fail the run (one line), or score 0, warn.",
+    )
+    tests_field: str = Field("tests", description="code: column holding the row's tests (a list of Python asserts).")
+    code_timeout_s: float = Field(5.0, gt=0, le=600, description="code: seconds a sample's program may run.")
+    code_memory_mb: int = Field(512, ge=16, description="code: address-space limit (RLIMIT_AS) of the program.")
     max_operand: int = Field(20, ge=1)
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Prompts longer than this (in tokens, after templating) are left out at load, with one line "
+        "giving their count and the first one's row; None = no limit. Prompts that cannot fit the model's "
+        "positions with max_new_tokens are refused at load either way.",
+    )
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong penalty: a response longer than max_new_tokens - overlong_buffer tokens "
+        "gets a reward penalty growing linearly to overlong_penalty at max_new_tokens; 0 = off.",
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="The overlong penalty's size at max_new_tokens.")
     environment: str | None = Field(
         None,
         description="Multi-turn: module:factory of an environment (reset/step, docs/TASKS.md); "
@@ -394,6 +515,18 @@ class TaskSection(_Section):
     def multi_turn(self) -> bool:
         """Episodes of several turns (an environment or tools) instead of one response per sample."""
         return bool(self.environment or self.tools or self.name == "guess")
+
+    @model_validator(mode="after")
+    def _rewards(self) -> TaskSection:
+        if self.reward and self.rewards:
+            raise ValueError("set task.reward or task.rewards, not both (task.rewards: [{fn: module:function}])")
+        names = [r.default_name() for r in self.rewards]
+        if "env" in names:
+            raise ValueError("task.rewards: the name 'env' is the multi-turn environment's own reward: pick another")
+        doubles = sorted({n for n in names if names.count(n) > 1})
+        if doubles:
+            raise ValueError(f"task.rewards: two rewards named {doubles[0]!r}: give each a distinct name")
+        return self
 
     @model_validator(mode="after")
     def _system_needs_template(self) -> TaskSection:
@@ -474,6 +607,15 @@ class Config(_Section):
             raise ValueError(
                 "eval.sampling needs worker.engine torch and single-turn episodes (other engines sample with "
                 "worker.sampling); leave eval.sampling out to evaluate with worker.sampling"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _overlong_within_length(self) -> Config:
+        if self.task.overlong_buffer > self.worker.sampling.max_new_tokens:
+            raise ValueError(
+                f"task.overlong_buffer ({self.task.overlong_buffer}) exceeds worker.sampling.max_new_tokens "
+                f"({self.worker.sampling.max_new_tokens})"
             )
         return self
 

@@ -33,7 +33,7 @@ PASS_REWARD = 1.0  # a sample "passes" when its reward reaches this (the built-i
 class EvalPlan:
     """What to evaluate: the prompts (id = index), k, and how often."""
 
-    items: list[tuple[str, str]]
+    items: list[tuple[str, str, int]]  # (prompt, answer, row index in the task's data; -1: not the task's)
     samples: int
     every_epochs: int
     done: set[int] = field(default_factory=set)  # epochs already evaluated (resume)
@@ -45,7 +45,10 @@ class EvalPlan:
         return epoch % self.every_epochs == 0 or epoch == last_epoch
 
     def prompts(self) -> list[Prompt]:
-        return [Prompt(group_id=EVAL_ID_BASE + i, prompt=p, answer=a) for i, (p, a) in enumerate(self.items)]
+        return [
+            Prompt(group_id=EVAL_ID_BASE + i, prompt=p, answer=a, item=item)
+            for i, (p, a, item) in enumerate(self.items)
+        ]
 
 
 class EvalSink(Protocol):
@@ -81,22 +84,23 @@ def summarize(groups: Sequence[EvalGroup], k: int) -> dict[str, float]:
     return out
 
 
-def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The eval prompts: `eval.prompts_file` (read like a jsonl task), else `eval.num_prompts` of the
-    task's items drawn with a seed of their own (deterministic; the training sampler is not touched, so
-    enabling eval never changes what is trained)."""
+def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
+    """The eval prompts as (prompt, answer, row index): `eval.prompts_file` (read like a jsonl task; no
+    row of the task's data, so rewards that read row columns get none), else `eval.num_prompts` of the
+    task's items drawn with a seed of their own, with their row index (deterministic; the training
+    sampler is not touched, so enabling eval never changes what is trained)."""
     if cfg.eval.prompts_file:
         from prl_actors.config import ConfigError
         from prl_actors.tasks.dataset import load_items
 
         try:
-            return load_items(cfg, cfg.eval.prompts_file, "prompt")
+            return [(p, a, -1) for p, a in load_items(cfg, cfg.eval.prompts_file, "prompt")]
         except ConfigError as exc:
             raise ConfigError(f"eval.prompts_file: {exc}") from None
     n = min(cfg.eval.num_prompts, len(task_items))
     rng = np.random.default_rng([int(cfg.run.seed), 0xE7A1])
     picks = sorted(rng.choice(len(task_items), size=n, replace=False).tolist())
-    return [task_items[i] for i in picks]
+    return [(task_items[i][0], task_items[i][1], i) for i in picks]
 
 
 def done_epochs(run_dir: Path | str) -> set[int]:

@@ -226,6 +226,8 @@ class Launcher:
         at_start = rc > 0 and self._find(child, "registered") is None
         restarts = child.restarts + 1 if at_start else 0
         cause = self._cause(child, rc)
+        if self._find(child, "reward_failed") is not None:  # task.on_reward_error: fail ends the run
+            raise RunFailed(f"{child.name} exited ({cause})")
         console(f"{child.name} exited ({cause})")
         if restarts > self.cfg.run.worker_restarts:
             raise RunFailed(

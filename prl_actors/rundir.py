@@ -68,7 +68,16 @@ class TrainerSink(Protocol):
 def epoch_line(row: Mapping[str, Any]) -> str:
     """The one console line per finished epoch."""
     shown = "  ".join(f"{k}={row[k]:.3f}" for k in EPOCH_LINE_KEYS if k in row)
-    return f"epoch {row['epoch']:>3}  v{row['version']:<3} {shown}"
+    return f"epoch {row['epoch']:>3}  v{row['version']:<3} {shown}{dynamic_sampling_note(row)}"
+
+
+def dynamic_sampling_note(row: Mapping[str, Any]) -> str:
+    """Dynamic sampling's part of the epoch line: groups kept of generated, and a short epoch."""
+    if "groups_generated" not in row:
+        return ""
+    kept, made, want = int(row.get("groups_kept", 0)), int(row["groups_generated"]), int(row.get("groups_target", 0))
+    short = f" (short of B={want}: sampling rounds ran out)" if kept < want else ""
+    return f"  kept {kept}/{made} groups{short}"
 
 
 class RunDir:

@@ -77,6 +77,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             desired_workers=cfg.run.workers,
             max_workers=cfg.run.max_workers,
+            dynamic_sampling=cfg.coordinator.dynamic_sampling,
+            max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
         )
         task = load_task(cfg)
         return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))

@@ -154,7 +154,7 @@ def test_missing_extra_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_task_options_that_do_not_apply() -> None:
-    with pytest.raises(ConfigError, match="task.chat_template applies to the jsonl and math tasks"):
+    with pytest.raises(ConfigError, match="task.chat_template applies to the jsonl, math and code tasks"):
         load_task(tiny_config(task__chat_template=True))
     with pytest.raises(ConfigError, match="format_reward applies to the math task only"):
         load_task(tiny_config(task__format_reward=0.1))

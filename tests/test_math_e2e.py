@@ -64,8 +64,14 @@ def test_math_config_through_the_actors(tmp_path: Path, family_dirs: dict[str, P
     scored: list[tuple[Prompt, str, float]] = []
     cluster = LocalCluster(cfg, log_dir=run_dir / "logs")
     task = cluster.hosts["worker-0"].core.task  # type: ignore[attr-defined]
-    score = task.score
-    task.score = lambda p, r: scored.append((p, r, score(p, r))) or scored[-1][2]
+    score_group = task.score_group
+
+    def spy(prompt: Prompt, prompt_ids: list[int], samples: list) -> object:  # type: ignore[type-arg]
+        out = score_group(prompt, prompt_ids, samples)
+        scored.extend((prompt, s.text, total) for s, total in zip(samples, out.totals, strict=True))
+        return out
+
+    task.score_group = spy
     try:
         assert cluster.wait(240), "the math run did not finish"
     finally:

@@ -26,7 +26,7 @@ K = 2
 def eval_coordinator(epochs: int = 2, prompts: int = 3) -> tuple[object, MemoryEvalSink]:
     core = coordinator(epochs=epochs)
     sink = MemoryEvalSink()
-    core.eval_plan = EvalPlan([(f"e{i}", str(i)) for i in range(prompts)], samples=K, every_epochs=1)
+    core.eval_plan = EvalPlan([(f"e{i}", str(i), -1) for i in range(prompts)], samples=K, every_epochs=1)
     core.eval_sink = sink
     return core, sink
 

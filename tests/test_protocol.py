@@ -53,6 +53,7 @@ def sample_messages() -> list[m.Msg]:
         m.Credit(n=2),
         m.TrainGroup(seq=0, group=group),
         m.EpochComplete(groups=4),
+        m.EpochClose(groups=3, generated=7),
         m.StepDone(metrics={"reward_mean": 0.5}),
         m.WeightsBegin(tensors=[meta], total_bytes=16, chunks=1),
         m.WeightChunk(transfer="t", index=0, offset=0, nbytes=16),

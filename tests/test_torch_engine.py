@@ -15,6 +15,7 @@ from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tokenizer import EOS_ID
+from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.packing import collate_packed
 from prl_actors.training.trimodel import TriModel
 from tests.learning_utils import prompts, tiny_model
@@ -173,7 +174,7 @@ class NoCache:
 
 def scripted_batch(lm: torch.nn.Module, max_new_tokens: int, temperature: float = 1.0) -> RunningBatch:
     return RunningBatch(
-        lm, max_rows=8, eos_ids={2}, pad_id=0, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens
+        lm, max_rows=8, eos_ids={2}, pad_id=0, behaviour=Behaviour(temperature), max_new_tokens=max_new_tokens
     )
 
 

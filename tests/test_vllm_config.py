@@ -71,3 +71,39 @@ def test_tensor_parallel_size_must_divide_the_heads(tmp_path: Path) -> None:
     check_tensor_parallel(1, tmp_path)
     with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide the model's 4 attention heads"):
         check_tensor_parallel(3, tmp_path)
+
+
+def test_every_sampling_control_maps_to_vllm_sampling_params() -> None:
+    """worker.sampling -> SamplingParams kwargs (vLLM applies them in training/behaviour.py's order);
+    checked without vLLM: the names are vLLM 0.32's SamplingParams fields."""
+    from prl_actors.engines.vllm_engine import sampling_kwargs
+
+    s = load_config(
+        None,
+        {
+            "worker.sampling.temperature": 0.7,
+            "worker.sampling.top_p": 0.9,
+            "worker.sampling.top_k": 20,
+            "worker.sampling.min_p": 0.05,
+            "worker.sampling.repetition_penalty": 1.2,
+            "worker.sampling.stop": ["\n\n", "</answer>"],
+            "worker.sampling.max_new_tokens": 64,
+        },
+    ).worker.sampling
+    assert sampling_kwargs(s, 8) == {
+        "n": 8,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "min_p": 0.05,
+        "repetition_penalty": 1.2,
+        "stop": ["\n\n", "</answer>"],
+        "max_tokens": 64,
+        "logprobs": 0,
+    }
+    off = sampling_kwargs(load_config(None, {}).worker.sampling, 4)
+    assert (off["top_k"], off["min_p"], off["repetition_penalty"], off["stop"]) == (-1, 0.0, 1.0, None)
+    if HAVE_VLLM:  # the real class takes them
+        import vllm
+
+        vllm.SamplingParams(**sampling_kwargs(s, 8), seed=1)

@@ -83,6 +83,7 @@ class Loop:
         from prl_actors.engines.sampling import seed_for
         from prl_actors.model.tokenizer import load_tokenizer
         from prl_actors.tasks import load_task
+        from prl_actors.training.behaviour import Behaviour
         from prl_actors.training.grpo import GRPOLearner
 
         self.cfg, self.seed_for = cfg, seed_for
@@ -97,8 +98,7 @@ class Loop:
             max_rows=self.B * self.G,
             eos_ids=eos,
             pad_id=int(self.tokenizer.pad_token_id),
-            temperature=s.temperature,
-            top_p=s.top_p,
+            behaviour=Behaviour.of(s),
             max_new_tokens=s.max_new_tokens,
         )
 
@@ -116,7 +116,12 @@ class Loop:
         for f in done:
             texts = [str(self.tokenizer.decode(r.tokens, skip_special_tokens=True)) for r in f.rows]
             samples = [
-                Sample(text=t, token_ids=r.tokens, logprobs=r.logprobs, reward=self.task.score(f.tag, t))
+                Sample(
+                    text=t,
+                    token_ids=r.tokens,
+                    logprobs=r.logprobs,
+                    reward=self.task.score(f.tag, t) + self.task.length_penalty(len(r.tokens)),
+                )
                 for t, r in zip(texts, f.rows, strict=True)
             ]
             groups.append(

@@ -29,6 +29,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("envs", _envs),
         ("dist_step", _dist_step),
         ("eval_cost", _eval_cost),
+        ("rewards", _rewards),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -234,4 +235,19 @@ def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     b.bar(names, [cases[n]["eval_s_median"] for n in names], color="tab:green", alpha=0.6, label="one evaluation (s)")
     b.set(ylabel="seconds", title="what evaluation costs")
     b.legend(fontsize=8)
+    return fig
+
+
+def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """An async reward's group against its sequential time; the code sandbox, one by one vs a group."""
+    judge = next(e for e in entries if e["name"].startswith("async"))
+    code = next(e for e in entries if "group of" in e["name"])["raw"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    sequential = judge["raw"]["group"] * judge["raw"]["sleep_s"]
+    a.bar(["sequential (G x wait)", "measured"], [sequential, judge["measured"]], color=["grey", "tab:blue"])
+    a.set(ylabel="seconds per group", title=f"async reward, G = {judge['raw']['group']}")
+    g = code["group"]
+    b.bar(["one sample", f"{g} in a row", f"a group of {g}"], [code["single_s"], g * code["single_s"], code["group_s"]],
+          color=["tab:blue", "grey", "tab:green"])  # fmt: skip
+    b.set(ylabel="seconds", title="code reward (sandboxed subprocess per sample)")
     return fig

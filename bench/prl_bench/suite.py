@@ -30,6 +30,7 @@ BENCHMARKS = {
     "dist_step": "prl_bench.dist_step",
     "eval_cost": "prl_bench.eval_cost",
     "multiturn": "prl_bench.multiturn",
+    "rewards": "prl_bench.rewards",
 }
 ALIASES = {
     "packing": "shared_prompt",

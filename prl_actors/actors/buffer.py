@@ -15,6 +15,10 @@ Accepted groups go to the Trainer as `TrainGroup` under credit-based flow contro
 group, returned by the trainer after consuming it. `periodic` streams each group on arrival; `sync`
 holds the epoch's groups and releases the whole batch when the last one arrives.
 The stream per epoch is: EpochOpen, TrainGroup x B (seq 0..B-1), EpochComplete.
+Dynamic sampling (EpochOpen.id_bound > 0, actors/dynamic_sampling.py): group ids run over
+0..id_bound-1; a group whose rewards are all equal is accepted (and reported to the coordinator with
+informative=false) but never streamed (`group_filtered`); the epoch ends when the coordinator sends
+EpochClose, and EpochComplete then carries the number of groups streamed (kept) and generated.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from __future__ import annotations
 from collections import deque
 
 from prl_actors.actors import tickets
+from prl_actors.actors.dynamic_sampling import informative
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
     Credit,
+    EpochClose,
     EpochComplete,
     EpochOpen,
     ErrorCode,
@@ -58,6 +64,8 @@ class BufferCore(Core):
         self.following: dict[str, int] = {}  # worker -> groups it said follow its last accepted one
         self.opened_at = 0.0
         self.ticket_keys: list[bytes] = []  # the coordinator's (a restarted coordinator adds one)
+        self.id_bound = 0  # dynamic sampling: group ids 0..id_bound-1 (0 = off: 0..groups-1)
+        self.closed = False  # dynamic sampling: EpochClose came, EpochComplete is in the stream
 
     def start(self, now: float) -> None:
         self.register()
@@ -75,6 +83,7 @@ class BufferCore(Core):
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
             self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
             self.following = {}
+            self.id_bound, self.closed = msg.id_bound, False
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
             self._pump()
         self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
@@ -101,21 +110,51 @@ class BufferCore(Core):
         self.count("accepted")
         self.log("group_accepted", **fields, accepted=len(self.accepted), groups=self.groups)
         self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=True))
-        accepted = GroupAccepted(epoch=msg.epoch, version=msg.version, group_id=group.group_id, worker=group.worker)
+        useful = informative([x.reward for x in group.samples])
+        accepted = GroupAccepted(
+            epoch=msg.epoch, version=msg.version, group_id=group.group_id, worker=group.worker, informative=useful
+        )
         self.emit(Dest.peer("coordinator"), accepted)
+        if self.id_bound and not useful:
+            self._filtered(group.group_id)
+            return
         item = TrainGroup(epoch=msg.epoch, version=msg.version, seq=self.seq, group=group)
         self.seq += 1
         if self.mode == "sync":
             self.held.append(item)
         else:
             self.stream.append(item)
-        if len(self.accepted) == self.groups:
-            self.stream.extend(self.held)
-            self.held = []
-            gen_s = round(now - self.opened_at, 6)
-            self.stream.append(EpochComplete(epoch=self.epoch, version=self.version, groups=self.groups, gen_s=gen_s))
-            self.log("batch_complete", groups=self.groups)
+        if not self.id_bound and len(self.accepted) == self.groups:
+            self._complete(now, self.groups)
         self._pump()
+
+    def _complete(self, now: float, groups: int, generated: int = 0) -> None:
+        """End the epoch's stream: the held groups (sync), then EpochComplete."""
+        self.stream.extend(self.held)
+        self.held = []
+        gen_s = round(now - self.opened_at, 6)
+        done = EpochComplete(epoch=self.epoch, version=self.version, groups=groups, gen_s=gen_s, generated=generated)
+        self.stream.append(done)
+        self.log("batch_complete", groups=groups, generated=generated or groups)
+
+    # --- dynamic sampling ------------------------------------------------------------------------
+
+    def _filtered(self, group_id: int) -> None:
+        """An accepted group with equal rewards under dynamic sampling: done, never trained."""
+        self.count("filtered")
+        self.log("group_filtered", group_id=group_id, msg_epoch=self.epoch, accepted=len(self.accepted))
+
+    @handles(EpochClose)
+    def on_epoch_close(self, now: float, inbound: Inbound[EpochClose]) -> None:
+        """The coordinator's sampling rounds are over: the `seq` groups streamed are the epoch's."""
+        msg = inbound.msg
+        if msg.epoch == self.epoch and self.id_bound and not self.closed:
+            self.closed = True
+            if msg.groups != self.seq or msg.generated != len(self.accepted):
+                self.log("close_mismatch", kept=self.seq, accepted=len(self.accepted), told=msg.groups)
+            self._complete(now, self.seq, len(self.accepted))
+            self._pump()
+        self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
 
     def _not_assigned(self, msg: GroupResult) -> str:
         """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""
@@ -133,7 +172,7 @@ class BufferCore(Core):
             return RejectReason.EPOCH_CLOSED
         if not on_policy(self.epoch, version):
             return RejectReason.STALE_VERSION
-        if not 0 <= group_id < self.groups:
+        if not 0 <= group_id < (self.id_bound or self.groups):
             return RejectReason.UNKNOWN_GROUP
         if n_samples != self.group_size:
             return RejectReason.BAD_GROUP_SIZE
@@ -161,7 +200,13 @@ class BufferCore(Core):
                 if self.credits <= 0:
                     return
                 self.credits -= 1
-                head.generated = len(self.accepted) + sum(self.following.values()) >= self.groups
+                head.generated = self._generated_hint()
                 self.log("group_streamed", group_id=head.group.group_id, seq=head.seq, credits=self.credits)
             self.stream.popleft()
             self.emit(Dest.reply(self.trainer), head)
+
+    def _generated_hint(self) -> bool:
+        """Is every group of the epoch in the buffer or on its way (TrainGroup.generated)?"""
+        if self.id_bound:
+            return self.closed
+        return len(self.accepted) + sum(self.following.values()) >= self.groups

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import msgspec
 
 from prl_actors.actors import tickets
+from prl_actors.actors.dynamic_sampling import Rounds, epoch_stride
 from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
@@ -32,6 +33,7 @@ from prl_actors.evaluation import EvalPlan, EvalSink, summarize
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
+    EpochClose,
     EpochOpen,
     EpochStart,
     ErrorCode,
@@ -86,6 +88,8 @@ class CoordinatorSettings:
     request_timeout_s: float = 10.0
     desired_workers: int = -1
     max_workers: int = 64  # `scale` above this is refused (over_limit)
+    dynamic_sampling: bool = False  # actors/dynamic_sampling.py
+    max_sampling_rounds: int = 1
 
 
 class CoordinatorCore(Core):
@@ -106,6 +110,7 @@ class CoordinatorCore(Core):
         self.phase = PhaseMachine()
         self.work = EpochWork.empty()
         self.prompts: dict[int, Prompt] = {}
+        self.rounds: Rounds | None = None  # dynamic sampling: the open epoch's rounds
         self.available_version = -1
         self.epochs_completed = 0
         self.done_reason = ""
@@ -127,6 +132,8 @@ class CoordinatorCore(Core):
         self.log(  # for replay (the epochs already evaluated decide what is evaluated)
             "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
         )
+        if task.note:
+            self.log("prompts_left_out", note=task.note)
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -324,9 +331,15 @@ class CoordinatorCore(Core):
         if msg.epoch != self.epoch or not self.phase.is_(Phase.RUNNING):
             self.log("late_accept_ignored", group_id=msg.group_id, msg_epoch=msg.epoch)
             return
-        if self.work.accept(msg.group_id)[0] is Accept.NEW and self.work.complete:
+        if self.work.accept(msg.group_id)[0] is not Accept.NEW:
+            return
+        if self.rounds is not None and self._another_round(msg):
+            return
+        if self.work.complete:
             self.phase.to(Phase.TRAINING)
             self.log("epoch_generated", groups=len(self.work.done))
+            if self.rounds is not None:
+                self._close_sampling()
             self._maybe_open()  # the step's weights may have come first (the buffer's accept raced them)
 
     # --- epochs ------------------------------------------------------------------------------
@@ -369,11 +382,13 @@ class CoordinatorCore(Core):
             self.log("epoch_open_deferred", reason="no buffer registered")
             return
         self.epoch, self.version = e, v
-        self.prompts = {p.group_id: p for p in self.task.prompts_for_epoch(e, self.s.groups_per_epoch)}
+        self.prompts = {p.group_id: p for p in self._epoch_prompts(e, range(self.s.groups_per_epoch))}
         self.work = EpochWork(list(self.prompts))
         self._start_eval(e, final=False)
         self.phase.to(Phase.OPENING)
-        open_ = EpochOpen(epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key)
+        open_ = EpochOpen(
+            epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key, id_bound=self._id_bound()
+        )
         msg = self.emit(Dest.reply(buffer.identity), open_)
         self._open_id = msg.id
         self.expect(msg, self.s.request_timeout_s, "buffer ack of epoch_open", self._open_timed_out)
@@ -398,6 +413,60 @@ class CoordinatorCore(Core):
         for m in self.members.sorted():
             self._to_member(m.name, Shutdown(reason=reason, epoch=self.epoch, version=version_for(self.epoch)))
         self.stopped = True
+
+    # --- dynamic sampling (actors/dynamic_sampling.py) ----------------------------------------
+
+    def _id_bound(self) -> int:
+        """Group ids an epoch may use with dynamic sampling (0 = off); sets up the epoch's rounds."""
+        if not self.s.dynamic_sampling:
+            self.rounds = None
+            return 0
+        self.rounds = Rounds(self.s.groups_per_epoch, self.s.max_sampling_rounds)
+        return self._stride()
+
+    def _stride(self) -> int:
+        return epoch_stride(self.s.groups_per_epoch, self.s.dynamic_sampling, self.s.max_sampling_rounds)
+
+    def _epoch_prompts(self, epoch: int, ids: range | list[int]) -> list[Prompt]:
+        """The prompts of group ids `ids` of `epoch`: stream position epoch * stride + id."""
+        if not self.s.dynamic_sampling:
+            return self.task.prompts_for_epoch(epoch, self.s.groups_per_epoch)
+        return self.task.prompts_at(epoch * self._stride(), list(ids))
+
+    def _another_round(self, msg: GroupAccepted) -> bool:
+        """Record an accepted group; when it completes a round short of B informative groups (and
+        rounds are left), hand out the next round and say so. True when a round was added."""
+        assert self.rounds is not None
+        self.rounds.accept(msg.group_id, msg.informative)
+        if not self.work.complete:
+            return False
+        ids = self.rounds.next_round()
+        if not ids:
+            return False
+        new = self._epoch_prompts(self.epoch, ids)
+        self.prompts.update((p.group_id, p) for p in new)
+        self.work.extend(ids)
+        self.log("sampling_round", round=len(self.rounds.ends) - 1, groups=ids, kept=self.rounds.kept)
+        for name in self.work.take_waiting():
+            self._to_member(name, self._epoch_start())
+        return True
+
+    def _close_sampling(self) -> None:
+        """No more rounds: tell the buffer to end the trainer's stream with the informative groups."""
+        assert self.rounds is not None
+        r = self.rounds
+        self.log("sampling_done", kept=r.kept, generated=r.handed_out, rounds=len(r.ends), short=r.short)
+        self._send_close(self.epoch, r)
+
+    def _send_close(self, epoch: int, rounds: Rounds) -> None:
+        """EpochClose to the buffer, again after each request timeout while `epoch` is the one training."""
+        buffer = self.members.first(Role.BUFFER)
+        if buffer is None or epoch != self.epoch or not self.phase.is_(Phase.TRAINING):
+            return
+        close = EpochClose(epoch=epoch, version=version_for(epoch), groups=rounds.kept, generated=rounds.handed_out)
+        msg = self.emit(Dest.reply(buffer.identity), close)
+        retry = lambda now: self._send_close(epoch, rounds)  # noqa: E731
+        self.expect(msg, self.s.request_timeout_s, "buffer ack of epoch_close", retry)
 
     # --- introspection and control -----------------------------------------------------------
 

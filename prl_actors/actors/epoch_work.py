@@ -78,6 +78,11 @@ class EpochWork:
         self.waiting.discard(worker)
         return lost
 
+    def extend(self, group_ids: list[int]) -> None:
+        """Add new groups (dynamic sampling's next round) at the back of the queue."""
+        self.total += len(group_ids)
+        self.queue.extend(sorted(group_ids))
+
     def take_waiting(self) -> list[str]:
         """The workers to nudge now that work is queued again (and forget them)."""
         names, self.waiting = sorted(self.waiting), set()

@@ -40,6 +40,7 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.protocol.versions import on_policy
+from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
 from prl_actors.transport.port import Dest, Inbound
@@ -89,6 +90,7 @@ class TrainerCore(Core):
         self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
         self.run_id = ""
         self.shared_upload_id = ""  # the id of the last upload if it went through /dev/shm
+        self.reward_means = RewardMeans()  # reward/<name> of the open epoch (task.rewards)
 
     def start(self, now: float) -> None:
         if self.resume:  # a damaged or unloadable checkpoint raises: the actor fails to start, loudly
@@ -121,6 +123,7 @@ class TrainerCore(Core):
         if self.threads is not None:
             self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
+        self.reward_means.reset()
         self.log("train_epoch_begin", groups=msg.groups)
 
     @handles(TrainGroup)
@@ -138,6 +141,7 @@ class TrainerCore(Core):
         if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
             self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
         stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
+        self.reward_means.add(msg.group)
         self.consumed += 1
         self.log(
             "train_group",
@@ -204,7 +208,11 @@ class TrainerCore(Core):
         self.log("optimizer_step", version_before=before, version_after=self.learner.version, groups=self.consumed)
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
         self._checkpoint()
+        metrics.update(self.reward_means.metrics())
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
+        if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
+            kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)
+            metrics.update(groups_kept=kept, groups_generated=made, groups_target=wanted)
         # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
         self.finished[self.learner.version] = (self.epoch, self.t_open, metrics)
         self._upload()

@@ -13,6 +13,7 @@ A worker that is behind never gets work: it is told `stale_version` and fetches.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
-from prl_actors.logs import EventLog
+from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
     EpochStart,
     Error,
@@ -50,6 +51,7 @@ from prl_actors.protocol.messages import (
     new_id,
 )
 from prl_actors.protocol.versions import on_policy
+from prl_actors.rewards.errors import RewardError
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
@@ -316,10 +318,19 @@ class WorkerCore(Core):
             if p is None:
                 continue
             texts = [s.text for s in g.samples]
-            # the task's reward, or the episode's own (multi-turn environments), as for training groups
-            rewards = [self.task.score(p, s.text) if s.reward is None else s.reward for s in g.samples]
+            try:  # the task's rewards, or the episode's own (multi-turn), exactly as for training groups
+                rewards, error = list(self.task.score_generated(p, g.prompt_ids, g.samples).totals), ""
+            except Exception as exc:  # a failing reward: this prompt's voice in eval/epoch-N.jsonl, not a crash
+                rewards, error = [], f"{type(exc).__name__}: {exc}"
             self.eval_groups.append(
-                EvalGroup(prompt_id=p.group_id, prompt=p.prompt, answer=p.answer, completions=texts, rewards=rewards)
+                EvalGroup(
+                    prompt_id=p.group_id,
+                    prompt=p.prompt,
+                    answer=p.answer,
+                    completions=texts,
+                    rewards=rewards,
+                    error=error,
+                )
             )
         if len(self.eval_groups) >= len(ev.prompts):
             self._end_eval()
@@ -410,6 +421,8 @@ class WorkerCore(Core):
         sent = [(g, e) for g, e in entries if e is not None]
         for i, (g, (msg, prompt)) in enumerate(sent):
             group = self._score(g, prompt)
+            if group is None:  # a reward failed under on_reward_error: fail; the run ends
+                return
             out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket)
             out.follows = len(sent) - 1 - i  # the rest of this burst comes right after it
             self._send_group(out, 1)
@@ -443,17 +456,34 @@ class WorkerCore(Core):
                 lambda now: self._send_group(retry, attempt + 1),
             )
 
-    def _score(self, g: GeneratedGroup, prompt: Prompt) -> Group:
+    def _score(self, g: GeneratedGroup, prompt: Prompt) -> Group | None:
+        """The group with its rewards (rewards/: weighted parts, async rewards concurrent). A reward
+        error ends the run with its one line (`task.on_reward_error: fail`, returns None) or scores
+        0 and is counted and logged (`zero`)."""
+        try:
+            scored = self.task.score_generated(prompt, g.prompt_ids, g.samples)
+        except RewardError as exc:
+            self.log("reward_failed", error=str(exc), group_id=g.group_id)
+            self.fail(str(exc))
+            return None
+        for error in scored.errors:
+            loud, n = self.count_loud("reward_errors"), self.counters["reward_errors"]
+            if loud:
+                self.log("reward_error", error=error, count=n, policy="zero")
+            if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
+                console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
+        parts = self.task.reward_set().report_parts
         samples = [
             Sample(
                 text=s.text,
                 token_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=self.task.score(prompt, s.text) if s.reward is None else s.reward,
+                reward=total + self.task.length_penalty(len(s.token_ids)),
                 finished=s.finished,
                 loss_mask=s.loss_mask or [],
+                reward_parts=part if parts else {},
             )
-            for s in g.samples
+            for s, total, part in zip(g.samples, scored.totals, scored.parts, strict=True)
         ]
         return Group(
             group_id=g.group_id,

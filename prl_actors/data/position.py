@@ -4,8 +4,12 @@ The sampler is stateless (data/sampler.py): the prompts of epoch e are a pure fu
 B, the items). A checkpoint of version v (= the next epoch to run) therefore pins the data position
 once the items are pinned, and data.json records both:
 
-    {"task", "sampler", "seed", "groups_per_epoch", "rows", "sha256"}   the identity of the stream
+    {"task", "sampler", "seed", "groups_per_epoch", "epoch_stride", "rows", "sha256"}   the stream's identity
     {"epoch", "pass", "offset"}                                          where epoch v starts in it
+
+`epoch_stride` is the stream positions one epoch spans: B, or B x coordinator.max_sampling_rounds
+with dynamic sampling (actors/dynamic_sampling.py: an epoch's extra rounds take the positions after
+its B; those it does not need are skipped). A record without it (older checkpoints) has stride B.
 
 `sha256` hashes every (prompt, answer) after field mapping and chat templating, so a changed file,
 field, template or system prompt is noticed. A resumed run whose identity differs is refused: it
@@ -22,23 +26,32 @@ from prl_actors.config import ConfigError
 from prl_actors.data.sampler import SAMPLER
 
 POSITION_FILE = "data.json"
-IDENTITY_KEYS = ("task", "sampler", "seed", "groups_per_epoch", "rows", "sha256")
+IDENTITY_KEYS = ("task", "sampler", "seed", "groups_per_epoch", "epoch_stride", "rows", "sha256")
 
 
-def identity(task_name: str, seed: int, groups_per_epoch: int, rows: int, sha256: str) -> dict[str, Any]:
+def identity(
+    task_name: str, seed: int, groups_per_epoch: int, rows: int, sha256: str, epoch_stride: int = 0
+) -> dict[str, Any]:
     return {
         "task": task_name,
         "sampler": SAMPLER,
         "seed": seed,
         "groups_per_epoch": groups_per_epoch,
+        "epoch_stride": epoch_stride or groups_per_epoch,
         "rows": rows,
         "sha256": sha256,
     }
 
 
+def _stored(stored: dict[str, Any], key: str) -> Any:
+    if key == "epoch_stride" and key not in stored:
+        return stored.get("groups_per_epoch")  # written before dynamic sampling: stride B
+    return stored.get(key)
+
+
 def record(ident: dict[str, Any], epoch: int) -> dict[str, Any]:
     """The identity plus the position of `epoch`'s first prompt: (pass, offset) in the stream."""
-    pass_index, offset = divmod(epoch * ident["groups_per_epoch"], ident["rows"])
+    pass_index, offset = divmod(epoch * ident["epoch_stride"], ident["rows"])
     return {**ident, "epoch": epoch, "pass": pass_index, "offset": offset}
 
 
@@ -64,9 +77,9 @@ def verify(checkpoint_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None
     stored = load(checkpoint_dir)
     if stored is None:
         return None
-    changed = [k for k in IDENTITY_KEYS if stored.get(k) != ident[k]]
+    changed = [k for k in IDENTITY_KEYS if _stored(stored, k) != ident[k]]
     if changed:
-        diffs = ", ".join(f"{k}: {stored.get(k)!r} -> {ident[k]!r}" for k in changed)
+        diffs = ", ".join(f"{k}: {_stored(stored, k)!r} -> {ident[k]!r}" for k in changed)
         raise ConfigError(
             f"run.resume: the prompt data differ from those of checkpoint {checkpoint_dir} ({diffs}); resuming "
             "would skip or repeat prompts. Restore the data and settings, or start a new run_dir"

@@ -21,11 +21,12 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 EXTRA_HINT = "pip install 'prl-actors[data]'"
 
 
-def read_rows(path: str, fields: Sequence[str], split: str = "train") -> list[Row]:
-    """Every row of `path` (in file order), restricted to `fields`."""
+def read_rows(path: str, fields: Sequence[str], split: str = "train", all_columns: bool = False) -> list[Row]:
+    """Every row of `path` (in file order), restricted to `fields` unless `all_columns` (every column
+    is kept, for rewards that read the row; `fields` must still exist). JSONL rows always keep all."""
     p = Path(path).expanduser()
     if p.is_dir():
-        return _dataset_dir_rows(p, fields, split)
+        return _dataset_dir_rows(p, fields, split, all_columns)
     if not p.is_file():
         raise ConfigError(
             f"task.prompts_file {str(p)!r} does not exist (a local JSONL or parquet file, or a `datasets` "
@@ -35,7 +36,7 @@ def read_rows(path: str, fields: Sequence[str], split: str = "train") -> list[Ro
     if suffix in JSONL_SUFFIXES:
         return _jsonl_rows(p, fields)
     if suffix == ".parquet":
-        return _parquet_rows(p, fields)
+        return _parquet_rows(p, fields, all_columns)
     raise ConfigError(f"task.prompts_file {str(p)!r}: unknown format {suffix!r} (use .jsonl, .parquet or a directory)")
 
 
@@ -59,11 +60,12 @@ def _parse_json_line(line: str, where: str, fields: Sequence[str]) -> Mapping[st
     return obj
 
 
-def _parquet_rows(p: Path, fields: Sequence[str]) -> list[Row]:
+def _parquet_rows(p: Path, fields: Sequence[str], all_columns: bool = False) -> list[Row]:
     pq = _import("pyarrow.parquet", "reading parquet")
     try:
         columns = pq.read_schema(p).names
         _check_columns(str(p), fields, columns)
+        fields = list(columns) if all_columns else fields
         table = pq.read_table(p, columns=list(fields))
     except ConfigError:
         raise
@@ -72,7 +74,7 @@ def _parquet_rows(p: Path, fields: Sequence[str]) -> list[Row]:
     return _columns_to_rows(str(p), {f: table.column(f).to_pylist() for f in fields})
 
 
-def _dataset_dir_rows(p: Path, fields: Sequence[str], split: str) -> list[Row]:
+def _dataset_dir_rows(p: Path, fields: Sequence[str], split: str, all_columns: bool = False) -> list[Row]:
     """A `save_to_disk` directory (load_from_disk) or a folder of data files (load_dataset, local)."""
     datasets = import_datasets()
     try:
@@ -88,6 +90,7 @@ def _dataset_dir_rows(p: Path, fields: Sequence[str], split: str) -> list[Row]:
             raise ConfigError(f"{p}: no split {split!r} (splits: {', '.join(ds)}); set task.split")
         ds, where = ds[split], f"{p}[{split}]"
     _check_columns(where, fields, ds.column_names)
+    fields = list(ds.column_names) if all_columns else fields
     return _columns_to_rows(where, {f: list(ds[f]) for f in fields})
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from prl_actors.engines.sampling import left_pad, top_p_filter
-from prl_actors.training.behaviour import behaviour_logprobs
+from prl_actors.engines.sampling import left_pad
+from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_logprobs, context_matrix, shaped_logits
 
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
@@ -52,13 +52,21 @@ def uniforms(keys: Sequence[int], rows: Sequence[int], steps: Sequence[int]) -> 
     return (_mix64(k ^ _mix64(counter)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def draw(logits: torch.Tensor, u: np.ndarray, temperature: float, top_p: float) -> torch.Tensor:
-    """Next token per row, [B]: argmax for temperature 0, else the inverse CDF of softmax(logits / T)
-    restricted to the top-p nucleus at the row's uniform `u`. logits: [B, V] float32."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = top_p_filter(torch.softmax(logits / temperature, dim=-1), top_p)  # [B, V]
-    cdf = probs.double().cumsum(dim=-1)  # [B, V]
+def draw(
+    logits: torch.Tensor,
+    u: np.ndarray,
+    temperature: float | Behaviour,
+    top_p: float = 1.0,
+    context: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Next token per row, [B]: argmax (of the penalised logits) for temperature 0, else the inverse
+    CDF at the row's uniform `u` of q, the behaviour distribution (training/behaviour.py: penalty,
+    temperature, min_p, top_k, top_p). logits: [B, V] float32; context: [B, C] (with a penalty)."""
+    b = as_behaviour(temperature, top_p)
+    shaped = shaped_logits(logits, b, context)  # [B, V]
+    if b.temperature == 0:
+        return shaped.argmax(dim=-1)
+    cdf = torch.softmax(shaped, dim=-1).double().cumsum(dim=-1)  # [B, V]
     target = torch.as_tensor(u, device=cdf.device)[:, None] * cdf[:, -1:]  # [B, 1]
     token = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [B]
     return token.clamp(max=logits.shape[-1] - 1)
@@ -70,8 +78,9 @@ class Row:
     index: int  # 0..G-1 within its group
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    eos: bool = False
+    eos: bool = False  # ended: an eos token, or a stop string (`RunningBatch.stopper`)
     offset: int = 0  # draws made before this row (a later turn of a multi-turn episode), for the counter
+    prompt_ids: list[int] = field(default_factory=list, repr=False)  # the repetition penalty's context
 
 
 @dataclass
@@ -108,13 +117,14 @@ class RunningBatch:
         max_rows: int,
         eos_ids: set[int],
         pad_id: int,
-        temperature: float,
-        top_p: float,
+        behaviour: Behaviour,
         max_new_tokens: int,
+        stopper: Callable[[list[int]], bool] | None = None,
     ) -> None:
         self.model, self.max_rows = model, max_rows
         self.eos_ids, self.pad_id = eos_ids, pad_id
-        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.behaviour, self.max_new_tokens = behaviour, max_new_tokens
+        self.stopper = stopper  # tokens so far -> has a stop string appeared (ends the row, finished)
         self.device = next(model.parameters()).device
         self._eos = torch.tensor(sorted(eos_ids), device=self.device)
         self.pending: deque[Running] = deque()
@@ -204,7 +214,8 @@ class RunningBatch:
         now = time.monotonic()
         rows = []
         for g in new:
-            g.rows, g.t_admit = [Row(g.key, g.index + i, offset=g.offset) for i in range(g.size)], now
+            g.rows = [Row(g.key, g.index + i, offset=g.offset, prompt_ids=g.prompt_ids) for i in range(g.size)]
+            g.t_admit = now
             rows += g.rows
         self._merge(cache, mask.repeat_interleave(sizes, dim=0), mask.sum(-1).repeat_interleave(sizes, dim=0))
         self.groups += new
@@ -247,13 +258,15 @@ class RunningBatch:
         """Draw the next token of rows `index` (logits [n, V]) and record token and log-prob."""
         rows = [self.rows[i] for i in index]
         u = uniforms([r.key for r in rows], [r.index for r in rows], [r.offset + len(r.tokens) for r in rows])
-        token = draw(logits, u, self.temperature, self.top_p)  # [n]
-        logp = behaviour_logprobs(logits, token, self.temperature, self.top_p)  # [n]
+        b = self.behaviour
+        context = context_matrix([r.prompt_ids + r.tokens for r in rows], logits.device) if b.penalised else None
+        token = draw(logits, u, b, context=context)  # [n]
+        logp = behaviour_logprobs(logits, token, b, context=context)  # [n]
         eos = torch.isin(token, self._eos)
         for r, t, lp, e in zip(rows, token.tolist(), logp.tolist(), eos.tolist(), strict=True):
             r.tokens.append(t)
             r.logprobs.append(lp)
-            r.eos = e
+            r.eos = e or (self.stopper is not None and self.stopper(r.tokens))
 
     def _row_done(self, row: Row) -> bool:
         return row.eos or len(row.tokens) >= self.max_new_tokens

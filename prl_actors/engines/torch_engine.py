@@ -14,7 +14,7 @@ epoch's metrics report the measured difference (logprob_diff_max / logprob_diff_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from prl_actors.model.device import resolve_device
 from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
+from prl_actors.training.behaviour import Behaviour
 
 
 def to_torch(t: Any) -> torch.Tensor:
@@ -38,6 +39,13 @@ def to_torch(t: Any) -> torch.Tensor:
         return t
     a = np.asarray(t)
     return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """`text` up to (not including) the first occurrence of any stop string (vLLM's default); the
+    tokens keep the one that completed it, as vLLM's token_ids do."""
+    cuts = [i for i in (text.find(x) for x in stop) if i >= 0]
+    return text[: min(cuts)] if cuts else text
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> str:
@@ -71,9 +79,9 @@ class TorchEngine:
             max_rows=self.max_rows,
             eos_ids=self.eos_ids,
             pad_id=self.pad_id,
-            temperature=s.temperature,
-            top_p=s.top_p,
+            behaviour=Behaviour.of(s),
             max_new_tokens=s.max_new_tokens,
+            stopper=self._stopper(s.stop),
         )
         self._sampling = s
         self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
@@ -88,7 +96,20 @@ class TorchEngine:
         if self.busy:
             raise EngineBusy("sampling settings change only between batches")
         self._sampling = s
-        self.batch.temperature, self.batch.top_p, self.batch.max_new_tokens = s.temperature, s.top_p, s.max_new_tokens
+        self.batch.behaviour, self.batch.max_new_tokens = Behaviour.of(s), s.max_new_tokens
+        self.batch.stopper = self._stopper(s.stop)
+
+    def _stopper(self, stop: list[str]) -> Callable[[list[int]], bool] | None:
+        """tokens -> has one of `stop` appeared in their text; None without stop strings. Only the
+        tail is decoded: the last 4 x len(longest stop) + 2 tokens (a token holds at least one byte,
+        a character at most four in UTF-8; earlier tokens were checked at earlier steps)."""
+        if not stop:
+            return None
+        tail = 4 * max(len(x) for x in stop) + 2
+        return lambda tokens: any(x in self._text(tokens[-tail:]) for x in stop)
+
+    def _text(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
     def _eos_ids(self) -> set[int]:
         ids = {int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None else set()
@@ -151,7 +172,7 @@ class TorchEngine:
         prompt: Prompt = f.tag
         group = GeneratedGroup(group_id=f.group_id, prompt=prompt.prompt, prompt_ids=f.prompt_ids, gen_s=f.seconds)
         for row in f.rows:
-            text = str(self.tokenizer.decode(row.tokens, skip_special_tokens=True))
+            text = cut_at_stop(self._text(row.tokens), self._sampling.stop)
             group.samples.append(Generated(text, list(row.tokens), list(row.logprobs), finished=row.eos))
         return group
 

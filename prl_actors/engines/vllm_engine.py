@@ -11,8 +11,11 @@ log q(token) with q = softmax(logits / T) restricted to the top-p nucleus and re
 logits are cast to float32, divided by the temperature, the tokens outside the nucleus set to -inf
 (`apply_top_k_top_p`: ascending sort, mask where the cumulative mass <= 1 - top_p, the top token
 always kept, i.e. the same nucleus as ours), then `log_softmax` — and the token is drawn from that
-very tensor. Logit processors we never enable (penalties, bad words, min_p, top_k) would also be
-included. Two differences are handled here: (1) for temperature 0 vLLM returns the raw log_softmax;
+very tensor. The other controls map one to one (`sampling_kwargs`) and vLLM applies them in the
+order of training/behaviour.py: repetition_penalty (to prompt and output tokens, HF's semantics)
+before the temperature, min_p after it, then top_k with top_p; all are included in the processed
+log-probs. Stop strings end a completion as the torch engine's do. Two differences are handled here:
+(1) for temperature 0 vLLM returns the raw log_softmax;
 the convention is 0 (a point mass), so the engine reports 0. (2) On CUDA, vLLM uses FlashInfer's
 sampler only in raw modes; with processed_logprobs it takes its PyTorch/Triton path (unverified
 here: no GPU). tests/test_vllm_engine.py checks the reported log-probs against a torch forward of
@@ -55,7 +58,7 @@ from typing import Any
 
 import torch
 
-from prl_actors.config import Config, ConfigError
+from prl_actors.config import Config, ConfigError, SamplingSection
 from prl_actors.engines.base import Generated, GeneratedGroup, IncompatibleWeights, OneCallStreaming
 from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import state_mismatch, to_torch
@@ -233,6 +236,25 @@ def write_adapter(tensors: Mapping[str, Any], adapter: Adapter, model_dir: Path)
     return path
 
 
+def sampling_kwargs(s: SamplingSection, group_size: int) -> dict[str, Any]:
+    """vllm.SamplingParams arguments of worker.sampling (all but the per-group seed). Every control
+    maps to vLLM's own, applied in the order of training/behaviour.py (penalty on prompt + output,
+    temperature, min_p, top_k, top_p) and included in its processed log-probs; stop strings end a
+    completion with finish_reason "stop", the text cut before the stop, the token ids kept up to the
+    one that completed it (as the torch engine does)."""
+    return {
+        "n": 1 if s.temperature == 0 else group_size,  # vLLM refuses n > 1 for greedy decoding
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k if s.top_k > 0 else -1,  # vLLM: -1 (or 0) = every token
+        "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty,
+        "stop": list(s.stop) or None,
+        "max_tokens": s.max_new_tokens,
+        "logprobs": 0,
+    }
+
+
 class VllmEngine(OneCallStreaming):
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
@@ -308,14 +330,8 @@ class VllmEngine(OneCallStreaming):
         self.version = version
 
     def _params(self, prompt: Prompt, group_size: int) -> Any:
-        s = self.sampling
         return self._vllm.SamplingParams(
-            n=1 if s.temperature == 0 else group_size,  # vLLM refuses n > 1 for greedy decoding
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=s.max_new_tokens,
-            logprobs=0,
-            seed=seed_for(self.seed, self.version, prompt.group_id),
+            **sampling_kwargs(self.sampling, group_size), seed=seed_for(self.seed, self.version, prompt.group_id)
         )
 
     def generate_now(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:

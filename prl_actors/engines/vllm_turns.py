@@ -19,6 +19,7 @@ import numpy as np
 from prl_actors.engines.batching import _mix64
 from prl_actors.engines.multiturn import Turn, TurnOut
 from prl_actors.engines.sampling import seed_for
+from prl_actors.engines.vllm_engine import sampling_kwargs
 
 SEED_MASK = (1 << 63) - 1
 
@@ -57,15 +58,9 @@ class VllmTurns:
         self.queued.append(turn)
 
     def params(self, turn: Turn) -> Any:
-        s = self.engine.sampling
-        return self.engine._vllm.SamplingParams(
-            n=turn.size,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=self.max_turn_tokens,
-            logprobs=0,
-            seed=turn_seed(turn),
-        )
+        kwargs = sampling_kwargs(self.engine.sampling, turn.size)  # every sampling control, as in one-turn runs
+        kwargs.update(n=turn.size, max_tokens=self.max_turn_tokens)
+        return self.engine._vllm.SamplingParams(**kwargs, seed=turn_seed(turn))
 
     def poll(self) -> list[TurnOut]:
         """Generate every queued turn in one call; each comes back as `size` TurnOuts."""

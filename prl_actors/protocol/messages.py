@@ -202,6 +202,7 @@ class Prompt(msgspec.Struct, kw_only=True):
     prompt: str
     answer: str = ""
     ticket: bytes = b""
+    item: int = -1  # the row's index in the task's data (rewards read its columns there); -1: unknown
 
 
 class WorkAssign(Msg, tag="work_assign", kw_only=True):
@@ -256,7 +257,9 @@ class Sample(msgspec.Struct, kw_only=True):
     has a behaviour log-prob), 0 = the environment wrote it (in the context, never in the loss).
     `logprobs` then holds one entry per model token only (len = sum(loss_mask)). An empty
     `loss_mask` means every token is the model's (single-turn). Checked at decode (the codec's
-    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`."""
+    bound): a mask of another length than `token_ids`, or a value other than 0/1, is `malformed`.
+    `reward` is the weighted sum of `reward_parts` when the task has several rewards (task.rewards);
+    `reward_parts` is empty for a task with its one default reward."""
 
     text: str
     token_ids: list[int]
@@ -264,6 +267,7 @@ class Sample(msgspec.Struct, kw_only=True):
     reward: float
     finished: bool = True
     loss_mask: list[int] = msgspec.field(default_factory=list)
+    reward_parts: dict[str, float] = msgspec.field(default_factory=dict)  # name -> value (task.rewards), unweighted
 
     def __post_init__(self) -> None:
         if self.loss_mask and len(self.loss_mask) != len(self.token_ids):
@@ -315,13 +319,27 @@ class EpochOpen(Msg, tag="epoch_open", kw_only=True):
 
     groups: int
     ticket_key: bytes = b""
+    id_bound: int = 0
+    """Dynamic sampling (coordinator -> buffer only; 0 = off): group ids run over 0..id_bound-1, the
+    epoch closes with EpochClose, and a group whose rewards are all equal is accepted, not streamed."""
 
 
 class GroupAccepted(Msg, tag="group_accepted", kw_only=True):
-    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned)."""
+    """Buffer -> Coordinator: group `group_id` of `epoch` was accepted (so it is never reassigned).
+    `informative`: its rewards are not all equal (dynamic sampling trains only those)."""
 
     group_id: int
     worker: str
+    informative: bool = True
+
+
+class EpochClose(Msg, tag="epoch_close", kw_only=True):
+    """Coordinator -> Buffer, dynamic sampling only: the epoch's sampling is over; `groups` groups
+    (its informative ones) are to be trained out of `generated` accepted. Reply: Ack. The buffer then
+    ends the trainer's stream with EpochComplete(groups)."""
+
+    groups: int
+    generated: int
 
 
 class Shutdown(Msg, tag="shutdown", kw_only=True):
@@ -356,6 +374,7 @@ class EpochComplete(Msg, tag="epoch_complete", kw_only=True):
 
     groups: int
     gen_s: float = 0.0
+    generated: int = 0  # dynamic sampling: groups generated, kept or not (0: off, = groups)
 
 
 class StepDone(Msg, tag="step_done", kw_only=True):
@@ -574,6 +593,7 @@ Message = (
     | GroupAck
     | EpochOpen
     | GroupAccepted
+    | EpochClose
     | Shutdown
     | Credit
     | TrainGroup

@@ -22,6 +22,7 @@ from prl_actors.protocol.messages import (
     EnvReset,
     EnvStep,
     EnvStepResult,
+    EpochClose,
     EpochComplete,
     EpochOpen,
     EpochStart,
@@ -104,6 +105,7 @@ HOPS: tuple[Hop, ...] = (
     _hop(GroupResult, W, B, "a finished, scored group; reply group_ack"),
     _hop(GroupAck, B, W, "accepted, or refused with a reason"),
     _hop(GroupAccepted, B, C, "the group is done and never handed out again"),
+    _hop(EpochClose, C, B, "dynamic sampling: no more rounds, train the informative groups; reply ack"),
     # the buffer's stream to the trainer
     _hop(Credit, T, B, "the trainer can take n more groups"),
     _hop(EpochOpen, B, T, "the epoch's stream begins"),

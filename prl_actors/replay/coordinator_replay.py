@@ -40,6 +40,8 @@ DECISION_EVENTS = frozenset(
         "epoch_open_deferred",
         "epoch_open_retry",
         "epoch_generated",
+        "sampling_round",
+        "sampling_done",
         "epoch_done",
         "member_join",
         "member_leave",

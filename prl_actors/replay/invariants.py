@@ -7,6 +7,9 @@
 - exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
   epoch that has an `optimizer_step` trained all of its groups 0..B-1; in a completed run every
   opened epoch was stepped (an epoch cut short by a stop and redone after `--resume` counts once);
+  with dynamic sampling (actors/dynamic_sampling.py) an epoch's groups are those the buffer
+  accepted: each one it filtered (`group_filtered`: rewards all equal) is never trained, every other
+  is trained once, and no more than B are trained;
 - one-step: at most one `optimizer_step` per epoch, each from the epoch's version to version + 1,
   and each step starts from the version the previous one produced.
 Each check returns Violations naming the offending events (actor, time, message id).
@@ -99,21 +102,59 @@ def check_exactly_once(run: Run) -> list[Violation]:
     for t in trained_events:
         trained[t.get("msg_epoch", -1)].add(t.get("group_id", -1))
     sizes = _epoch_sizes(run)
+    dynamic = _dynamic_epochs(run, accepted)
+    out += _dynamic_violations(dynamic, trained, sizes)
     stepped = set()
     for s in run.of("optimizer_step"):
         epoch = s.get("epoch", -1)
         stepped.add(epoch)
-        missing = sorted(set(range(sizes.get(epoch, int(s.get("groups") or 0)))) - trained[epoch])
+        every = set(range(sizes.get(epoch, int(s.get("groups") or 0))))
+        wanted = dynamic[epoch][0] - dynamic[epoch][1] if epoch in dynamic else every
+        missing = sorted(wanted - trained[epoch])
         if missing:
             msg = f"epoch {epoch} stepped ({at(s)}) but groups {missing} were never trained"
             out.append(Violation("exactly-once", msg))
     for epoch, groups in sorted(trained.items()):
+        if epoch in dynamic:
+            continue  # checked against the accepted groups (_dynamic_violations)
         stray = sorted(g for g in groups if not 0 <= g < sizes.get(epoch, len(groups)))
         if stray:
             out.append(Violation("exactly-once", f"epoch {epoch} trained groups {stray} outside 0..B-1"))
     if any(e.get("reason") == "completed" for e in run.of("run_done", actor="coordinator")):
         for epoch in sorted(set(epoch_versions(run)) - stepped):
             out.append(Violation("exactly-once", f"epoch {epoch} was opened but never stepped in a completed run"))
+    return out
+
+
+def _dynamic_epochs(run: Run, accepted: list[Event]) -> dict[int, tuple[set[int], set[int]]]:
+    """Epochs run with dynamic sampling (a coordinator `sampling_done`, or a buffer `group_filtered`)
+    -> (group ids the buffer accepted, those it filtered)."""
+    filtered: dict[int, set[int]] = defaultdict(set)
+    for e in _kept(run, [e for e in run.of("group_filtered") if e.get("role") == "buffer"]):
+        filtered[e.get("msg_epoch", -1)].add(e.get("group_id", -1))
+    epochs = set(filtered) | {e.get("epoch", -1) for e in run.of("sampling_done", actor="coordinator")}
+    out: dict[int, tuple[set[int], set[int]]] = {ep: (set(), filtered[ep]) for ep in epochs}
+    for e in accepted:
+        if e.get("msg_epoch", -1) in out:
+            out[e["msg_epoch"]][0].add(e.get("group_id", -1))
+    return out
+
+
+def _dynamic_violations(
+    dynamic: dict[int, tuple[set[int], set[int]]], trained: dict[int, set[int]], sizes: dict[int, int]
+) -> list[Violation]:
+    out = []
+    for epoch, (accepted, filtered) in sorted(dynamic.items()):
+        wrong = sorted(trained[epoch] & filtered)
+        if wrong:
+            out.append(Violation("exactly-once", f"epoch {epoch} trained groups {wrong} its buffer filtered out"))
+        stray = sorted(trained[epoch] - accepted)
+        if stray:
+            out.append(Violation("exactly-once", f"epoch {epoch} trained groups {stray} the buffer never accepted"))
+        if epoch in sizes and len(trained[epoch]) > sizes[epoch]:
+            out.append(
+                Violation("exactly-once", f"epoch {epoch} trained {len(trained[epoch])} groups, B is {sizes[epoch]}")
+            )
     return out
 
 

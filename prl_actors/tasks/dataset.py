@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prl_actors.config import Config, ConfigError
-from prl_actors.data.items import AnswerFn, apply_chat_template, build_items
+from prl_actors.data.items import AnswerFn, Item, apply_chat_template, build_items
 from prl_actors.data.rows import read_rows
 
 
@@ -14,10 +15,24 @@ def load_items(
 ) -> list[tuple[str, str]]:
     """Every (prompt, answer) of `path`, in row order, templated when `task.chat_template` is set.
     Any bad row is a ConfigError naming the file and the row."""
+    return load_items_and_rows(cfg, path, default_prompt_field, answer_fn)[0]
+
+
+def load_items_and_rows(
+    cfg: Config, path: str, default_prompt_field: str, answer_fn: AnswerFn | None = None
+) -> tuple[list[tuple[str, str]], list[Mapping[str, Any]]]:
+    """load_items, plus every row with all its columns (aligned with the items: what rewards read
+    as `record.row`)."""
     t = cfg.task
     prompt_field = t.prompt_field or default_prompt_field
-    rows = read_rows(path, [prompt_field, t.answer_field], t.split)
+    rows = read_rows(path, [prompt_field, t.answer_field], t.split, all_columns=True)
     items = build_items(rows, prompt_field, t.answer_field, path, answer_fn)
+    return template(cfg, items), [fields for _, fields in rows]
+
+
+def template(cfg: Config, items: list[Item]) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs, the prompts wrapped in the chat template when `task.chat_template`."""
+    t = cfg.task
     if t.chat_template:
         items = apply_chat_template(items, chat_tokenizer(cfg), t.system_prompt, str(cfg.model.path))
     return [(item.prompt, item.answer) for item in items]

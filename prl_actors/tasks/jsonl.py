@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.tasks.base import Task, exact_match
-from prl_actors.tasks.dataset import load_items
+from prl_actors.tasks.dataset import load_items_and_rows
 
 
 def jsonl_task(cfg: Config) -> Task:
@@ -18,5 +18,5 @@ def jsonl_task(cfg: Config) -> Task:
         raise ConfigError(
             "task.name 'jsonl' needs task.prompts_file (a JSONL or parquet file, or a datasets directory)"
         )
-    items = load_items(cfg, cfg.task.prompts_file, "prompt")
-    return Task(items=items, reward=exact_match, seed=cfg.run.seed, name="jsonl")
+    items, rows = load_items_and_rows(cfg, cfg.task.prompts_file, "prompt")
+    return Task(items=items, reward=exact_match, seed=cfg.run.seed, name="jsonl", rows=rows)

@@ -17,7 +17,7 @@ from importlib import resources
 
 from prl_actors.config import Config
 from prl_actors.tasks.base import Task
-from prl_actors.tasks.dataset import load_items
+from prl_actors.tasks.dataset import load_items_and_rows
 from prl_actors.tasks.math_answer import canonical, extract_answer, has_final_answer_form, numbers
 
 SAMPLE = "math_sample.jsonl"
@@ -47,6 +47,6 @@ def math_reward(prompt: str, response: str, answer: str, format_reward: float = 
 
 def math_task(cfg: Config) -> Task:
     path = cfg.task.prompts_file or sample_path()
-    items = load_items(cfg, path, "question", reference_answer)
+    items, rows = load_items_and_rows(cfg, path, "question", reference_answer)
     reward = partial(math_reward, format_reward=cfg.task.format_reward)
-    return Task(items=items, reward=reward, seed=cfg.run.seed, name="math")
+    return Task(items=items, reward=reward, seed=cfg.run.seed, name="math", rows=rows)

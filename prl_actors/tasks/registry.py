@@ -2,41 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
+from prl_actors.tasks.code_task import code_task
 from prl_actors.tasks.guess_task import guess_task
 from prl_actors.tasks.jsonl import jsonl_task
+from prl_actors.tasks.limits import limit_prompts
 from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
+from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
 
 TASKS: dict[str, Callable[[Config], Task]] = {
     "add": add_task,
     "jsonl": jsonl_task,
     "math": math_task,
+    "code": code_task,
     "guess": guess_task,
 }
 TASK_NAMES = tuple(TASKS)
-DATASET_TASKS = ("jsonl", "math")
+DATASET_TASKS = ("jsonl", "math", "code")
 
 
 def load_task(cfg: Config) -> Task:
     """The run's task: the sim bandit for the sim engine, else `task.name`, with its reward replaced
-    by the `task.reward` plugin when one is set. On `run.resume`, the data must be those of the
-    checkpoint to resume from (data/position.py). See docs/TASKS.md."""
+    by the `task.reward` plugin or the `task.rewards` list when one is set. On `run.resume`, the data
+    must be those of the checkpoint to resume from (data/position.py). See docs/TASKS.md."""
     if cfg.worker.engine == "sim":
-        return sim_task(cfg)
-    _check_options(cfg)
-    task = TASKS[cfg.task.name](untemplated(cfg))
+        task = sim_task(cfg)
+    else:
+        _check_options(cfg)
+        task = TASKS[cfg.task.name](untemplated(cfg))
+        loaded = task.items
+        task.items, task.note = limit_prompts(untemplated(cfg), task.items)
+        task.rows = kept_rows(loaded, task.items, task.rows)
+    from prl_actors.rewards.load import configure  # here: rewards.builtins imports tasks.math_answer
+
     if cfg.task.reward:
-        task.reward = load_reward(cfg.task.reward)
-    if cfg.run.resume:
+        task.reward, task.rewards = load_reward(cfg.task.reward), None
+    task.rewards = configure(cfg.task, task.reward_set())
+    if cfg.task.overlong_buffer and cfg.worker.engine != "sim":
+        t = cfg.task
+        task.overlong = Overlong(cfg.worker.sampling.max_new_tokens, t.overlong_buffer, t.overlong_penalty)
+    if cfg.run.resume and cfg.worker.engine != "sim":
         check_resume(cfg, task)
     return task
+
+
+def kept_rows(
+    loaded: list[tuple[str, str]], kept: list[tuple[str, str]], rows: list[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The rows of the items `limit_prompts` kept (`kept` is a subsequence of `loaded`, in order; equal
+    items have equal prompts, so they are kept or left out together)."""
+    if not rows or len(kept) == len(loaded):
+        return rows
+    out, i = [], 0
+    for item, row in zip(loaded, rows, strict=True):
+        if i < len(kept) and item == kept[i]:
+            out.append(row)
+            i += 1
+    return out
 
 
 def untemplated(cfg: Config) -> Config:
@@ -54,7 +83,8 @@ def _check_options(cfg: Config) -> None:
     if t.name not in DATASET_TASKS:
         for option, value in (("prompts_file", t.prompts_file), ("chat_template", t.chat_template)):
             if value:
-                raise ConfigError(f"task.{option} applies to the {' and '.join(DATASET_TASKS)} tasks, not {t.name!r}")
+                names = f"{', '.join(DATASET_TASKS[:-1])} and {DATASET_TASKS[-1]}"
+                raise ConfigError(f"task.{option} applies to the {names} tasks, not {t.name!r}")
     if t.format_reward and t.name != "math":
         raise ConfigError("task.format_reward applies to the math task only")
 
@@ -69,9 +99,15 @@ def check_resume(cfg: Config, task: Task) -> None:
     except CheckpointError:
         return  # no intact checkpoint: the trainer refuses to start and says why
     if ckpt is not None:
-        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch))
+        position.verify(ckpt, task.data_identity(cfg.coordinator.groups_per_epoch, stride(cfg)))
 
 
 def data_identity(cfg: Config) -> dict[str, Any]:
     """The identity of the run's prompt stream, as recorded in checkpoints (data/position.py)."""
-    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch)
+    return load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch, stride(cfg))
+
+
+def stride(cfg: Config) -> int:
+    """Stream positions per epoch (data/position.py): B, or B x max_sampling_rounds (dynamic sampling)."""
+    c = cfg.coordinator
+    return c.groups_per_epoch * (c.max_sampling_rounds if c.dynamic_sampling else 1)

@@ -10,8 +10,8 @@ Invariants:
   the trainer calls `flush` because nothing else waits (`step` flushes the rest first).
 * Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py), so the ratio is
   exactly 1 and clipping never activates (clip_frac is 0). Tokens are scored under the behaviour
-  transform the engine sampled with (temperature, top-p: behaviour.py). The engine's log-probs are
-  not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
+  transform the engine sampled with (penalty, temperature, min_p, top_k, top-p: behaviour.py). The
+  engine's log-probs are not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
   logprob_diff_mean). The policy runs in eval mode (no dropout).
 * Precision: master weights, gradients and AdamW state are float32 (float64 if model.dtype is
   float64) whatever `model.dtype`; with bfloat16 the forward runs under torch.autocast in bfloat16.
@@ -40,6 +40,7 @@ from prl_actors.model.lora import base_fingerprint
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
+from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
 from prl_actors.training.packing import collate
 from prl_actors.training.trimodel import TriModel
@@ -150,7 +151,7 @@ class GRPOLearner:
                 load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
             )
         self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
-        self.tri = TriModel(policy, cfg.trainer.beta > 0, sampling.temperature, sampling.top_p)
+        self.tri = TriModel(policy, cfg.trainer.beta > 0, Behaviour.of(sampling))
         trained = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = adamw(trained, cfg.trainer.lr)
         self.version = 0
@@ -223,8 +224,9 @@ class GRPOLearner:
             return
         rewards = [torch.tensor([s.reward for s in g.samples], dtype=torch.float64) for g in groups]
         adv = torch.cat([group_advantages(r) for r in rewards])  # [S]
+        context = response_contexts(pairs) if self.tri.transform.penalised else None  # [N, C]
         with self._autocast():
-            out = self.tri(batch)
+            out = self.tri(batch, context=context)
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
         mask = loss_mask(groups).to(self.device, out.policy.dtype)  # [N] 0 on environment tokens
         pg, clipped = ppo_clip_loss(out.policy, out.old, adv_tok, self.cfg.eps_low, self.cfg.eps_high)  # [N]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from prl_actors.training.behaviour import behaviour_logprobs
+from prl_actors.training.behaviour import Behaviour, behaviour_logprobs
 
 
 @dataclass
@@ -152,10 +152,15 @@ def collate(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], sha
 
 
 def response_logprobs(
-    model: torch.nn.Module, batch: ModelBatch, temperature: float = 1.0, top_p: float = 1.0
+    model: torch.nn.Module,
+    batch: ModelBatch,
+    temperature: float | Behaviour = 1.0,
+    top_p: float = 1.0,
+    context: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log q(target) of every response token under the behaviour transform (training/behaviour.py:
-    logits / temperature, top-p nucleus), [N] float32 or wider (differentiable through `model`).
+    penalty, temperature, min_p, top_k, top-p), [N] float32 or wider (differentiable through `model`).
+    `context` ([N, C], behaviour.response_contexts) is needed with a repetition penalty.
     Only the N predicting rows of the logits are transformed (cheap with large vocabularies)."""
     mask: torch.Tensor | dict[str, torch.Tensor] = batch.attention_mask
     if batch.attention_mask.dim() == 4:
@@ -164,7 +169,8 @@ def response_logprobs(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
     ).logits  # [B, T, V]
     picked = logits.flatten(0, 1)[batch.predict_index]  # [N, V]
-    return behaviour_logprobs(picked, batch.targets, temperature, top_p)  # [N]
+    ctx = None if context is None else context.to(picked.device)
+    return behaviour_logprobs(picked, batch.targets, temperature, top_p, ctx)  # [N]
 
 
 def with_sliding_window(

@@ -7,7 +7,8 @@ initial weights; its forward runs under no_grad and is skipped entirely when bet
 (a peft policy) the reference is the policy itself with its adapter disabled: the base weights are
 the initial weights and are never trained, so no copy is made.
 
-All three score tokens under the behaviour transform (temperature, top-p: training/behaviour.py),
+All three score tokens under the behaviour transform (penalty, temperature, min_p, top_k, top-p:
+training/behaviour.py),
 the distribution the engine drew them from.
 """
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prl_actors.training.behaviour import Behaviour, as_behaviour
 from prl_actors.training.packing import ModelBatch, response_logprobs
 
 
@@ -35,25 +37,33 @@ class TriModel(torch.nn.Module):
     or, for a LoRA policy, nothing more: its reference is the adapter switched off."""
 
     def __init__(
-        self, policy: torch.nn.Module, with_reference: bool, temperature: float = 1.0, top_p: float = 1.0
+        self,
+        policy: torch.nn.Module,
+        with_reference: bool,
+        temperature: float | Behaviour = 1.0,
+        top_p: float = 1.0,
     ) -> None:
         super().__init__()
         self.policy = policy
         self.adapter_reference = with_reference and hasattr(policy, "disable_adapter")
         copied = with_reference and not self.adapter_reference
         self.reference = copy.deepcopy(policy).requires_grad_(False).eval() if copied else None
-        self.temperature, self.top_p = temperature, top_p
+        self.transform = as_behaviour(temperature, top_p)
 
-    def forward(self, batch: ModelBatch, behaviour: torch.Tensor | None = None) -> TriLogprobs:
+    def forward(
+        self, batch: ModelBatch, behaviour: torch.Tensor | None = None, context: torch.Tensor | None = None
+    ) -> TriLogprobs:
         """`behaviour` ([N], optional) overrides the old-policy log-probs, e.g. the engine's, for a
-        future off-policy mode; by default old = policy, detached (strict on-policy)."""
-        logp = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
+        future off-policy mode; by default old = policy, detached (strict on-policy). `context`
+        ([N, C]): each token's context, needed with a repetition penalty (behaviour.response_contexts)."""
+        b = self.transform
+        logp = response_logprobs(self.policy, batch, b, context=context)  # [N]
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = response_logprobs(self.reference, batch, self.temperature, self.top_p)  # [N]
+                ref = response_logprobs(self.reference, batch, b, context=context)  # [N]
         elif self.adapter_reference:
             with torch.no_grad(), self.policy.disable_adapter():  # type: ignore[operator]
-                ref = response_logprobs(self.policy, batch, self.temperature, self.top_p)  # [N]
+                ref = response_logprobs(self.policy, batch, b, context=context)  # [N]
         old = logp.detach() if behaviour is None else behaviour.to(logp)
         return TriLogprobs(policy=logp, old=old, ref=ref)

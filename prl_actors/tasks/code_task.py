@@ -1,0 +1,64 @@
+"""The `code` task: write a Python function; the reward runs it against the row's tests.
+
+Rows (JSONL, parquet or a `datasets` directory; `task.prompts_file`, or the shipped sample
+`tasks/data/code_sample.jsonl` when unset): a prompt (field `task.prompt_field`, default "prompt")
+and tests (field `task.tests_field`, default "tests": a list of Python statements, usually asserts,
+MBPP's `test_list` style); an optional `test_setup` column is run after the program (imports the
+tests need). Every other column is kept for rewards (`record.row`).
+
+Reward: the fraction of tests the completion's last ```python block passes, run in the sandbox of
+rewards/code.py (time limit `task.code_timeout_s`, memory `task.code_memory_mb`, no network where
+`unshare` works, a private temp dir; docs/SECURITY.md says what is and is not isolated).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+from prl_actors.config import Config, ConfigError
+from prl_actors.data.items import Item
+from prl_actors.data.rows import Row, read_rows
+from prl_actors.rewards.combine import RewardSet
+from prl_actors.rewards.reward import Reward
+from prl_actors.tasks.base import Task
+from prl_actors.tasks.dataset import template
+
+SAMPLE = "code_sample.jsonl"
+
+
+def sample_path() -> str:
+    return str(resources.files("prl_actors.tasks").joinpath("data", SAMPLE))
+
+
+def code_task(cfg: Config) -> Task:
+    from prl_actors.rewards.builtins import code  # here: rewards.builtins imports tasks.math_answer
+
+    t = cfg.task
+    path = t.prompts_file or sample_path()
+    prompt_field = t.prompt_field or "prompt"
+    rows = read_rows(path, [prompt_field, t.tests_field], t.split, all_columns=True)
+    if not rows:
+        raise ConfigError(f"task.prompts_file {path!r} holds no prompts")
+    items = template(cfg, [_item(row, prompt_field, t.tests_field) for row in rows])
+    fn = functools.partial(code, timeout_s=t.code_timeout_s, memory_mb=t.code_memory_mb, tests_field=t.tests_field)
+    task = Task(items=items, reward=_no_legacy, seed=cfg.run.seed, name="code", rows=[r for _, r in rows])
+    task.rewards = RewardSet([Reward("code", fn, source="builtin code")])
+    return task
+
+
+def _item(row: Row, prompt_field: str, tests_field: str) -> Item:
+    where, fields = row
+    prompt, tests = fields.get(prompt_field), fields.get(tests_field)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ConfigError(f"{where}: {prompt_field!r} must be a non-empty string")
+    if isinstance(tests, str):
+        tests = [tests]
+    if not isinstance(tests, list | tuple) or not tests or not all(isinstance(x, str) for x in tests):
+        raise ConfigError(f"{where}: {tests_field!r} must be a non-empty list of Python statements (strings)")
+    return Item(where, prompt, "")
+
+
+def _no_legacy(prompt: str, response: str, answer: str) -> float:
+    """The code task scores with its row's tests (task.rewards), never with (prompt, response, answer)."""
+    raise ValueError("the code task's reward needs the row's tests: use task.rewards or the default")

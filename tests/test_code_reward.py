@@ -1,0 +1,151 @@
+"""The code task and its sandboxed reward: pass, fail, an infinite loop killed, a memory bomb
+refused, writes outside the private dir refused, no inherited secrets, no network."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prl_actors.engines.base import Generated
+from prl_actors.rewards.code import extract_code, network_isolation, run_tests
+from prl_actors.tasks import load_task
+from tests.learning_utils import tiny_config
+
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0"]
+GOOD = "def add(a, b):\n    return a + b\n"
+
+
+def run(code: str, tests: list[str] = TESTS, **kw: float) -> list[bool]:
+    return asyncio.run(run_tests(code, tests, **kw))  # type: ignore[arg-type]
+
+
+def fenced(code: str) -> str:
+    return f"Here it is:\n```python\n{code}```\n"
+
+
+def test_extract_the_last_code_block() -> None:
+    assert extract_code("no code") is None
+    assert extract_code("```python\na = 1\n```\ntext\n```py\nb = 2\n```") == "b = 2\n"
+    assert extract_code("```\nc = 3\n```") == "c = 3\n"
+
+
+def test_a_correct_program_passes_and_a_wrong_one_fails_per_test() -> None:
+    assert run(GOOD) == [True, True, True]
+    assert run("def add(a, b):\n    return a + b if a >= 0 else 5\n") == [True, True, False]
+    assert run("this is not python") == [False, False, False]
+
+
+def test_an_infinite_loop_is_killed_at_the_time_limit() -> None:
+    t0 = time.monotonic()
+    assert run("while True:\n    pass\n", timeout_s=1.0) == [False, False, False]
+    assert time.monotonic() - t0 < 5.0
+    t0 = time.monotonic()
+    looping_test = run(GOOD, [TESTS[0], "while True: pass", TESTS[1]], timeout_s=1.0)
+    assert looping_test == [True, False, False] and time.monotonic() - t0 < 5.0  # tests before it still count
+
+
+def test_a_memory_bomb_is_refused_by_rlimit_as() -> None:
+    assert run(GOOD + "x = bytearray(8 * 2**30)\n", memory_mb=256) == [False, False, False]
+    assert run(GOOD + "x = bytearray(2**20)\n", memory_mb=256) == [True, True, True]  # a small one is fine
+
+
+def test_writes_outside_the_private_dir_are_refused(tmp_path: Path) -> None:
+    target = tmp_path / "open"
+    target.mkdir()
+    target.chmod(0o777)  # the kernel would allow it for anyone: only the sandbox can refuse it
+    victim = target / "escape.txt"
+    for attempt in (
+        f"open({str(victim)!r}, 'w').write('x')",
+        f"import os\nos.close(os.open({str(victim)!r}, os.O_WRONLY | os.O_CREAT))",
+        f"import os\nos.mkdir({str(target / 'd')!r})",
+        "open('/tmp/prl-sandbox-escape.txt', 'w').write('x')",
+    ):
+        assert run(GOOD + attempt + "\n") == [False] * 3, attempt
+    assert not victim.exists() and not (target / "d").exists() and not Path("/tmp/prl-sandbox-escape.txt").exists()
+    inside = "open('mine.txt', 'w').write('ok')\nassert open('mine.txt').read() == 'ok'\n"
+    assert run(GOOD + inside) == [True] * 3  # its own dir is writable
+
+
+def test_file_size_is_limited() -> None:
+    assert run(GOOD + "open('big', 'w').write('x' * (4 << 20))\n") == [False] * 3
+
+
+def test_subprocesses_and_sockets_are_refused() -> None:
+    assert run(GOOD + "import subprocess\nsubprocess.run(['true'])\n") == [False] * 3
+    assert run(GOOD + "import os\nos.system('true')\n") == [False] * 3
+    assert run(GOOD + "import socket\nsocket.socket()\n") == [False] * 3
+
+
+def test_no_inherited_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRL_TEST_SECRET", "hunter2")
+    check = "import os\nassert 'hunter2' not in repr(dict(os.environ))\nassert os.environ['HOME'] == os.getcwd()\n"
+    assert run(GOOD + check) == [True] * 3
+
+
+@pytest.mark.skipif(not network_isolation(), reason="unshare cannot make a network namespace here")
+def test_the_network_is_off_at_the_kernel_level() -> None:
+    """Beside the audit hook: the child runs in a new network namespace, where even a raw connect to
+    a listening port on this host's loopback fails (checked without the hook, against a control)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    try:
+        direct = subprocess.run([sys.executable, "-c", connect], capture_output=True, timeout=30)
+        isolated = subprocess.run(
+            [*network_isolation(), sys.executable, "-c", connect], capture_output=True, timeout=30
+        )
+    finally:
+        server.close()
+    assert direct.returncode == 0, direct.stderr
+    assert isolated.returncode != 0 and b"Error" in isolated.stderr
+    assert run(GOOD + "assert open('/proc/net/dev').read().count(':') == 1\n") == [True] * 3  # only lo
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="privileges are dropped only when the reward runs as root")
+def test_root_drops_to_nobody() -> None:
+    assert run(GOOD + "import os\nassert os.getuid() == 65534 and os.getgid() == 65534\n") == [True] * 3
+
+
+def test_the_code_task_scores_the_fraction_of_tests_passed() -> None:
+    task = load_task(tiny_config(task__name="code", task__code_timeout_s=2.0))
+    assert len(task.items) >= 6 and all(row["tests"] for row in task.rows)
+    prompt = next(p for p in task.prompts_for_epoch(0, len(task.items)) if "add_numbers" in p.prompt)
+    samples = [
+        Generated(text=fenced("def add_numbers(a, b):\n    return a + b\n"), token_ids=[1], logprobs=[0.0]),
+        Generated(text=fenced("def add_numbers(a, b):\n    return 3\n"), token_ids=[1], logprobs=[0.0]),
+        Generated(text="no code at all", token_ids=[1], logprobs=[0.0]),
+        Generated(text=fenced("while True: pass\n"), token_ids=[1], logprobs=[0.0]),
+    ]
+    t0 = time.monotonic()
+    scored = task.score_group(prompt, [], samples)
+    assert scored.totals == [1.0, pytest.approx(1 / 3), 0.0, 0.0]
+    assert time.monotonic() - t0 < 2.0 + 3.0  # the samples run concurrently: one time limit, not four
+
+
+def test_a_code_row_without_tests_is_refused_at_load(tmp_path: Path) -> None:
+    from prl_actors.config import ConfigError
+
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"prompt": "write f", "tests": []}\n')
+    with pytest.raises(ConfigError, match=r"c.jsonl:1: 'tests' must be a non-empty list"):
+        load_task(tiny_config(task__name="code", task__prompts_file=str(bad)))
+
+
+def test_the_sandbox_runs_from_worker_threads() -> None:
+    """Workers score on an actor thread, not the main one: subprocesses must still be reaped."""
+    import threading
+
+    out: list[list[bool]] = []
+    threads = [threading.Thread(target=lambda: out.append(run(GOOD))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert out == [[True] * 3] * 3
