@@ -453,3 +453,21 @@ def test_eval_config_mistakes_are_one_line(tmp_path: Path) -> None:
          "eval.every_epochs=1", "--set", f"eval.prompts_file={tmp_path / 'missing.jsonl'}"],
     )  # fmt: skip
     assert res.exit_code == 2 and "eval.prompts_file:" in res.output and "Traceback" not in res.output
+
+
+def test_evaluation_with_dynamic_sampling(tmp_path: Path) -> None:
+    from prl_actors.replay.checks import run_checks
+    from prl_actors.replay.events import load_run
+    from tests.test_dynamic_sampling import dynamic_config
+
+    run_dir = tmp_path / "run"
+    cfg = dynamic_config(run_dir, eval__every_epochs=1, eval__num_prompts=3)
+    cluster = LocalCluster(cfg, workers=2, log_dir=run_dir / "logs")
+    try:
+        assert cluster.wait(60), "run did not finish"
+    finally:
+        cluster.close()
+    epochs = cfg.run.epochs
+    assert [r["epoch"] for r in RunDir(run_dir).eval_rows()] == list(range(epochs + 1))
+    results = run_checks(load_run(run_dir))
+    assert all(r.ok for r in results), [r.summary for r in results]
