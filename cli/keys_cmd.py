@@ -21,7 +21,14 @@ DirOpt = Annotated[
     Path | None,
     typer.Option("--dir", "-d", envvar="PRL_KEYS", help="Key directory. Default: RUN_DIR/keys of --run-dir."),
 ]
-RunDirOpt = Annotated[Path, typer.Option("--run-dir", help="The run whose keys (RUN_DIR/keys) to use.")]
+RunDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--run-dir",
+        help="The run whose keys (RUN_DIR/keys) to use. Default: the newest live run started on this "
+        "machine, else runs/latest.",
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="Use this config's key directory (transport.keys_dir, else its RUN_DIR/keys)."),
@@ -33,7 +40,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _dir(directory: Path | None, run_dir: Path, config: Path | None = None) -> Path:
+def _dir(directory: Path | None, run_dir: Path | None, config: Path | None = None) -> Path:
     if directory is not None:
         return directory
     if config is not None:
@@ -43,6 +50,10 @@ def _dir(directory: Path | None, run_dir: Path, config: Path | None = None) -> P
             return load_config(config).keys_path()
         except ConfigError as exc:
             _fail(str(exc))
+    if run_dir is None:
+        from prl_actors.rundir import live_run
+
+        run_dir = live_run() or Path("runs/latest")
     return run_dir / "keys"
 
 
@@ -53,7 +64,7 @@ def create(
         typer.Argument(help="Key names (each starts with a role, e.g. worker-gpu1). Default: one per role."),
     ] = None,
     directory: DirOpt = None,
-    run_dir: RunDirOpt = Path("runs/latest"),
+    run_dir: RunDirOpt = None,
     config: ConfigOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing keys (their holders lose access).")] = False,
 ) -> None:
@@ -73,7 +84,7 @@ def export(
     name: Annotated[str, typer.Argument(help="Whose secret key to export, e.g. worker, worker-gpu1, operator.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (copy it to the other host).")],
     directory: DirOpt = None,
-    run_dir: RunDirOpt = Path("runs/latest"),
+    run_dir: RunDirOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Write NAME's secret key and every public key to --out: all a peer on another host needs."""
@@ -88,7 +99,7 @@ def export(
 
 
 @keys_app.command("list")
-def list_keys(directory: DirOpt = None, run_dir: RunDirOpt = Path("runs/latest")) -> None:
+def list_keys(directory: DirOpt = None, run_dir: RunDirOpt = None) -> None:
     """Every admitted key (a public key in the directory): name, role, whether its secret is here."""
     from prl_actors.transport.auth import PUBLIC, SECRET, role_of_name
 
@@ -103,7 +114,7 @@ def list_keys(directory: DirOpt = None, run_dir: RunDirOpt = Path("runs/latest")
 def revoke(
     name: Annotated[str, typer.Argument(help="The key to remove, e.g. worker-gpu1.")],
     directory: DirOpt = None,
-    run_dir: RunDirOpt = Path("runs/latest"),
+    run_dir: RunDirOpt = None,
 ) -> None:
     """Remove NAME's keys: its next handshake is refused (an open connection stays until it drops)."""
     from prl_actors.transport.auth import PUBLIC, SECRET

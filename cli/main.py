@@ -142,24 +142,54 @@ def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str,
         fail(str(exc))
     if rd.metrics.exists() and not rd.has_checkpoint():
         fail(f"nothing to resume in {rd.root}: it has trained epochs but no checkpoint (trainer.checkpoint_every 0?)")
+    _check_epochs_to_go(rd, asked.run.epochs)
     return asked
 
 
-def _launch(cfg: Any, rd: Any) -> int:
-    """Pick or check the ports, write RUN_DIR/config.yaml, prepare the model, run the launcher."""
-    from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
+def _check_epochs_to_go(rd: Any, epochs: int) -> None:
+    """Before any actor starts: a resume with nothing to train, or fewer epochs than are done, is
+    refused with one line; else say which checkpoint it resumes from."""
+    from prl_actors.protocol.versions import epoch_for
+    from prl_actors.rundir import CheckpointError
 
     try:
-        pick_ports(cfg)
-        check_ports(cfg)
-    except RunFailed as exc:
-        fail(str(exc), code=1)
-    rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
+        ckpt = rd.latest_checkpoint()  # the one the trainer will load (damaged newer ones are skipped)
+    except CheckpointError:
+        return  # none is intact: the trainer fails at its start with the cause, as any actor would
+    if ckpt is None:
+        return
+    version = int(ckpt.name[1:])
+    done = epoch_for(version)
+    if epochs < done:
+        fail(f"--epochs {epochs} is below the {done} epochs {rd.root} has done (v{version}); pass --epochs > {done}")
+    if epochs == done:
+        typer.echo(
+            f"nothing to do: the run in {rd.root} is finished, {done} of {epochs} epochs done (v{version}); "
+            f"to train more: prl-actors up --resume --run-dir {rd.root} --epochs N (N > {done})",
+            err=True,
+        )
+        raise typer.Exit(0)
+    typer.echo(f"resumed from v{version}: {done} of {epochs} epochs done, {epochs - done} to train", err=True)
+
+
+def _launch(cfg: Any, rd: Any) -> int:
+    """Check the task, make the keys, prepare the model, pick or check the ports, write
+    RUN_DIR/config.yaml, run the launcher."""
+    from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
+    from prl_actors.rundir import register_run
+
     _check_task(cfg)
     _run_keys(cfg)
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
         _prepare_model(cfg)
+    try:  # after the model (a first build takes minutes): another run cannot take the ports meanwhile
+        pick_ports(cfg)
+        check_ports(cfg)
+    except RunFailed as exc:
+        fail(str(exc), code=1)
+    rd.config.write_text(cfg.dump())  # the resolved config, chosen ports included (status/scale/stop read it)
+    register_run(rd.root)  # status/scale/stop/health find this run without --config while it runs
     typer.echo(
         f"up: {cfg.run.workers} workers, {cfg.run.epochs} epochs, mode {cfg.run.mode}, "
         f"B={cfg.coordinator.groups_per_epoch} G={cfg.worker.group_size}, engine {cfg.worker.engine}, "
@@ -217,6 +247,13 @@ def _up_env(cfg: Any) -> None:
     rd = Path(cfg.run.run_dir)
     if RunDir(rd).has_run():
         fail(f"run dir {rd} already holds a run; use another --run-dir")
+    from prl_actors.launcher import RunFailed, check_ports, pick_ports
+
+    try:
+        pick_ports(cfg)
+        check_ports(cfg)
+    except RunFailed as exc:
+        fail(str(exc), code=1)
     rd.mkdir(parents=True, exist_ok=True)
     RunDir(rd).config.write_text(cfg.dump())
     _run_keys(cfg)
@@ -238,17 +275,21 @@ def _prepare_model(cfg: Any) -> None:
     progress display; a bad model is one error line."""
     if cfg.worker.engine == "sim":
         return
-    from cli.progress import warm_start_progress
     from prl_actors.actors.runtime import one_line
     from prl_actors.config import ConfigError
     from prl_actors.engines.registry import check_engine
-    from prl_actors.model import prepare_model
+    from prl_actors.model_dirs import ready_model_dir
 
     typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
     t0 = time.monotonic()
     try:
-        with warm_start_progress("warm start of the built-in model") as on_step:
-            directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+        directory = ready_model_dir(cfg, Path(cfg.run.run_dir))  # without torch: built or cached already
+        if directory is None:  # a build: torch, transformers and the warm start, with a progress display
+            from cli.progress import warm_start_progress
+            from prl_actors.model import prepare_model
+
+            with warm_start_progress("warm start of the built-in model") as on_step:
+                directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
         if cfg.trainer.lora is not None:  # refused before any actor starts
             from prl_actors.training.lora import check_targets
 
@@ -304,14 +345,22 @@ def actor(
     if role == "coordinator":
         _claim_run_dir(cfg)
     from prl_actors.config import ConfigError
-    from prl_actors.process import ActorFailed, exit_now, run_actor_process
+    from prl_actors.process import SUPERVISOR_ENV, ActorFailed, exit_now, run_actor_process
     from prl_actors.transport.auth import KeysError
 
+    narrating = None
+    if role == "worker" and not os.environ.get(SUPERVISOR_ENV):  # joined by hand: say what it does
+        from cli import narrate
+
+        narrating = narrate.start(Path(cfg.run.run_dir) / "logs" / f"{name}.jsonl", name)
     try:
         code = run_actor_process(name, cfg)
     except (ActorFailed, ConfigError, KeysError) as exc:  # ConfigError: e.g. a bad prompts file, found loading the task
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         code = 1
+    if narrating is not None:
+        narrating[0].set()
+        narrating[1].join(timeout=2.0)
     exit_now(code)  # no waiting on a stuck thread or on slow finalizers
 
 
@@ -388,17 +437,48 @@ def _discover(cfg: Any, coordinator: str, name: str) -> None:
 
 
 def _target(config: Path | None, coordinator: str | None, keys: Path | None) -> tuple[str, Any]:
-    """(coordinator address, KeyStore or None) from the options, else the config (default
-    runs/latest/config.yaml): its coordinator address and its keys (RUN_DIR/keys)."""
+    """(coordinator address, KeyStore or None) from the options, else the config: --config, else
+    the newest live run that `up` started on this machine (the run registry, whatever its run_dir),
+    else runs/latest/config.yaml; its coordinator address and its keys (RUN_DIR/keys)."""
     from prl_actors.transport.auth import KeyStore
 
-    if config is None:
-        default = Path("runs/latest/config.yaml")
-        config = default if default.exists() else None
+    if config is None and coordinator is None:
+        config = _found_config()
     cfg = _config(config, None)
     if keys is None and cfg.authenticated() and cfg.keys_path().is_dir():
         keys = cfg.keys_path()
     return coordinator or str(cfg.address("coordinator")), KeyStore(keys) if keys is not None else None
+
+
+def _found_config() -> Path | None:
+    """The config of the run the operator most likely means (see `_target`), or None (defaults)."""
+    from prl_actors.rundir import live_run
+
+    live = live_run()
+    if live is not None:
+        return live / "config.yaml"
+    default = Path("runs/latest/config.yaml")
+    return default if default.exists() else None
+
+
+def _unreachable(exc: Exception, config: Path | None, coordinator: str | None) -> None:
+    """The request failed: say so, and which --config would reach a run."""
+    from prl_actors.rundir import live_run, registered_runs
+
+    hint, live = "", live_run() if coordinator is None and config is None else None
+    if live is not None:
+        hint = f"; the newest live run ({live}) does not answer: see {live / 'logs'}"
+    elif coordinator is None and config is None:
+        recent = registered_runs()[:3]
+        hint = "; no live run found on this machine" + (
+            f": pass the run's config, e.g. --config {recent[0] / 'config.yaml'}"
+            + (f" (other recent runs: {', '.join(str(p) for p in recent[1:])})" if recent[1:] else "")
+            if recent
+            else ": pass --config RUN_DIR/config.yaml of the run (written by `prl-actors up`)"
+        )
+    elif config is not None:
+        hint = f"; is the run of {config} still up? (`prl-actors up` of that run_dir must be running)"
+    fail(f"{exc}{hint}", code=1)
 
 
 @app.command()
@@ -418,7 +498,7 @@ def status(
     try:
         st: Any = request(addr, StatusRequest(), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     if as_json:
         typer.echo(msgspec.json.encode(st).decode())
         return
@@ -461,12 +541,12 @@ def health(
     from prl_actors.compose import health_problem
     from prl_actors.protocol.messages import StatusRequest
 
-    cfg = _config(config, None)
+    cfg = _config(config or (_found_config() if coordinator is None else None), None)
     addr, store = _target(config, coordinator, keys)
     try:
         st: Any = request(addr, StatusRequest(), timeout_s=5.0, keys=store, as_=member or "operator")
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
     if problem:
         fail(problem, code=1)
@@ -492,7 +572,7 @@ def scale(
     try:
         request(addr, Scale(workers=workers), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     typer.echo(f"asked for {workers} workers")
 
 
@@ -509,7 +589,7 @@ def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt =
     try:
         request(addr, RequestStop(reason="prl-actors stop"), keys=store)
     except RequestFailed as exc:
-        fail(str(exc), code=1)
+        _unreachable(exc, config, coordinator)
     typer.echo("stop requested")
 
 

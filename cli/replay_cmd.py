@@ -64,6 +64,10 @@ def replay(
         Path | None,
         typer.Option("--curves", help="Write one PNG of reward, eval, KL, entropy, clip, logprob_diff, epoch time."),
     ] = None,
+    epochs: Annotated[
+        str | None,
+        typer.Option("--epochs", help="Crop --timeline to these epochs: A:B (inclusive), A:, :B or A."),
+    ] = None,
 ) -> None:
     """Debug a run from its logs: per-epoch summary (idle, overlap, groups), invariant checks, replay, trace."""
     from prl_actors.replay.events import ReplayError
@@ -72,7 +76,7 @@ def replay(
         raise typer.Exit(_observe(run_dir, completions, epoch, curves))
 
     try:
-        code = _replay(run_dir, check, replay_coordinator, trace, timeline, filters or [], follow, timeout)
+        code = _replay(run_dir, check, replay_coordinator, trace, timeline, filters or [], follow, timeout, epochs)
     except ReplayError as exc:
         _fail(str(exc))
     except BrokenPipeError:  # `replay ... | head`: the reader is gone, which is fine
@@ -126,13 +130,18 @@ def _replay(
     filters: list[str],
     follow: bool,
     timeout: float,
+    epochs: str | None = None,
 ) -> int:
+    from prl_actors.replay.axis import parse_epochs
     from prl_actors.replay.events import ReplayError, load_run, run_config
     from prl_actors.replay.follow import follow as follow_run
     from prl_actors.replay.follow import parse_filters
     from prl_actors.replay.spans import pair_spans
 
     flt = parse_filters(filters)
+    crop = parse_epochs(epochs) if epochs else (None, None)
+    if epochs and timeline is None:
+        raise ReplayError("--epochs crops the timeline: use it with --timeline PNG")
     if follow:
         why = follow_run(run_dir, flt, timeout, typer.echo)
         typer.echo(f"follow: stopped ({why})", err=True)
@@ -148,7 +157,7 @@ def _replay(
         _print_events(run, flt)
     elif not follow:
         _print_summary(run, spans)
-    _write_outputs(run, spans, trace, timeline)
+    _write_outputs(run, spans, trace, timeline, crop)
     return _run_checks(run, check, replay_coordinator)
 
 
@@ -168,7 +177,9 @@ def _print_summary(run: Any, spans: Any) -> None:
     typer.echo(render(run, stats(run, spans)))
 
 
-def _write_outputs(run: Any, spans: Any, trace: Path | None, timeline: Path | None) -> None:
+def _write_outputs(
+    run: Any, spans: Any, trace: Path | None, timeline: Path | None, crop: tuple[int | None, int | None]
+) -> None:
     if trace is not None:
         from prl_actors.replay.trace import write_trace
 
@@ -177,7 +188,7 @@ def _write_outputs(run: Any, spans: Any, trace: Path | None, timeline: Path | No
     if timeline is not None:
         from prl_actors.replay.gantt import draw
 
-        draw(run, timeline, spans)
+        draw(run, timeline, spans, crop)
         typer.echo(f"wrote {timeline}", err=True)
 
 

@@ -6,10 +6,12 @@ The resolved config is written to RUN_DIR/config.yaml. `load_config` turns every
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -52,6 +54,7 @@ SAFE_ON_RESUME = (
     "worker.tensor_parallel_size",
     "trainer.credits",
     "trainer.checkpoint_every",
+    "trainer.gradient_checkpointing",  # recomputes the same forward: the same update
     "publisher.",
     "eval.",  # evaluation never trains (docs/OBSERVE.md)
     "run.log_completions",
@@ -334,12 +337,108 @@ class TrainerSection(_Section):
         description="A collective or command that a rank does not join within this fails the step (no hang); "
         "a rank whose process dies fails it at once.",
     )
+    # --- the GRPO family (docs/LEARNING.md: recipes) -------------------------------------------
+    loss_type: Literal["dapo", "grpo", "bnpo", "dr_grpo", "gspo", "cispo"] = Field(
+        "dapo",
+        description="How per-token losses become the minibatch loss. dapo/bnpo: sum / the minibatch's tokens; "
+        "grpo: token mean per sequence, then mean over sequences; dr_grpo: sum / (sequences x max_new_tokens); "
+        "gspo: sequence-level ratio (importance_sampling_level sequence), aggregated as grpo; cispo: "
+        "REINFORCE weighted by the clipped, detached ratio, aggregated as dapo.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Advantage = reward - group mean, divided by the group's std (group), the whole epoch's "
+        "std (batch: training waits until every group of the epoch is in), or nothing (none, as Dr. GRPO).",
+    )
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None,
+        description="token: one ratio per token (PPO); sequence: exp(mean log-ratio of the sequence) for every "
+        "token (GSPO). Unset: sequence for loss_type gspo, token otherwise.",
+    )
+    num_minibatches: int = Field(
+        1,
+        ge=1,
+        description="M: optimizer steps per pass over the epoch's groups; minibatch k holds the groups with "
+        "group_id * M // B == k (by index, never by arrival). Must not exceed coordinator.groups_per_epoch.",
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="mu: passes over the epoch's groups (M x mu optimizer steps, one published version)."
+    )
+    delta: float | None = Field(
+        None,
+        gt=1,
+        description="Two-sided clip (TRL delta, INTELLECT-2): the unclipped PPO term uses min(ratio, delta). "
+        "None: off.",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="Per-token KL(policy || reference) estimator weighted by beta: k1 = logp - ref, "
+        "k2 = (logp - ref)^2 / 2, k3 = exp(ref - logp) - (ref - logp) - 1.",
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: loss -= entropy_coef x the token's entropy (behaviour distribution)."
+    )
+    ref_sync_epochs: int = Field(
+        0,
+        ge=0,
+        description="Every N epochs the reference becomes ref_mixup_alpha x policy + (1 - alpha) x reference "
+        "(TRL sync_ref_model); 0 = the reference stays the initial weights. Needs beta > 0, no LoRA.",
+    )
+    ref_mixup_alpha: float = Field(0.6, ge=0, le=1, description="Mixing weight of a reference sync.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate by epoch (the same for the M x mu steps of an epoch): constant, or linear / "
+        "cosine decay to 0 at run.epochs (the horizon is saved in checkpoints, so a resume continues it).",
+    )
+    warmup_epochs: int = Field(0, ge=0, description="Linear warm-up: epoch e < warmup_epochs uses lr x (e+1)/(W+1).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward (less memory, ~30% more compute: docs/MEMORY.md)."
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="A sample that hit max_new_tokens without finishing (finished = false) contributes no loss "
+        "and is not counted by the normaliser (its reward still enters its group's advantages).",
+    )
 
     @model_validator(mode="after")
     def _ranks_need_a_strategy(self) -> TrainerSection:
         if self.world_size > 1 and self.strategy == "single":
             raise ValueError("world_size > 1 needs strategy ddp or fsdp2")
         return self
+
+    @model_validator(mode="after")
+    def _recipe_options(self) -> TrainerSection:
+        if self.loss_type == "gspo" and self.importance_sampling_level == "token":
+            raise ValueError("loss_type gspo is the sequence-level ratio: leave importance_sampling_level unset")
+        if self.ref_sync_epochs and (self.beta == 0 or self.lora is not None):
+            raise ValueError("ref_sync_epochs needs beta > 0 and no LoRA (a reference model of its own to mix)")
+        if self.strategy != "single" and (unsupported := distributed_refused(self)):
+            raise ValueError(f"strategy {self.strategy} does not support {unsupported} yet: use strategy single")
+        return self
+
+    def ratio_level(self) -> str:
+        """token or sequence: the importance-sampling level in force."""
+        if self.importance_sampling_level is not None:
+            return self.importance_sampling_level
+        return "sequence" if self.loss_type == "gspo" else "token"
+
+
+def distributed_refused(t: TrainerSection) -> str:
+    """The recipe options a trainer rank group cannot run yet ('' if none): ranks train shares of a
+    round (training/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
+    bad = [
+        name
+        for name, on in (
+            ("trainer.num_minibatches > 1", t.num_minibatches > 1),
+            ("trainer.num_iterations > 1", t.num_iterations > 1),
+            ("trainer.scale_rewards batch", t.scale_rewards == "batch"),
+            ("trainer.ref_sync_epochs", t.ref_sync_epochs > 0),
+            ("trainer.gradient_checkpointing", t.gradient_checkpointing),
+        )
+        if on
+    ]
+    return ", ".join(bad)
 
 
 class PublisherSection(_Section):
@@ -611,6 +710,18 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _minibatches_fit(self) -> Config:
+        steps = self.trainer.num_minibatches * self.trainer.num_iterations
+        if steps > 1 and self.trainer.learner != "grpo":
+            raise ValueError("trainer.num_minibatches / num_iterations > 1 need trainer.learner grpo")
+        if self.trainer.num_minibatches > self.coordinator.groups_per_epoch:
+            raise ValueError(
+                f"trainer.num_minibatches ({self.trainer.num_minibatches}) exceeds coordinator.groups_per_epoch "
+                f"({self.coordinator.groups_per_epoch}): a minibatch needs at least one group"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _overlong_within_length(self) -> Config:
         if self.task.overlong_buffer > self.worker.sampling.max_new_tokens:
             raise ValueError(
@@ -753,12 +864,17 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4); the value is read as YAML."""
+    """'trainer.lr=3e-4' -> ('trainer.lr', 3e-4): the value is read as YAML, except for a string
+    field (`task.system_prompt=... End with #### ...`), whose value is kept exactly as written (YAML
+    would cut it at ' #' or refuse 'Answer: give a number')."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value")
     key, raw = item.split("=", 1)
+    key = key.strip()
+    if is_text_field(key):
+        return key, None if raw.strip() in ("null", "~") and accepts_none(key) else raw
     try:
-        return key.strip(), yaml.safe_load(raw)
+        return key, yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
 
@@ -767,8 +883,61 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{where}: {err['msg']}")
+        hint = nearest_field(where) if err["type"] == "extra_forbidden" else ""
+        lines.append(f"{where}: {err['msg']}" + (f" (did you mean {hint}?)" if hint else ""))
     return "; ".join(lines)
+
+
+# --- field types, for --set values and typo hints ------------------------------------------------
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """(T, True) for `T | None`; (annotation, False) otherwise."""
+    args = get_args(annotation)
+    if type(None) in args and len(args) == 2 and get_origin(annotation) in (Union, types.UnionType):
+        return next(a for a in args if a is not type(None)), True
+    return annotation, False
+
+
+def _field(dotted: str) -> Any:
+    """The pydantic FieldInfo of a dotted config field, or None (no such field)."""
+    model: Any = Config
+    info = None
+    for part in dotted.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _unwrap_optional(info.annotation)[0]
+    return info
+
+
+def is_text_field(dotted: str) -> bool:
+    """Is the field a string (str, str | None, or a Literal of strings)?"""
+    info = _field(dotted)
+    if info is None:
+        return False
+    annotation = _unwrap_optional(info.annotation)[0]
+    if get_origin(annotation) is Literal:
+        return all(isinstance(a, str) for a in get_args(annotation))
+    return annotation is str
+
+
+def accepts_none(dotted: str) -> bool:
+    info = _field(dotted)
+    return info is not None and _unwrap_optional(info.annotation)[1]
+
+
+def nearest_field(dotted: str) -> str:
+    """The existing field closest in spelling to an unknown dotted name ('' when none is close)."""
+    *parents, leaf = dotted.split(".")
+    model: Any = Config
+    if parents:
+        info = _field(".".join(parents))
+        model = None if info is None else _unwrap_optional(info.annotation)[0]
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(leaf, list(model.model_fields), n=1, cutoff=0.6)
+    return ".".join([*parents, close[0]]) if close else ""
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

@@ -2,9 +2,15 @@
 
 The whole topology, in start order (`Launcher._start`):
 
+    trainer, worker-0..N-1   start first and load their model, then wait for the start gate
     coordinator              binds first; `up` waits until it is bound (its `actor_ready` event)
     publisher, buffer        bind, then register with this run's coordinator; waited for likewise
-    trainer, worker-0..N-1   connect only to ports this run holds
+    (start gate opens)       trainer and workers connect, only to ports this run holds
+
+The gate (RUN_DIR/.start-gate, named to them by PRL_START_GATE) is a file `up` creates once the
+servers are bound: the slow part of a start (torch imports, model loads) runs beside the servers'
+start instead of after it, and nothing connects before this run holds its ports. Until the first
+epoch opens, `up` says every few seconds which actors it is still waiting for.
 
 So a second `up` on ports already in use stops at its coordinator ("address in use") before any of
 its actors has said a word to the first run; `check_ports` says so plainly before anything starts.
@@ -48,7 +54,7 @@ from typing import Any
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
 from prl_actors.logs import console
-from prl_actors.process import LOCAL_WORKERS_ENV, SUPERVISOR_ENV
+from prl_actors.process import LOCAL_WORKERS_ENV, START_GATE_ENV, SUPERVISOR_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
 from prl_actors.topology import ensure_key
@@ -60,6 +66,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
 EXIT_STOPPED = 3
 PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
+START_GATE = ".start-gate"
+WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 
 
 class RunFailed(Exception):
@@ -98,6 +106,9 @@ class Launcher:
         self.signalled = 0
         self.hurry = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
+        self.gate = self.run_dir.root / START_GATE
+        self.started_up = False  # every actor started here has joined, or the first epoch opened
+        self.last_note = time.monotonic()
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -133,15 +144,19 @@ class Launcher:
         return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
-        """Servers first, each tier bound before the next starts; then trainer and workers."""
+        """Trainer and workers first (they load while the servers start, behind the gate); then the
+        servers, each tier bound before the next starts; then the gate opens."""
+        self.gate.unlink(missing_ok=True)
+        self._spawn("trainer")
+        for _ in range(self.desired):
+            self._add_worker()
         for tier in START_ORDER:
             for name in tier:
                 self._spawn(name)
             for name in tier:
                 self._await_ready(self.children[name])
-        self._spawn("trainer")
-        for _ in range(self.desired):
-            self._add_worker()
+            console(f"up: {', '.join(tier)} ready ({time.monotonic() - self.t0:.1f}s)")
+        self.gate.touch()
 
     def _supervise(self) -> None:
         last_poll = 0.0
@@ -184,6 +199,8 @@ class Launcher:
         log = self.run_dir.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
         env = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
+        if role in ("trainer", "worker"):
+            env[START_GATE_ENV] = str(self.gate)
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own process group
         self.children[name] = Child(name, proc, offset, restarts)
 
@@ -204,6 +221,10 @@ class Launcher:
             self._check_signal()
             if child.proc.poll() is not None:
                 raise RunFailed(self._failure(child))
+            trainer = self.children["trainer"]
+            if trainer.proc.poll():  # it loads meanwhile: a damaged checkpoint ends the run now
+                raise RunFailed(self._failure(trainer))
+            self._check_workers()
             if time.monotonic() > deadline:
                 raise RunFailed(f"{child.name} did not bind {self.cfg.address(child.name)} in time")
             time.sleep(0.05)
@@ -284,9 +305,11 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
-        if st.waiting_for and st.waiting_for != self.last_stall:
-            console(f"stalled: {st.waiting_for}")
-        self.last_stall = st.waiting_for
+        self._note_start_up(st)  # until every actor joined, `up` says whom it waits for instead
+        if self.started_up:
+            if st.waiting_for and st.waiting_for != self.last_stall:
+                console(f"stalled: {st.waiting_for}")
+            self.last_stall = st.waiting_for
         if self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
             bar = progress_bar(st.groups_done, st.groups_per_epoch)
             sys.stderr.write(
@@ -294,6 +317,31 @@ class Launcher:
                 f"  workers {sum(m.role == 'worker' for m in st.members)}  {time.monotonic() - self.t0:6.1f}s\x1b[K\r"
             )
             sys.stderr.flush()
+
+    def _note_start_up(self, st: Status) -> None:
+        """Until every actor started here has joined (or the first epoch opened): every
+        WAITING_NOTE_S, which actors `up` is still waiting for, and what each last did."""
+        if self.started_up:
+            return
+        joined = {m.name for m in st.members}
+        missing = [n for n in self.children if n != "coordinator" and n not in joined]
+        if not missing or st.epoch > 0:
+            self.started_up = True
+            console(f"up: every actor joined ({time.monotonic() - self.t0:.1f}s)")
+            return
+        if time.monotonic() - self.last_note < WAITING_NOTE_S:
+            return
+        self.last_note = time.monotonic()
+        doing = ", ".join(f"{n} ({self._doing(self.children[n])})" for n in missing)
+        console(f"up: waiting for {doing}; {time.monotonic() - self.t0:.0f}s since start")
+
+    def _doing(self, child: Child) -> str:
+        """What a starting actor last did, from its log."""
+        if self._find(child, "actor_ready") is not None:
+            return "registering"
+        if self._find(child, "actor_start") is not None:
+            return "loading its model" if child.name.split("-", 1)[0] in ("trainer", "worker") else "starting"
+        return "importing"
 
     def _scale_to(self, n: int) -> None:
         console(f"scaling workers {self.desired} -> {n}")
@@ -319,7 +367,13 @@ class Launcher:
             raise Interrupted(self.signalled)
 
     def _stop_all(self, reason: str) -> None:
-        """RequestStop: the coordinator sends every member Shutdown; then wait for them a while."""
+        """RequestStop: the coordinator sends every member Shutdown; then wait for them a while.
+        Before the gate opened, the trainer and workers hold nothing: they are stopped at once."""
+        if not self.gate.exists():
+            for child in self._all():
+                if child.name.split("-", 1)[0] in ("trainer", "worker") and child.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.proc.pid, signal.SIGTERM)
         coordinator = self.children.get("coordinator")
         if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
             with contextlib.suppress(RequestFailed):
@@ -380,8 +434,9 @@ def pick_ports(cfg: Config) -> None:
     if cfg.transport.kind != "tcp" or cfg.transport.base_port is not None or cfg.transport.addresses:
         return
     host = "0.0.0.0" if cfg.transport.bind_all else cfg.transport.host
+    offsets = [ROLES.index(r) for r in cfg.bound_roles()]  # the learner of a classic-RL run binds base + 5
     for base in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + PORT_STEP * PORT_TRIES, PORT_STEP):
-        if not any(port_in_use(host, base + i) for i in range(4)):
+        if not any(port_in_use(host, base + i) for i in offsets):
             cfg.transport.base_port = base
             return
     raise RunFailed(f"no free ports for a run on {host} from {DEFAULT_BASE_PORT} up; set transport.base_port")

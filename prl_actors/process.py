@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pykka
@@ -36,7 +38,7 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     _limit_threads(name, cfg)
     ctx = zmq.Context()
     try:
-        host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet)
+        host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet, gate=start_gate(cfg))
     except (StartFailed, KeysError) as exc:  # KeysError: its own or a peer's key file is missing
         close_context(ctx)
         raise ActorFailed(f"{name}: {exc}") from None
@@ -51,6 +53,29 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
 
 
 LOCAL_WORKERS_ENV = "PRL_LOCAL_WORKERS"  # set by `up` for the actors it starts on this host
+START_GATE_ENV = "PRL_START_GATE"  # set by `up` for the trainer and workers: exists once the servers are bound
+GATE_POLL_S = 0.02
+
+
+def start_gate(cfg: Config) -> Callable[[], None] | None:
+    """The wait `up` asks of an actor it starts before this run's servers hold their ports (None:
+    no wait). The actor builds itself (imports, model) meanwhile, then waits here for the file
+    named by START_GATE_ENV, at most transport.join_timeout_s, and no longer than its supervisor."""
+    gate = os.environ.get(START_GATE_ENV, "")
+    if not gate:
+        return None
+    path, supervisor = Path(gate), int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+
+    def wait() -> None:
+        deadline = time.monotonic() + cfg.transport.join_timeout_s
+        while not path.exists():
+            if supervisor and os.getppid() != supervisor:
+                raise RuntimeError("prl-actors up exited before the run's servers were up")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the run's servers were not up within {cfg.transport.join_timeout_s:g}s")
+            time.sleep(GATE_POLL_S)
+
+    return wait
 
 
 def _wait(host: ActorHost, signalled: threading.Event) -> str:

@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -276,3 +277,70 @@ class MemorySink:
 
     def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         return None
+
+
+# --- the run registry: which runs were started on this machine (for status/scale/stop/health) ------
+
+REGISTRY = "runs"  # under the cache dir: one small JSON file per run directory
+REGISTRY_KEPT = 64
+
+
+def registry_dir() -> Path | None:
+    """$PRL_CACHE_DIR/runs, else $XDG_CACHE_HOME/prl-actors/runs, else ~/.cache/prl-actors/runs (the
+    model cache's root, model/builtin.cache_dir); None when PRL_CACHE_DIR is empty (caching off)."""
+    env = os.environ.get("PRL_CACHE_DIR")
+    if env == "":
+        return None
+    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prl-actors"
+    return root / REGISTRY
+
+
+def register_run(root: Path) -> None:
+    """Note that `up` (this process) runs the run in `root`: the newest live one is what `status`,
+    `scale`, `stop` and `health` reach without --config. Best effort: a cache that cannot be written
+    only loses the discovery."""
+    where = registry_dir()
+    if where is None:
+        return
+    run_dir = str(Path(root).resolve())
+    record = {"run_dir": run_dir, "pid": os.getpid(), "started": time.time()}
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha256(run_dir.encode()).hexdigest()[:16] + ".json"
+        tmp = where / f".{name}.{os.getpid()}"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(where / name)
+        for old in registered_runs()[REGISTRY_KEPT:]:
+            (where / (hashlib.sha256(str(old).encode()).hexdigest()[:16] + ".json")).unlink(missing_ok=True)
+    except OSError:
+        return
+
+
+def registered_runs() -> list[Path]:
+    """The run directories `up` started on this machine, newest first (those that still exist)."""
+    where = registry_dir()
+    records: list[tuple[float, Path]] = []
+    for f in where.glob("*.json") if where is not None and where.is_dir() else []:
+        try:
+            record = json.loads(f.read_text())
+            records.append((float(record["started"]), Path(record["run_dir"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return [p for _, p in sorted(records, key=lambda r: r[0], reverse=True) if (p / CONFIG).is_file()]
+
+
+def is_live(root: Path) -> bool:
+    """A `prl-actors up` holds this run directory's lock right now."""
+    try:
+        with open(Path(root) / LOCK) as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def live_run() -> Path | None:
+    """The newest run started on this machine that an `up` still runs."""
+    return next((p for p in registered_runs() if is_live(p)), None)

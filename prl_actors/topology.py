@@ -16,6 +16,7 @@ import os
 import socket
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +184,25 @@ def socket_limits(role: str, cfg: Config) -> Limits:
 
 
 def start_actor(
-    name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None, quiet: bool = False
+    name: str,
+    cfg: Config,
+    ctx: zmq.Context,
+    log_dir: Path | None = None,
+    quiet: bool = False,
+    gate: Callable[[], None] | None = None,
 ) -> ActorHost:
-    """Build and start one actor; returns its host (the `done` event is set when it has stopped)."""
+    """Build and start one actor; returns its host (the `done` event is set when it has stopped).
+    `gate`, when given, is waited on between building the actor (loading its model) and opening its
+    sockets: `up` starts the trainer and workers at once, so they load while the servers start, and
+    lets them connect only once this run's servers hold their ports. An exception from it is a
+    start-up failure like any other."""
     role = role_of(name)
     log = EventLog(name, role, (log_dir / f"{name}.jsonl") if log_dir else None)
     log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=cfg.address(role) if role in BINDS else "")
     try:  # loads the model, engine, task: a user's bad file ends here as one line, not a traceback
         core = build_core(name, cfg, log, quiet=quiet)
+        if gate is not None:
+            gate()
     except Exception as exc:
         log("start_failed", error=one_line(exc), trace=traceback.format_exc())
         log("actor_crashed", error=f"failed to start: {one_line(exc)}")

@@ -267,3 +267,24 @@ def test_a_frame_over_the_size_limit_disconnects_its_sender(run_dir: Path, refer
     dropped, status = attacked(run_dir, attack)
     assert dropped is None and isinstance(status, m.Status)  # refused, and the coordinator still answers
     trained_as_unattacked(run_dir, reference)
+
+
+def test_a_role_key_cannot_evict_a_member_registered_with_its_own_key(run_dir: Path, reference: list[float]) -> None:
+    """The `worker` role key may speak as any worker-... name, but worker-0 registered with its own
+    key: only that key may make it leave or take its place (issue 23, 1b)."""
+
+    def attack(ctx: zmq.Context, cfg: Config) -> list[m.Msg | None]:  # type: ignore[type-arg]
+        joined = next(
+            e for e in read_logs(Path(cfg.run.run_dir)) if e["event"] == "member_join" and e["member"] == "worker-0"
+        )
+        sock = dealer(ctx, cfg, "coordinator", "worker-0", key="worker")
+        return [
+            ask(sock, m.Leave(sender="worker-0", reason="evicted")),
+            ask(sock, m.Register(sender="worker-0", role=m.Role.WORKER, pid=joined["pid"], host=joined["host"])),
+        ]
+
+    replies = attacked(run_dir, attack)
+    assert all(forbidden(r) for r in replies), replies
+    trained_as_unattacked(run_dir, reference)
+    leaves = [e for e in read_logs(run_dir) if e["event"] == "member_leave" and e["member"] == "worker-0"]
+    assert all(e["reason"] != "leave:evicted" for e in leaves), leaves

@@ -88,3 +88,24 @@ def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:
     check_resume(run, load_config(None, {"trainer.world_size": 4, "trainer.strategy": "fsdp2"}))
     with pytest.raises(ConfigError, match=r"trainer\.strategy \('fsdp2' -> 'ddp'\)"):
         check_resume(run, load_config(None, {"trainer.world_size": 2, "trainer.strategy": "ddp"}))
+
+
+def test_two_ddp_ranks_with_a_recipe_loss_give_the_weights_of_one_process(tmp_path: Path) -> None:
+    """loss_type grpo (per-sequence weights, divided by the all-reduced sequence count), k2 KL,
+    truncated samples masked, a cosine schedule: the rank group still equals one process."""
+    cfg, model_dir, groups = rollouts(
+        tmp_path,
+        trainer__max_grad_norm=1e6,
+        trainer__beta=0.1,
+        trainer__loss_type="grpo",
+        trainer__kl_estimator="k2",
+        trainer__mask_truncated_completions=True,
+        trainer__lr_scheduler="cosine",
+        trainer__weight_decay=0.01,
+    )
+    run = side_by_side(cfg, model_dir, groups, "ddp")
+    assert max_diff(run.one, run.initial) > 1e-4
+    assert max_diff(run.one, run.group) < 1e-9
+    for a, b in zip(run.one_metrics, run.group_metrics, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
+        assert b["lr"] == a["lr"]

@@ -77,3 +77,5 @@ def test_killed_env_process_loses_no_step_and_a_joiner_takes_slots(run_dir: Path
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "check env-steps     ok" in check.stdout and "check env-lost      ok" in check.stdout
+    checks = [line.split()[1] for line in check.stdout.splitlines() if line.startswith("check ")]
+    assert checks == ["replies", "env-steps", "env-rounds", "env-lost", "aaps"], check.stdout  # only its own

@@ -9,9 +9,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import load_config
+from prl_actors.config import ConfigError, load_config
 from prl_actors.tasks import load_task
-from prl_actors.training.losses import ADV_EPS, group_advantages, k3_kl, ppo_clip_loss
+from prl_actors.training.losses import (
+    ADV_EPS,
+    batch_reward_std,
+    cispo_loss,
+    entropy,
+    group_advantages,
+    k3_kl,
+    kl_estimate,
+    log_ratio,
+    normaliser,
+    ppo_clip_loss,
+    scaled_advantages,
+    token_weights,
+)
+from prl_actors.training.minibatch import MinibatchPlan, lr_factor
 
 
 def test_advantages_use_population_std() -> None:
@@ -124,3 +138,132 @@ def test_k3_kl_hand_computed() -> None:
     assert kl[0].item() == pytest.approx(0.5 + math.log(2) - 1)
     assert kl[1].item() == pytest.approx(0.0)
     assert (k3_kl(torch.randn(100), torch.randn(100)) >= 0).all()
+
+
+# --- the GRPO family (loss_type, scale_rewards, estimators) against hand-computed numbers ---------
+
+
+def test_scale_rewards_group_none_batch() -> None:
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    assert torch.equal(scaled_advantages(r, "none"), torch.tensor([0.5, -0.5, -0.5, 0.5], dtype=torch.float64))
+    assert torch.equal(scaled_advantages(r, "group"), group_advantages(r))
+    std = batch_reward_std([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # 6 ones, 2 zeros: sqrt(0.75 * 0.25)
+    assert std == pytest.approx(math.sqrt(0.1875), rel=1e-12)
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5], dtype=torch.float64) / (math.sqrt(0.1875) + ADV_EPS)
+    assert torch.allclose(scaled_advantages(r, "batch", std), expected, rtol=1e-12, atol=0)
+    assert torch.equal(scaled_advantages(torch.tensor([0.9] * 3), "batch", std), torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="epoch's reward std"):
+        scaled_advantages(r, "batch")
+
+
+def test_token_weights_and_normalisers() -> None:
+    """Two samples of 3 and 1 tokens; the second is masked (truncated)."""
+    index = torch.tensor([0, 0, 0, 1])
+    keep = torch.tensor([True, True, True, False])
+    assert token_weights("dapo", keep, index, 2).tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert token_weights("grpo", keep, index, 2).tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0])
+    assert token_weights("gspo", torch.ones(4, dtype=torch.bool), index, 2).tolist() == pytest.approx(
+        [1 / 3, 1 / 3, 1 / 3, 1.0]
+    )
+    assert normaliser("dapo", tokens=3, sequences=1, samples=2, max_new_tokens=8) == 3
+    assert normaliser("bnpo", tokens=3, sequences=1, samples=2, max_new_tokens=8) == 3
+    assert normaliser("cispo", tokens=3, sequences=1, samples=2, max_new_tokens=8) == 3
+    assert normaliser("grpo", tokens=3, sequences=1, samples=2, max_new_tokens=8) == 1
+    assert normaliser("dr_grpo", tokens=3, sequences=1, samples=2, max_new_tokens=8) == 16
+    assert normaliser("dapo", tokens=0, sequences=0, samples=0, max_new_tokens=8) == 1  # never 0
+
+
+def test_grpo_loss_is_the_mean_of_sequence_means() -> None:
+    """Per-token losses [1, 2, 3 | 10]: grpo = ((1+2+3)/3 + 10/1) / 2 = 6; dapo = 16 / 4 = 4;
+    dr_grpo with max_new_tokens 4 = 16 / (2 x 4) = 2."""
+    loss = torch.tensor([1.0, 2.0, 3.0, 10.0], dtype=torch.float64)
+    index, keep = torch.tensor([0, 0, 0, 1]), torch.ones(4, dtype=torch.bool)
+    for kind, want in (("grpo", 6.0), ("dapo", 4.0), ("dr_grpo", 2.0)):
+        total = float((token_weights(kind, keep, index, 2) * loss).sum())
+        assert total / normaliser(kind, tokens=4, sequences=2, samples=2, max_new_tokens=4) == pytest.approx(want)
+
+
+def test_sequence_ratio_is_the_geometric_mean_per_sequence() -> None:
+    """GSPO: s_i = exp(mean_t (logp - old)) for every token of sample i."""
+    logp = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64)
+    old = torch.tensor([-1.2, -1.6, -0.5], dtype=torch.float64)
+    index = torch.tensor([0, 0, 1])
+    seq = log_ratio(logp, old, "sequence", index, 2)
+    assert seq.tolist() == pytest.approx([(0.2 - 0.4) / 2, (0.2 - 0.4) / 2, 0.0])
+    assert log_ratio(logp, old, "token", index, 2).tolist() == pytest.approx([0.2, -0.4, 0.0])
+    pg, clipped = ppo_clip_loss(logp, old, torch.tensor([1.0, 1.0, 1.0]), 0.2, 0.2, log_ratio=seq)
+    assert pg.tolist() == pytest.approx([-math.exp(-0.1), -math.exp(-0.1), -1.0])
+    assert not clipped.any()
+
+
+def test_delta_caps_the_unclipped_ratio_of_negative_advantages() -> None:
+    """ratio e^1 = 2.718, A = -1: PPO gives -min(-2.718, -1.2) = 2.718; delta 1.5 caps it at 1.5."""
+    logp, old, adv = torch.tensor([0.0]), torch.tensor([-1.0]), torch.tensor([-1.0])
+    pg, _ = ppo_clip_loss(logp, old, adv, 0.2, 0.2)
+    assert pg.item() == pytest.approx(math.e)
+    capped, _ = ppo_clip_loss(logp, old, adv, 0.2, 0.2, delta=1.5)
+    assert capped.item() == pytest.approx(1.5)
+
+
+def test_cispo_weights_the_log_prob_by_the_clipped_detached_ratio() -> None:
+    """ratio e^0.5 = 1.6487 clipped to 1.28; loss = -1.28 * A * logp; gradient -1.28 * A (never 0)."""
+    logp = torch.tensor([-0.5], requires_grad=True)
+    old = torch.tensor([-1.0])
+    loss, clipped = cispo_loss(logp, old, torch.tensor([2.0]), 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28 * 2.0 * -0.5)
+    assert clipped.tolist() == [True]
+    loss.sum().backward()
+    assert logp.grad is not None and logp.grad.item() == pytest.approx(-1.28 * 2.0)
+
+
+def test_kl_estimators() -> None:
+    logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    d = [0.5, -1.0]  # logp - ref
+    assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx(d)
+    assert kl_estimate(logp, ref, "k2").tolist() == pytest.approx([0.5 * x * x for x in d])
+    assert kl_estimate(logp, ref, "k3").tolist() == pytest.approx([math.exp(-x) + x - 1 for x in d])
+
+
+def test_entropy_of_the_behaviour_distribution() -> None:
+    """Uniform over 4: ln 4. With top_p 0.5 over probs (0.4, 0.3, 0.2, 0.1) the nucleus is the top 2,
+    renormalised to (4/7, 3/7)."""
+    assert entropy(torch.zeros(1, 4), 1.0, 1.0).item() == pytest.approx(math.log(4))
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    p = [4 / 7, 3 / 7]
+    assert entropy(logits, 1.0, 0.5).item() == pytest.approx(-sum(x * math.log(x) for x in p), rel=1e-6)
+
+
+def test_minibatches_by_group_index() -> None:
+    plan = MinibatchPlan(groups=6, minibatches=4)
+    assert [plan.index(g) for g in range(6)] == [0, 0, 1, 2, 2, 3]
+    assert [plan.size(k) for k in range(4)] == [2, 1, 2, 1]
+    assert plan.index(99) == 3  # an id outside 0..B-1: the last minibatch (trained at the step)
+
+
+def test_lr_schedules() -> None:
+    assert [lr_factor("constant", e, 2, 10) for e in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert lr_factor("linear", 2, 2, 10) == 1.0 and lr_factor("linear", 6, 2, 10) == pytest.approx(0.5)
+    assert lr_factor("cosine", 6, 2, 10) == pytest.approx(0.5) and lr_factor("cosine", 10, 2, 10) == pytest.approx(0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"trainer.loss_type": "gspo", "trainer.importance_sampling_level": "token"}, "sequence-level ratio"),
+        ({"trainer.ref_sync_epochs": 2}, "needs beta > 0"),
+        ({"trainer.num_minibatches": 9, "coordinator.groups_per_epoch": 8}, "a minibatch needs at least one group"),
+        (
+            {"trainer.num_minibatches": 2, "trainer.world_size": 2, "trainer.strategy": "ddp"},
+            "strategy ddp does not support trainer.num_minibatches > 1",
+        ),
+        ({"trainer.loss_type": "ppo"}, "loss_type"),
+        (
+            {"trainer.num_iterations": 2, "trainer.learner": "sim", "worker.engine": "sim"},
+            "need trainer.learner grpo",
+        ),
+    ],
+)
+def test_recipe_options_refused_with_one_line(overrides: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as err:
+        load_config(None, overrides)
+    assert "\n" not in str(err.value)

@@ -58,7 +58,7 @@ def test_up_survives_sigkill_of_a_worker(tmp_path: Path, run_dir: Path) -> None:
 
 def test_remote_worker_joins_and_scale_and_status(tmp_path: Path, run_dir: Path) -> None:
     cfg = sim_config(
-        run_dir, transport="tcp", run__epochs=8, run__workers=1, sim__gen_s_per_token=0.01,
+        run_dir, transport="tcp", run__epochs=8, run__workers=1, sim__gen_s_per_token=0.03,
     )  # fmt: skip
     proc = start_up(cfg, tmp_path)
     coord = cfg.address("coordinator")
@@ -66,9 +66,13 @@ def test_remote_worker_joins_and_scale_and_status(tmp_path: Path, run_dir: Path)
     keys = ["--keys", str(run_dir / "keys")]  # the operator's: the run's key directory
     status = subprocess.run([*CLI, "status", "--coordinator", coord, *keys], capture_output=True, text=True, timeout=20)
     assert status.returncode == 0 and "state" in status.stdout and "worker-0" in status.stdout
-    bundle = tmp_path / "joiner-keys"  # what a worker on another host gets: its secret + public keys
-    exported = subprocess.run([*CLI, "keys", "export", "worker", "--out", str(bundle), "--run-dir", str(run_dir)])
-    assert exported.returncode == 0 and not (bundle / "operator.key_secret").exists()
+    bundle = tmp_path / "joiner-keys"  # what a worker on another host gets: its own secret + public keys
+    made = subprocess.run([*CLI, "keys", "create", "worker-remote", "--run-dir", str(run_dir)])
+    exported = subprocess.run(
+        [*CLI, "keys", "export", "worker-remote", "--out", str(bundle), "--run-dir", str(run_dir)]
+    )  # the README's join flow (the role key `worker` is never exported)
+    assert made.returncode == 0 and exported.returncode == 0
+    assert [p.name for p in bundle.glob("*.key_secret")] == ["worker-remote.key_secret"]
     extra = subprocess.Popen(
         [*CLI, "actor", "worker", "--config", str(tmp_path / "cfg.yaml"), "--name", "worker-remote",
          "--coordinator", coord, "--keys", str(bundle)],

@@ -86,3 +86,15 @@ def test_filters() -> None:
     for bad in ("actor", "color=red", "epoch=x", "msg="):
         with pytest.raises(ReplayError, match="bad --filter"):
             parse_filters([bad])
+
+
+def test_one_step_checks_the_m_x_mu_inner_steps() -> None:
+    """One published version per epoch, M x mu optimizer steps inside it (config.yaml's trainer)."""
+    from prl_actors.replay.invariants import _inner_steps
+
+    step = {**ev("trainer", "optimizer_step", 1.0, version_before=0, version_after=1, optimizer_steps=4), "t": 1.0}
+    assert _inner_steps(step, 4) == []
+    assert _inner_steps(step, None) == []  # no config.yaml: nothing to compare with
+    assert "took 4 optimizer steps inside the epoch, not M x mu = 2" in _inner_steps(step, 2)[0]
+    old = ev("trainer", "optimizer_step", 1.0, version_before=0, version_after=1)
+    assert _inner_steps(old, 2) == []  # a log from before the field

@@ -158,10 +158,15 @@ def free_port(block: int = 1) -> int:
 
 
 def run_up(
-    cmd: list[str], timeout_s: float, on_start: Callable[[subprocess.Popen], None] | None = None
-) -> tuple[int, str]:  # type: ignore[type-arg]
+    cmd: list[str],
+    timeout_s: float,
+    on_start: Callable[[subprocess.Popen], None] | None = None,  # type: ignore[type-arg]
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """Run `prl-actors up` in its own session; on timeout the whole group (every actor) is killed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
     if on_start is not None:
         on_start(proc)
     try:

@@ -29,7 +29,10 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("envs", _envs),
         ("dist_step", _dist_step),
         ("eval_cost", _eval_cost),
+        ("multiturn", _multiturn),
         ("rewards", _rewards),
+        ("startup", _startup),
+        ("minibatch", _minibatch),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -238,6 +241,19 @@ def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
+def _multiturn(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Episodes/s of sync and periodic at each tool latency, side by side."""
+    rows = sorted((e["raw"] for e in entries), key=lambda r: r["tool_latency_ms"])
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([x - 0.2 for x in xs], [r["sync_episodes_per_s"] for r in rows], 0.4, color="grey", label="sync")
+    ax.bar([x + 0.2 for x in xs], [r["periodic_episodes_per_s"] for r in rows], 0.4, label="periodic")
+    ax.set_xticks(list(xs), [f"{r['tool_latency_ms']} ms" for r in rows])
+    ax.set(xlabel="tool latency per environment step", ylabel="episodes/s", title="Multi-turn episodes")
+    ax.legend(fontsize=8)
+    return fig
+
+
 def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """An async reward's group against its sequential time; the code sandbox, one by one vs a group."""
     judge = next(e for e in entries if e["name"].startswith("async"))
@@ -250,4 +266,37 @@ def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     b.bar(["one sample", f"{g} in a row", f"a group of {g}"], [code["single_s"], g * code["single_s"], code["group_s"]],
           color=["tab:blue", "grey", "tab:green"])  # fmt: skip
     b.set(ylabel="seconds", title="code reward (sandboxed subprocess per sample)")
+    return fig
+
+
+def _startup(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Each measured run's seconds from `up` to its first finished epoch, against the goal, and the
+    steady epoch for scale."""
+    first = entries[0]
+    runs = first["raw"]["runs"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(runs))
+    ax.bar(xs, [r["first_epoch_s"] for r in runs], color="tab:blue", label="up -> first finished epoch")
+    ax.bar(xs, [r["steady_epoch_s"] for r in runs], color="tab:orange", label="steady epoch")
+    if first["goal"] is not None:
+        ax.axhline(first["goal"], color="k", linestyle="--", label=f"goal {first['goal']:g} s")
+    ax.set_xticks(list(xs), [f"run {i}" for i in xs])
+    ax.set_ylabel("seconds")
+    ax.set_title("Start-up of the demo (model cached)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Epoch seconds by case (shape, M): periodic next to sync."""
+    rows = [e["raw"] for e in entries]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["periodic_epoch_s"] for r in rows], 0.4, label="periodic")
+    ax.bar([x + 0.2 for x in xs], [r["sync_epoch_s"] for r in rows], 0.4, label="sync")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['shape']} M={r['M']}" for r in rows], fontsize=8)
+    ax.set_ylabel("seconds per epoch (median)")
+    ax.set_title("M minibatch steps per epoch: periodic vs sync")
+    ax.legend(fontsize=8)
     return fig

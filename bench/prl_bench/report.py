@@ -118,6 +118,13 @@ def details(results: dict[str, Any]) -> list[str]:
                 ],
             )
     lines += _control_details(by.get("control_plane", []))
+    mini = by.get("minibatch", [])
+    if mini:
+        lines += ["", "### Minibatch steps per epoch (trainer.num_minibatches M): epoch seconds", ""]
+        lines += _table(
+            [e["raw"] for e in mini],
+            ["shape", "M", "periodic_epoch_s", "sync_epoch_s", "speedup", "periodic_train_s", "sync_train_s"],
+        )
     return lines
 
 

@@ -31,6 +31,8 @@ BENCHMARKS = {
     "eval_cost": "prl_bench.eval_cost",
     "multiturn": "prl_bench.multiturn",
     "rewards": "prl_bench.rewards",
+    "startup": "prl_bench.startup",
+    "minibatch": "prl_bench.minibatch",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -42,6 +44,7 @@ ALIASES = {
     "eval": "eval_cost",
     "multi_turn": "multiturn",
     "tools": "multiturn",
+    "minibatches": "minibatch",
 }
 
 

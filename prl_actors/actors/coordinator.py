@@ -215,7 +215,7 @@ class CoordinatorCore(Core):
         old = self.members.get(msg.sender)
         if old is not None:  # the same process again, or a dead one's successor: its old work is lost
             self._remove(old, "re_registered")
-        self.members.join(msg.sender, msg.role, inbound.identity, now, pid=msg.pid, host=msg.host)
+        self.members.join(msg.sender, msg.role, inbound.identity, now, pid=msg.pid, host=msg.host, key=inbound.who)
         self.log("member_join", member=msg.sender, member_role=msg.role, pid=msg.pid, host=msg.host)
         if msg.role == Role.BUFFER and self.phase.is_(Phase.WAITING_WEIGHTS):
             self._maybe_open()
@@ -246,6 +246,13 @@ class CoordinatorCore(Core):
             return True
         old = self.members.get(msg.sender)
         live = old is not None and now - old.last_seen <= self.s.heartbeat_timeout_s
+        if old is not None and live and old.key != inbound.who:  # pid and host are the sender's word: the key is not
+            self.refuse(
+                inbound,
+                f"name {msg.sender!r} is held by a live member registered with another key",
+                ErrorCode.FORBIDDEN,
+            )
+            return True
         if old is None or not live or (old.pid, old.host) == (msg.pid, msg.host):
             return False
         self.refuse(inbound, f"name {msg.sender!r} is held by a live member (pid {old.pid} on {old.host})")
@@ -264,7 +271,16 @@ class CoordinatorCore(Core):
 
     @handles(Leave)
     def on_leave(self, now: float, inbound: Inbound[Leave]) -> None:
+        """Only the key a member registered with may make it leave: a role key (`worker`) that may
+        speak as every worker-... name must not evict the others."""
         member = self.members.get(inbound.msg.sender)
+        if member is not None and member.key != inbound.who:
+            self.refuse(
+                inbound,
+                f"{member.name!r} registered with another key; only that key may make it leave",
+                ErrorCode.FORBIDDEN,
+            )
+            return
         if member is not None:
             self._remove(member, f"leave:{inbound.msg.reason}" if inbound.msg.reason else "leave")
         self.reply(inbound, Ack(reply_to=inbound.msg.id))

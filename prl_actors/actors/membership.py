@@ -22,6 +22,7 @@ class Member:
     refused: int = 0  # refusals it reported in its last heartbeat (handshakes, forbidden, malformed)
     pid: int = 0  # the process it registered from (a name is held by one process)
     host: str = ""
+    key: str = ""  # the authenticated key it registered with: only that key may make it leave
 
 
 class Membership:
@@ -37,9 +38,11 @@ class Membership:
     def get(self, name: str) -> Member | None:
         return self._members.get(name)
 
-    def join(self, name: str, role: Role, identity: bytes, now: float, pid: int = 0, host: str = "") -> Member:
+    def join(
+        self, name: str, role: Role, identity: bytes, now: float, pid: int = 0, host: str = "", key: str = ""
+    ) -> Member:
         """Add a member (the caller removes an old one of the same name first)."""
-        member = Member(name, role, identity, now, pid=pid, host=host)
+        member = Member(name, role, identity, now, pid=pid, host=host, key=key)
         self._members[name] = member
         return member
 

@@ -1,12 +1,14 @@
-"""Trainer: consumes the buffer's stream in arrival order, one optimizer step per epoch.
+"""Trainer: consumes the buffer's stream in arrival order, one published version per epoch.
 
 Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
 and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
 a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
 and the trainer never idles with groups queued while others are still generated. Once the buffer says
 the epoch is generated (TrainGroup.generated: every group left is on its way), no more early flushes:
-the rest is trained in micro-batches as big as the budget allows. EpochComplete -> exactly one `learner.step`
-(version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
+the rest is trained in micro-batches as big as the budget allows. With trainer.num_minibatches M > 1 the
+learner itself steps a minibatch (groups fixed by index) once its groups are in, inside `accumulate`
+(training/grpo.py). EpochComplete -> exactly one `learner.step` (the epoch's remaining optimizer steps,
+M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
@@ -205,7 +207,14 @@ class TrainerCore(Core):
         step_s = time.monotonic() - t0
         self.train_s += step_s
         self.version = self.learner.version
-        self.log("optimizer_step", version_before=before, version_after=self.learner.version, groups=self.consumed)
+        inner = int(metrics.get("optimizer_steps", 1))  # M x mu (the sim learner: 1)
+        self.log(
+            "optimizer_step",
+            version_before=before,
+            version_after=self.learner.version,
+            groups=self.consumed,
+            optimizer_steps=inner,
+        )
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
         self._checkpoint()
         metrics.update(self.reward_means.metrics())

@@ -11,8 +11,6 @@ of warm-starting again.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -30,8 +28,16 @@ from prl_actors.model.device import resolve_dtype
 from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 from prl_actors.model.warmstart import warm_start, warm_start_on
 
-BUILDER_VERSION = 1  # bump when the recipe below changes: cached models are then rebuilt
-STAMP = "prl_builtin.json"
+# the torch-free half (key, cache, validation), re-exported here
+from prl_actors.model_dirs import BUILDER_VERSION as BUILDER_VERSION
+from prl_actors.model_dirs import STAMP as STAMP
+from prl_actors.model_dirs import builtin_key as builtin_key
+from prl_actors.model_dirs import cache_dir as cache_dir
+from prl_actors.model_dirs import file_lock as _file_lock
+from prl_actors.model_dirs import is_current as _is_current
+from prl_actors.model_dirs import ready_model_dir as ready_model_dir
+from prl_actors.model_dirs import validate_model_dir as validate_model_dir
+
 HF_LOAD_LOCK = threading.Lock()
 """Serialises `from_pretrained` within a process. transformers (5.x) disables weight tying during a
 load by patching `PreTrainedModel.tie_weights` on the class, process-wide: two threads loading at
@@ -39,19 +45,6 @@ once (LocalCluster's actors) leave a tied lm_head untied on the meta device, and
 disable tying for the rest of the process. Every load of ours goes through `from_pretrained` below."""
 ATTN_IMPLEMENTATION = "sdpa"
 """Both "sdpa" and "eager" take the custom 4D float masks of training/packing.py (tests check it)."""
-
-
-def builtin_key(cfg: Config) -> str:
-    """Hash of everything that determines the built-in model's weights."""
-    spec = {
-        "builder": BUILDER_VERSION,
-        "model": cfg.model.model_dump(exclude={"path", "dtype"}),
-        "max_operand": cfg.task.max_operand,
-        "seed": cfg.run.seed,
-    }
-    if cfg.task.name == "guess":  # warm-started on the game instead (other keys unchanged: caches stay valid)
-        spec["guess"] = {"max": cfg.task.guess_max, "turns": cfg.task.max_turns}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
@@ -112,24 +105,6 @@ def _warm_start_guess(
     warm_start_on(model, tok, examples, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step)
 
 
-def validate_model_dir(path: str) -> Path:
-    """A user model must be a local directory with config.json (we never download)."""
-    p = Path(path).expanduser()
-    if not (p.is_dir() and (p / "config.json").is_file()):
-        raise ConfigError(
-            f"model.path {path!r} is not a local model directory with config.json "
-            "(prl-actors never downloads models; save one with save_pretrained first)"
-        )
-    return p.resolve()
-
-
-def _is_current(model_dir: Path, key: str) -> bool:
-    try:
-        return json.loads((model_dir / STAMP).read_text()).get("key") == key
-    except (OSError, ValueError):
-        return False
-
-
 @contextmanager
 def quiet_progress() -> Iterator[None]:
     """No HF progress bars on stderr while loading/saving (actor logs stay readable)."""
@@ -153,24 +128,13 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock, so actors of one run sharing a run_dir build the model once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
     """The model directory to load: `model.path` validated, or the built-in model in RUN_DIR/model
     (reused when its stamp matches `builtin_key(cfg)`, else copied from the user's cache, else
     built there and cached). Never downloads. `on_step` follows the warm start when one runs."""
-    if cfg.model.path:
-        return validate_model_dir(cfg.model.path)
+    ready = ready_model_dir(cfg, run_dir)
+    if ready is not None:
+        return ready
     target = Path(run_dir) / "model"
     key = builtin_key(cfg)
     with _file_lock(Path(run_dir) / "model.lock"):
@@ -186,21 +150,6 @@ def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
-
-
-def cache_dir() -> Path | None:
-    """Where built-in models are kept between runs: $PRL_CACHE_DIR, else $XDG_CACHE_HOME/prl-actors,
-    else ~/.cache/prl-actors; None (build in every run dir) when it cannot be written or
-    PRL_CACHE_DIR is empty."""
-    env = os.environ.get("PRL_CACHE_DIR")
-    if env == "":
-        return None
-    root = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prl-actors"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root if os.access(root, os.W_OK) else None
 
 
 def _cached_builtin(cfg: Config, key: str, root: Path, on_step: Callable[[int, int], None] | None) -> Path:

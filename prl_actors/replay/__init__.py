@@ -3,7 +3,7 @@
     events      load and merge RUN_DIR/logs/*.jsonl into one timeline (ReplayError on bad input)
     spans       span_begin/span_end pairs, interval arithmetic (idle, overlap)
     epochs      per-epoch windows and numbers; summary renders them
-    invariants  on-policy, exactly-once, one step per epoch;  replies  every request answered
+    invariants  on-policy, exactly-once, M x mu steps and one version per epoch;  replies  every request answered
     coordinator_replay  feed the recorded inputs to a fresh CoordinatorCore, compare decisions
     checks      all of the above as one --check report
     trace       Chrome/Perfetto trace-event JSON;  gantt  the same as a PNG Gantt chart

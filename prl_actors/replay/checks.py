@@ -78,7 +78,12 @@ def env_checks(run: Run) -> list[CheckResult]:
 
 
 def run_checks(run: Run, replay: bool = True) -> list[CheckResult]:
-    out = [*invariant_checks(run), replies_check(run), *env_checks(run)]
+    """The checks that apply to this run: a classic-RL run (a learner, no coordinator) gets its own
+    checks and the replies check, not GRPO's epoch invariants or the coordinator replay."""
+    env = env_checks(run)
+    if env and "coordinator" not in run.actors:
+        return [replies_check(run), *env]
+    out = [*invariant_checks(run), replies_check(run), *env]
     return [*out, coordinator_check(run)] if replay else out
 
 

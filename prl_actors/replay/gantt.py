@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prl_actors.replay.axis import TimeAxis, time_axis
 from prl_actors.replay.epochs import SETUP, stats, windows
 from prl_actors.replay.events import ReplayError, Run
 from prl_actors.replay.spans import BUSY_SPANS, Span, lifetime, pair_spans
@@ -31,8 +32,11 @@ TICKS = {
 BAR = 0.7
 
 
-def draw(run: Run, path: Path, spans: list[Span] | None = None) -> None:
-    """Write the chart to `path` (PNG); ReplayError when matplotlib (the `plots` extra) is missing."""
+def draw(
+    run: Run, path: Path, spans: list[Span] | None = None, epochs: tuple[int | None, int | None] = (None, None)
+) -> None:
+    """Write the chart to `path` (PNG), cropped to `epochs` (inclusive, None: open); ReplayError
+    when matplotlib (the `plots` extra) is missing or no epoch is in the range."""
     try:
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
@@ -42,17 +46,20 @@ def draw(run: Run, path: Path, spans: list[Span] | None = None) -> None:
         ) from None
 
     spans = pair_spans(run) if spans is None else spans
+    axis = time_axis(run, spans, epochs)
     actors = run.actors
     fig = Figure(figsize=(14, 1.6 + 0.45 * len(actors)), dpi=110)
     ax = fig.add_subplot()
     for row, actor in enumerate(actors):
         y = len(actors) - 1 - row
-        _draw_row(ax, run, spans, actor, y)
-    _draw_epochs(ax, run, len(actors))
+        _draw_row(ax, run, spans, actor, y, axis)
+    _draw_epochs(ax, run, len(actors), axis)
+    _draw_gaps(ax, axis, len(actors))
     ax.set_yticks(range(len(actors)), labels=list(reversed(actors)))
     ax.set_ylim(-0.6, len(actors) - 0.1)
-    ax.set_xlim(0, max(run.duration, 1e-3))
-    ax.set_xlabel(f"seconds since the run's first event ({run.clock})")
+    ax.set_xlim(0, max(axis.width, 1e-3))
+    folded = f"; {len(axis.gaps)} idle gaps folded" if axis.gaps else ""
+    ax.set_xlabel(f"seconds from {axis.lo:.1f}s after the run's first event ({run.clock}){folded}")
     ax.set_title(_title(run, spans), fontsize=10)
     handles = [Patch(color=c, label=n) for n, c in COLORS.items()] + [Patch(color="#dddddd", label="idle")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles), fontsize=8)
@@ -61,28 +68,44 @@ def draw(run: Run, path: Path, spans: list[Span] | None = None) -> None:
     fig.savefig(path, format="png")
 
 
-def _draw_row(ax, run: Run, spans: list[Span], actor: str, y: int) -> None:  # type: ignore[no-untyped-def]
+def _bar(axis: TimeAxis, begin: float, end: float) -> tuple[float, float]:
+    """(x, width) of the real interval [begin, end] on the axis."""
+    x0 = axis.x(begin)
+    return x0, axis.x(end) - x0
+
+
+def _draw_row(ax, run: Run, spans: list[Span], actor: str, y: int, axis: TimeAxis) -> None:  # type: ignore[no-untyped-def]
     role = run.role(actor)
     if role in BUSY_SPANS:
         born, died = lifetime(run, actor)
-        ax.broken_barh([(born, died - born)], (y - BAR / 4, BAR / 2), color="#dddddd")
+        if axis.shows(born, died):
+            ax.broken_barh([_bar(axis, born, died)], (y - BAR / 4, BAR / 2), color="#dddddd")
         for name, color in COLORS.items():
-            bars = [(s.begin, s.seconds) for s in spans if s.actor == actor and s.name == name]
-            if bars:
-                ax.broken_barh(bars, (y - BAR / 2, BAR), color=color, linewidth=0)
+            mine = [s for s in spans if s.actor == actor and s.name == name and axis.shows(s.begin, s.end)]
+            if mine:
+                ax.broken_barh([_bar(axis, s.begin, s.end) for s in mine], (y - BAR / 2, BAR), color=color, linewidth=0)
     elif role in TICKS:
         event, color = TICKS[role]
-        times = [e["t"] for e in run.of(event, actor=actor)]
+        times = [axis.x(e["t"]) for e in run.of(event, actor=actor) if axis.lo <= e["t"] <= axis.hi]
         ax.vlines(times, y - BAR / 3, y + BAR / 3, color=color, linewidth=1)
         ax.text(0, y + BAR / 2, f" {event}", fontsize=7, va="center", color=color)
 
 
-def _draw_epochs(ax, run: Run, rows: int) -> None:  # type: ignore[no-untyped-def]
-    for w in windows(run):
-        if w.epoch == SETUP:
-            continue
-        ax.axvline(w.start, color="black", linestyle="--", linewidth=0.8)
-        ax.text(w.start, rows - 0.35, f" e{w.epoch}", fontsize=8, va="bottom")
+def _draw_epochs(ax, run: Run, rows: int, axis: TimeAxis) -> None:  # type: ignore[no-untyped-def]
+    shown = [w for w in windows(run) if w.epoch != SETUP and axis.lo <= w.start <= axis.hi]
+    every = max(1, len(shown) // 30)  # labels that do not overlap
+    for i, w in enumerate(shown):
+        ax.axvline(axis.x(w.start), color="black", linestyle="--", linewidth=0.8)
+        if i % every == 0:
+            ax.text(axis.x(w.start), rows - 0.35, f" e{w.epoch}", fontsize=8, va="bottom")
+
+
+def _draw_gaps(ax, axis: TimeAxis, rows: int) -> None:  # type: ignore[no-untyped-def]
+    """Each folded gap: a hatched band of the axis' fold width, labelled with its real length."""
+    for a, b in axis.gaps:
+        x0, width = _bar(axis, a, b)
+        ax.axvspan(x0, x0 + width, color="#f2f2f2", hatch="//", ec="#999999", linewidth=0)
+        ax.text(x0 + width / 2, -0.45, f"gap {b - a:.0f}s", fontsize=7, ha="center", va="bottom", color="#555555")
 
 
 def _title(run: Run, spans: list[Span]) -> str:

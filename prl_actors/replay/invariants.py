@@ -10,8 +10,10 @@
   with dynamic sampling (actors/dynamic_sampling.py) an epoch's groups are those the buffer
   accepted: each one it filtered (`group_filtered`: rewards all equal) is never trained, every other
   is trained once, and no more than B are trained;
-- one-step: at most one `optimizer_step` per epoch, each from the epoch's version to version + 1,
-  and each step starts from the version the previous one produced.
+- one-step (one published version per epoch): at most one `optimizer_step` event per epoch, each
+  from the epoch's version to version + 1, and each starts from the version the previous one
+  produced; inside it the trainer took exactly M x mu optimizer steps (its `optimizer_steps` field;
+  trainer.num_minibatches x trainer.num_iterations of RUN_DIR/config.yaml, 1 x 1 by default).
 Each check returns Violations naming the offending events (actor, time, message id).
 """
 
@@ -21,7 +23,7 @@ from bisect import bisect_right
 from collections import defaultdict
 
 from prl_actors.protocol.versions import on_policy, version_for
-from prl_actors.replay.events import Event, Run, Violation, at
+from prl_actors.replay.events import Event, Run, Violation, at, run_config
 
 
 def epoch_versions(run: Run) -> dict[int, int]:
@@ -184,6 +186,7 @@ def check_one_step(run: Run) -> list[Violation]:
     for s in steps:
         per_epoch[s.get("epoch", -1)].append(s)
     out = [Violation("one-step", m) for s in steps for m in _step_problems(s, epoch_versions(run))]
+    out += [Violation("one-step", m) for s in steps for m in _inner_steps(s, _steps_per_epoch(run))]
     for prev, nxt in zip(steps, steps[1:], strict=False):
         if nxt.get("version_before") != prev.get("version_after"):
             made = f"the previous step ({at(prev)}) made v{prev.get('version_after')}"
@@ -207,3 +210,17 @@ def _step_problems(s: Event, versions: dict[int, int]) -> list[str]:
     if before != want:
         out.append(f"optimizer step {at(s)} of epoch {epoch} started from v{before}, the epoch is bound to v{want}")
     return out
+
+
+def _steps_per_epoch(run: Run) -> int | None:
+    """M x mu from the run's config (None without RUN_DIR/config.yaml)."""
+    cfg = run_config(run.run_dir)
+    return None if cfg is None else cfg.trainer.num_minibatches * cfg.trainer.num_iterations
+
+
+def _inner_steps(s: Event, expected: int | None) -> list[str]:
+    """The event's optimizer steps must be M x mu (a log without the field, from before it, passes)."""
+    taken = s.get("optimizer_steps")
+    if expected is None or taken is None or taken == expected:
+        return []
+    return [f"optimizer step {at(s)} took {taken} optimizer steps inside the epoch, not M x mu = {expected}"]

@@ -5,6 +5,8 @@ forward + backward run when the queue reaches the micro-batch budget, gradients 
 stepped), `flush` whenever the trainer would otherwise idle (what is queued is trained now), then
 exactly one `step` (which flushes first). The loss normalisation must not depend on arrival order or
 on how groups were batched: accumulate un-normalised sums and divide by the epoch's totals in `step`.
+With trainer.num_minibatches M > 1 the GRPO learner may also take optimizer steps inside `accumulate`
+(minibatches fixed by group index); `step` still publishes exactly one new version.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class Learner(Protocol):
         ...
 
     def step(self) -> dict[str, float]:
-        """The epoch's one optimizer step; returns the epoch's metrics (reward_mean, loss, ...)."""
+        """The epoch's last optimizer step(s), version + 1; returns the epoch's metrics (reward_mean, loss, ...)."""
         ...
 
     def weights(self) -> Mapping[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -33,8 +34,11 @@ def save(
     version: int,
     source_dir: Path,
     merged: bool = False,
+    extra: dict[str, object] | None = None,
 ) -> None:
-    """Write the checkpoint of `policy` (tokenizer files copied from the initial `source_dir`)."""
+    """Write the checkpoint of `policy` (tokenizer files copied from the initial `source_dir`);
+    `extra` (tensors and plain values: the lr schedule's horizon, a synced reference) goes into
+    trainer_state.pt beside the optimizer (`extra_state` reads it back)."""
     path = Path(path)
     (path / STATE_FILE).unlink(missing_ok=True)
     if is_lora(policy):
@@ -43,7 +47,7 @@ def save(
             lora.export_merged(path, path / lora.MERGED_DIR, source_dir)
     else:
         _save_model(path, policy, source_dir)
-    torch.save({"version": version, "optimizer": optimizer.state_dict()}, path / STATE_FILE)
+    torch.save({"version": version, "optimizer": optimizer.state_dict(), "extra": extra or {}}, path / STATE_FILE)
 
 
 def _save_model(path: Path, policy: PreTrainedModel, source_dir: Path) -> None:
@@ -69,3 +73,10 @@ def load(path: Path, policy: PreTrainedModel, optimizer: torch.optim.Optimizer) 
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     return int(state["version"])
+
+
+def extra_state(path: Path) -> dict[str, Any]:
+    """The `extra` saved with the checkpoint at `path` ({} for a checkpoint written before it existed)."""
+    state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
+    extra = state.get("extra", {})
+    return extra if isinstance(extra, dict) else {}

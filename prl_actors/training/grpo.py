@@ -1,15 +1,24 @@
-"""GRPO learner: group-normalised advantages, PPO-clip + k3 KL, one optimizer step per epoch.
+"""GRPO learner: the GRPO family (loss_type, scale_rewards, ...), M x mu optimizer steps per epoch,
+one published version per epoch.
 
 Invariants:
-* `accumulate` only adds gradients (never steps); `step` steps exactly once and bumps `version` by 1.
-* The loss is a *sum* over response tokens during accumulation; `step` divides the summed gradients
-  by the epoch's total response-token count, so the update is the same whatever order (and whatever
-  micro-batching) the groups arrived in, up to float summation order.
-* Groups are trained in arrival order, in micro-batches: `accumulate` queues, and the queue is trained
-  once it holds `trainer.micro_batch_tokens` packed tokens (or `micro_batch_groups` groups), or when
-  the trainer calls `flush` because nothing else waits (`step` flushes the rest first).
-* Strict on-policy: old log-probs are the policy's own, detached (see trimodel.py), so the ratio is
-  exactly 1 and clipping never activates (clip_frac is 0). Tokens are scored under the behaviour
+* `step` bumps `version` by exactly 1, after the epoch's M x mu optimizer steps (num_minibatches x
+  num_iterations; 1 x 1 by default). `accumulate` steps only when the first pass's open minibatch k
+  (groups with group_id * M // B == k: training/minibatch.py) is complete and k < M - 1; groups of a
+  later minibatch wait, held. So each step takes the same groups at the same weights in periodic and
+  sync mode, whatever the arrival order.
+* The loss is a weighted *sum* over response tokens during accumulation (losses.token_weights); each
+  optimizer step divides the summed gradients by its minibatch's normaliser (losses.normaliser:
+  counted from the minibatch's groups), so the update is the same whatever order (and whatever
+  micro-batching) the groups arrived in, up to float summation order. scale_rewards batch needs the
+  epoch's reward std: nothing trains before every group is in (exact; the overlap is given up).
+* Groups of the open minibatch are trained in arrival order, in micro-batches: `accumulate` queues,
+  and the queue is trained once it holds `trainer.micro_batch_tokens` packed tokens (or
+  `micro_batch_groups` groups), or when the trainer calls `flush` because nothing else waits.
+* Old log-probs: before the epoch's first optimizer step they are the policy's own, detached (see
+  trimodel.py: ratio exactly 1, clip_frac 0); after it, from a frozen copy of the epoch-start policy
+  (kept only when M x mu > 1), so the ratio departs from 1 and eps_low / eps_high / delta act.
+  Tokens are scored under the behaviour
   transform the engine sampled with (penalty, temperature, min_p, top_k, top-p: behaviour.py). The
   engine's log-probs are not used by the loss; each epoch reports |engine - trainer| over its tokens (logprob_diff_max,
   logprob_diff_mean). The policy runs in eval mode (no dropout).
@@ -25,6 +34,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -41,9 +51,19 @@ from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
-from prl_actors.training.losses import group_advantages, k3_kl, ppo_clip_loss
-from prl_actors.training.packing import collate
-from prl_actors.training.trimodel import TriModel
+from prl_actors.training.losses import (
+    batch_reward_std,
+    cispo_loss,
+    kl_estimate,
+    log_ratio,
+    normaliser,
+    ppo_clip_loss,
+    scaled_advantages,
+    token_weights,
+)
+from prl_actors.training.minibatch import EpochRun, MinibatchPlan, lr_factor
+from prl_actors.training.packing import ModelBatch, collate, response_logprobs
+from prl_actors.training.trimodel import TriLogprobs, TriModel
 
 
 @dataclass
@@ -61,6 +81,19 @@ class EpochStats:
     diff_tokens: int = 0
     diff_sum: float = 0.0
     diff_max: float = 0.0
+    trained_tokens: int = 0  # tokens of every forward (x mu passes); tokens: the epoch's, once
+    ratio_sum: float = 0.0
+    ratio_min: float = float("inf")
+    ratio_max: float = 0.0
+    steps: int = 0
+    grad_norm_sum: float = 0.0
+
+    def add_ratio(self, ratio: torch.Tensor) -> None:
+        """ratio: [N] the importance ratio of each trained token (1 before the epoch's first step)."""
+        if ratio.numel():
+            self.ratio_sum += float(ratio.sum())
+            self.ratio_min = min(self.ratio_min, float(ratio.min()))
+            self.ratio_max = max(self.ratio_max, float(ratio.max()))
 
     def add_rewards(self, rewards: list[float]) -> None:
         self.groups += 1
@@ -79,13 +112,17 @@ class EpochStats:
             self.diff_max = max(self.diff_max, float(diff.max()))
 
     def metrics(self) -> dict[str, float]:
-        tokens, samples = max(self.tokens, 1), max(self.samples, 1)
+        samples, trained = max(self.samples, 1), max(self.trained_tokens, 1)
         return {
             "reward_mean": self.reward_sum / samples,
             "accuracy": self.correct / samples,
-            "loss": self.loss_sum / tokens,
-            "kl": self.kl_sum / tokens,
-            "clip_frac": self.clipped / tokens,
+            "loss": self.loss_sum / trained,
+            "kl": self.kl_sum / trained,
+            "clip_frac": self.clipped / trained,
+            "ratio_mean": self.ratio_sum / trained if self.trained_tokens else 1.0,
+            "ratio_min": self.ratio_min if self.trained_tokens else 1.0,
+            "ratio_max": self.ratio_max if self.trained_tokens else 1.0,
+            "optimizer_steps": float(self.steps),
             "logprob_diff_max": self._diff(self.diff_max),
             "logprob_diff_mean": self._diff(self.diff_sum / max(self.diff_tokens, 1)),
             "tokens": float(self.tokens),
@@ -99,13 +136,39 @@ class EpochStats:
         return float("nan") if self.tokens and not self.diff_tokens else value
 
 
-def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """AdamW, fused where the parameters' device has the fused kernel (CPU and CUDA: one kernel for
     every tensor instead of a loop of small ops; 2-3x faster steps on CPU), else the default."""
     try:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
     except (RuntimeError, ValueError):  # a device (or tensor type) without the fused kernel
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+@dataclass
+class Norm:
+    """The normaliser counts of the minibatch being trained (a rank group sums them before its step)."""
+
+    tokens: int = 0  # unmasked response tokens
+    sequences: int = 0  # unmasked samples
+    samples: int = 0  # every sample
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face gradient checkpointing (non-reentrant). HF checkpoints only in training mode, so
+    the model is put in train mode with every dropout off: the forward stays deterministic, as in
+    eval mode (attention dropout is a float on HF attention modules, set to 0 here)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.eval()
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            setattr(m, "attention_dropout", 0.0)  # noqa: B010 (an attribute torch.nn.Module does not declare)
 
 
 def engine_logprobs(groups: list[Group]) -> torch.Tensor:
@@ -151,14 +214,25 @@ class GRPOLearner:
                 load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
             )
         self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
+        if cfg.trainer.gradient_checkpointing:
+            enable_checkpointing(policy)
         self.tri = TriModel(policy, cfg.trainer.beta > 0, Behaviour.of(sampling))
         trained = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = adamw(trained, cfg.trainer.lr)
+        self.optimizer = adamw(trained, cfg.trainer.lr, cfg.trainer.weight_decay)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
         self._pending: list[Group] = []
         self._pending_tokens = 0
+        self.max_new_tokens = sampling.max_new_tokens
+        self.horizon = cfg.run.epochs  # of the lr schedule; a checkpoint's own wins on resume
+        multi_step = cfg.trainer.num_minibatches * cfg.trainer.num_iterations > 1
+        self.frozen = copy.deepcopy(policy).requires_grad_(False) if multi_step else None  # epoch-start policy
+        self.norm = Norm()
+        self.run: EpochRun[Group] = EpochRun(MinibatchPlan(0, 1))
+        self.batch_std: float | None = None
+        self.epoch_steps = 0  # optimizer steps taken in this epoch
+        self.first_pass = True
         self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
 
     @property
@@ -174,20 +248,50 @@ class GRPOLearner:
     def begin_epoch(self, epoch: int, n_groups: int) -> None:
         """Start from zero gradients and empty stats (drops a half-accumulated epoch, if any)."""
         self.epoch = epoch
+        self._reset_epoch(n_groups)
+
+    def _reset_epoch(self, n_groups: int) -> None:
         self.stats = EpochStats()
         self._pending, self._pending_tokens = [], 0
         self.optimizer.zero_grad(set_to_none=True)
+        minibatches = max(1, min(self.cfg.num_minibatches, n_groups))
+        self.run = EpochRun(MinibatchPlan(n_groups, minibatches), gated=self.cfg.scale_rewards == "batch")
+        self.norm, self.batch_std, self.epoch_steps, self.first_pass = Norm(), None, 0, True
 
     def accumulate(self, group: Group) -> dict[str, float]:
-        """Queue `group`; run forward/backward once the queue fills a micro-batch (tokens or groups)."""
+        """Hold `group` in its minibatch; if that is the open one, queue it (forward/backward once the
+        queue fills a micro-batch); step the open minibatch once it is complete (not the last one)."""
         rewards = [s.reward for s in group.samples]
         self.stats.add_rewards(rewards)
+        k = self.run.add(group.group_id, group)
+        if self.run.gated and self.run.all_in():
+            self._open_gate()
+        elif k == self.run.open and not self.run.gated:
+            self._queue(group)
+        self._advance()
+        tokens = sum(len(s.token_ids) for s in group.samples)
+        return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
+
+    def _queue(self, group: Group) -> None:
         self._pending.append(group)
         self._pending_tokens += self._cost(group)
         if self._pending_tokens >= self.cfg.micro_batch_tokens or len(self._pending) >= self.cfg.micro_batch_groups:
             self._flush()
-        tokens = sum(len(s.token_ids) for s in group.samples)
-        return {"reward_mean": sum(rewards) / max(len(rewards), 1), "tokens": float(tokens)}
+
+    def _open_gate(self) -> None:
+        """scale_rewards batch: every group is in; fix the epoch's reward std, queue the open minibatch."""
+        rewards = [s.reward for held in self.run.held for g in held for s in g.samples]
+        self.batch_std, self.run.gated = batch_reward_std(rewards), False
+        for g in self.run.held[self.run.open]:
+            self._queue(g)
+
+    def _advance(self) -> None:
+        """Step every complete open minibatch of the first pass (not the last) and queue the next one."""
+        while self.run.can_step_early():
+            self._optimizer_step()
+            self.run.open += 1
+            for g in self.run.held[self.run.open]:
+                self._queue(g)
 
     def _cost(self, group: Group) -> int:
         """The tokens `group` adds to a forward: its prompt once (packed) or once per sample."""
@@ -219,43 +323,138 @@ class GRPOLearner:
         if not groups:
             return
         pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
+        samples = [s for g in groups for s in g.samples]
+        keep_s = torch.tensor([s.finished or not self.cfg.mask_truncated_completions for s in samples])  # [S]
+        self.norm.sequences += int(keep_s.sum())
+        self.norm.samples += len(samples)
         batch = collate(pairs, self.cfg.shared_prompt).to(self.device)
         if batch.targets.numel() == 0:
             return
         rewards = [torch.tensor([s.reward for s in g.samples], dtype=torch.float64) for g in groups]
-        adv = torch.cat([group_advantages(r) for r in rewards])  # [S]
+        adv = torch.cat([scaled_advantages(r, self.cfg.scale_rewards, self.batch_std) for r in rewards])  # [S]
         context = response_contexts(pairs) if self.tri.transform.penalised else None  # [N, C]
         with self._autocast():
-            out = self.tri(batch, context=context)
+            old = self._old_logprobs(batch, context)  # [N] or None (the policy's own)
+            out = self.tri(batch, old, context=context, with_entropy=self.cfg.entropy_coef > 0)
+        model_tokens = loss_mask(groups).to(self.device) > 0  # [N] False on environment tokens (multi-turn)
+        keep = keep_s.to(self.device)[batch.sample_index] & model_tokens  # [N]
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
-        mask = loss_mask(groups).to(self.device, out.policy.dtype)  # [N] 0 on environment tokens
-        pg, clipped = ppo_clip_loss(out.policy, out.old, adv_tok, self.cfg.eps_low, self.cfg.eps_high)  # [N]
-        kl = k3_kl(out.policy, out.ref) if out.ref is not None else torch.zeros_like(pg)  # [N]
-        loss = ((pg + self.cfg.beta * kl) * mask).sum()
+        per_token, ratio, clipped = self._token_losses(out, adv_tok, batch.sample_index, len(samples))  # [N] x 3
+        weights = token_weights(self.cfg.loss_type, keep, batch.sample_index, len(samples)).to(per_token)  # [N]
+        loss = (weights * per_token).sum()
         loss.backward()
-        self.stats.tokens += int(mask.sum())  # model tokens only: the normaliser of the epoch's gradient
-        self.stats.loss_sum += float(loss.detach())
-        self.stats.kl_sum += float((kl.detach() * mask).sum())
-        self.stats.clipped += int((clipped * mask.bool()).sum())
-        self.stats.add_logprob_diff(engine_logprobs(groups), out.old)
+        self.norm.tokens += int(keep.sum())
+        self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped)
+
+    def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
+        """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the
+        epoch's first optimizer step, after it the frozen copy's."""
+        if self.epoch_steps == 0 or self.frozen is None:
+            return None
+        with torch.no_grad():
+            return response_logprobs(self.frozen, batch, self.tri.transform, context=context)
+
+    def _token_losses(
+        self, out: TriLogprobs, adv: torch.Tensor, sample_index: torch.Tensor, n_samples: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss_t [N], importance ratio [N] detached, clipped [N] bool) under the loss type."""
+        c = self.cfg
+        lr_ = log_ratio(out.policy, out.old, c.ratio_level(), sample_index, n_samples)  # [N]
+        if c.loss_type == "cispo":
+            pg, clipped = cispo_loss(out.policy, out.old, adv, c.eps_low, c.eps_high)
+        else:
+            pg, clipped = ppo_clip_loss(out.policy, out.old, adv, c.eps_low, c.eps_high, c.delta, lr_)
+        loss = pg
+        if out.ref is not None:
+            loss = loss + c.beta * kl_estimate(out.policy, out.ref, c.kl_estimator)
+        if out.entropy is not None:
+            loss = loss - c.entropy_coef * out.entropy
+        return loss, lr_.detach().exp(), clipped
+
+    def _record(
+        self,
+        groups: list[Group],
+        out: TriLogprobs,
+        keep: torch.Tensor,
+        model_tokens: int,
+        per_token: torch.Tensor,
+        ratio: torch.Tensor,
+        clipped: torch.Tensor,
+    ) -> None:
+        """Epoch stats of one micro-batch (plain floats): loss, KL, ratio and clipping over the tokens
+        that enter the loss (keep: [N] bool); `tokens` counts the model's tokens."""
+        self.stats.trained_tokens += int(keep.sum())
+        self.stats.loss_sum += float(per_token.detach()[keep].sum())
+        if out.ref is not None:
+            kl = kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator)  # [N]
+            self.stats.kl_sum += float(kl[keep].sum())
+        self.stats.clipped += int((clipped & keep).sum())
+        self.stats.add_ratio(ratio[keep])
+        if self.first_pass:
+            self.stats.tokens += model_tokens
+            self.stats.add_logprob_diff(engine_logprobs(groups), out.old)
 
     def step(self) -> dict[str, float]:
-        """Flush, scale gradients by 1 / (epoch's response tokens), clip, step once, version += 1."""
+        """The epoch's remaining optimizer steps (the first pass from the open minibatch on, then
+        passes 2..mu), then version += 1: one published version per epoch."""
+        if self.run.gated:
+            self._open_gate()
+        self._optimizer_step()
+        for k in range(self.run.open + 1, self.run.plan.minibatches):
+            self._train_minibatch(k)
+        self.first_pass = False
+        for _ in range(1, self.cfg.num_iterations):
+            for k in range(self.run.plan.minibatches):
+                self._train_minibatch(k)
+        lr = self._lr()  # this epoch's
+        self.version += 1
+        self._sync_reference()
+        metrics = self.stats.metrics()
+        grad_norm = self.stats.grad_norm_sum / max(self.stats.steps, 1)
+        metrics.update(grad_norm=grad_norm, version=float(self.version), lr=lr)
+        self._reset_epoch(0)  # the next epoch starts clean even without begin_epoch
+        return metrics
+
+    def _train_minibatch(self, k: int) -> None:
+        for g in self.run.held[k]:
+            self._queue(g)
+        self._optimizer_step()
+
+    def _lr(self) -> float:
+        c = self.cfg
+        return c.lr * lr_factor(c.lr_scheduler, self.version, c.warmup_epochs, self.horizon)
+
+    def _optimizer_step(self) -> None:
+        """Flush, scale gradients by 1 / (the minibatch's normaliser), clip, step once (no version)."""
         self._flush()
         self._synchronise()
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        scale = 1.0 / max(self.stats.tokens, 1)
+        n = self.norm
+        scale = 1.0 / normaliser(self.cfg.loss_type, n.tokens, n.sequences, n.samples, self.max_new_tokens)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(scale)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        if self.epoch_steps == 0 and self.frozen is not None:  # the epoch-start weights, for the later steps
+            self.frozen.load_state_dict(self.policy.state_dict())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
-        metrics = self.stats.metrics()
-        metrics.update(grad_norm=float(grad_norm), version=float(self.version))
-        self.stats = EpochStats()  # the next epoch starts clean even without begin_epoch
-        return metrics
+        self.norm = Norm()
+        self.epoch_steps += 1
+        self.stats.steps += 1
+        self.stats.grad_norm_sum += float(grad_norm)
+
+    def _sync_reference(self) -> None:
+        """trainer.ref_sync_epochs: every N versions, reference = alpha * policy + (1 - alpha) * reference."""
+        every, ref = self.cfg.ref_sync_epochs, self.tri.reference
+        if not every or ref is None or self.version % every:
+            return
+        alpha = self.cfg.ref_mixup_alpha
+        with torch.no_grad():
+            for r, p in zip(ref.parameters(), self.policy.parameters(), strict=True):
+                r.mul_(1.0 - alpha).add_(p.detach().to(r.dtype), alpha=alpha)
 
     def _synchronise(self) -> None:
         """Before the scaling: make the gradients and `stats` the whole epoch's. One process holds
@@ -274,8 +473,21 @@ class GRPOLearner:
 
     def save_checkpoint(self, path: Path) -> None:
         merged = self.lora is not None and self.lora.export_merged
-        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir, merged)
+        extra = self._extra_state()
+        checkpoint.save(Path(path), self.policy, self.optimizer, self.version, self.model_dir, merged, extra)
         position.save(Path(path), self.data_identity, self.version)
+
+    def _extra_state(self) -> dict[str, object]:
+        """What a resume needs beyond weights and optimizer: the lr schedule's horizon, and the
+        reference when ref_sync_epochs moves it."""
+        extra: dict[str, object] = {"lr_horizon": self.horizon}
+        if self.cfg.ref_sync_epochs and self.tri.reference is not None:
+            extra["reference"] = self.tri.reference.state_dict()
+        return extra
 
     def load_checkpoint(self, path: Path) -> None:
         self.version = checkpoint.load(Path(path), self.policy, self.optimizer)
+        extra = checkpoint.extra_state(Path(path))
+        self.horizon = int(extra.get("lr_horizon", self.horizon))
+        if "reference" in extra and self.tri.reference is not None:
+            self.tri.reference.load_state_dict(extra["reference"])

@@ -6,13 +6,24 @@ Per token t of sample i: ratio_t = exp(logp_t - old_logp_t), and
     kl_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1          (k3 estimator of KL(pi || ref), >= 0)
     loss_t = pg_t + beta * kl_t
 
-The learner sums loss_t over every response token of the epoch and divides by the epoch's token
-count once, at the step (so the result does not depend on the order groups arrive in).
+The learner sums w_t * loss_t over every response token of a minibatch (w_t: `token_weights`, the
+loss type's per-sequence factor) and divides by the minibatch's normaliser once, at its optimizer
+step (`normaliser`: known from the minibatch's groups, so the result does not depend on the order
+groups arrive in, nor on how they were cut into micro-batches). The recipes (docs/LEARNING.md):
+
+    loss_type   ratio per   loss_t                                   normaliser
+    dapo, bnpo  token       PPO clip                                 unmasked tokens
+    grpo        token       PPO clip, w_t = 1/|o_i|                  unmasked sequences
+    dr_grpo     token       PPO clip                                 sequences x max_new_tokens
+    gspo        sequence    PPO clip on s_i, w_t = 1/|o_i|           unmasked sequences
+    cispo       token       -sg(clip(ratio)) * A * logp_t             unmasked tokens
 """
 
 from __future__ import annotations
 
 import torch
+
+from prl_actors.training.behaviour import Behaviour, as_behaviour, shaped_logits
 
 ADV_EPS = 1e-6
 
@@ -30,15 +41,113 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return centred / (r.std(correction=0) + ADV_EPS)
 
 
+def scaled_advantages(rewards: torch.Tensor, scale: str, batch_std: float | None = None) -> torch.Tensor:
+    """Advantages of one group under `scale_rewards`: group (`group_advantages`), none (r - mean,
+    Dr. GRPO), batch ((r - mean) / (batch_std + 1e-6), batch_std the epoch's population std of every
+    reward, `batch_reward_std`). Equal rewards give exact zeros in every mode. rewards: [G] -> [G] f64."""
+    if scale == "group":
+        return group_advantages(rewards)
+    r = rewards.double()
+    if r.numel() == 0 or bool((r == r[0]).all()):
+        return torch.zeros_like(r)
+    centred = r - r.mean()
+    if scale == "none":
+        return centred
+    if batch_std is None:
+        raise ValueError("scale_rewards batch needs the epoch's reward std")
+    return centred / (batch_std + ADV_EPS)
+
+
+def batch_reward_std(rewards: list[float]) -> float:
+    """Population std of every reward of the epoch (float64; the order of `rewards` is irrelevant
+    up to float summation order)."""
+    return float(torch.tensor(rewards, dtype=torch.float64).std(correction=0)) if rewards else 0.0
+
+
+def sequence_mean(values: torch.Tensor, sample_index: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """Per token, the mean of `values` over its own sample's tokens: [N] -> [N] (differentiable)."""
+    sums = torch.zeros(n_samples, dtype=values.dtype, device=values.device).index_add(0, sample_index, values)
+    counts = torch.zeros(n_samples, dtype=values.dtype, device=values.device).index_add(
+        0, sample_index, torch.ones_like(values)
+    )
+    return (sums / counts.clamp(min=1))[sample_index]  # [N]
+
+
+def log_ratio(
+    logp: torch.Tensor, old_logp: torch.Tensor, level: str, sample_index: torch.Tensor, n_samples: int
+) -> torch.Tensor:
+    """[N] log importance ratio: per token (token), or the sequence's mean for each of its tokens
+    (sequence, GSPO: s_i = (pi(o_i) / pi_old(o_i)) ** (1 / |o_i|))."""
+    diff = logp - old_logp  # [N]
+    return diff if level == "token" else sequence_mean(diff, sample_index, n_samples)
+
+
 def ppo_clip_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    delta: float | None = None,
+    log_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-token clipped policy-gradient loss [N], per-token bool "the clipped term is active" [N]).
-    logp, old_logp: [N]; adv: [N] (each token carries its sample's advantage)."""
-    ratio = torch.exp(logp - old_logp)  # [N]
-    unclipped = ratio * adv
+    logp, old_logp: [N]; adv: [N] (each token carries its sample's advantage). `delta` (TRL, two-sided
+    clip): the unclipped term's ratio is capped at delta. `log_ratio` ([N]) replaces logp - old_logp
+    (the sequence-level ratio of GSPO)."""
+    ratio = torch.exp(logp - old_logp if log_ratio is None else log_ratio)  # [N]
+    unclipped = (ratio if delta is None else torch.clamp(ratio, max=delta)) * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
+
+
+def cispo_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1): -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * logp per token [N]: every
+    token keeps a gradient (the clip bounds only its weight); and the bool "the weight was clipped" [N]."""
+    ratio = torch.exp(logp - old_logp).detach()  # [N]
+    weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -weight * adv * logp, (weight != ratio)
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference), [N]: k1 = logp - ref, k2 = (logp - ref)^2 / 2,
+    k3 (`k3_kl`). Schulman's estimators; k2 and k3 are >= 0."""
+    if estimator == "k3":
+        return k3_kl(logp, ref_logp)
+    diff = logp - ref_logp
+    return diff if estimator == "k1" else 0.5 * diff * diff
+
+
+def token_weights(loss_type: str, keep: torch.Tensor, sample_index: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """w_t, [N]: 0 on masked tokens (keep: [N] bool), else 1/|o_i| for the per-sequence means (grpo,
+    gspo) and 1 for the token sums (dapo, bnpo, dr_grpo, cispo)."""
+    w = keep.to(torch.float64)
+    if loss_type in ("grpo", "gspo"):
+        lengths = torch.zeros(n_samples, dtype=torch.float64, device=w.device).index_add(0, sample_index, w)
+        w = w / lengths.clamp(min=1)[sample_index]
+    return w
+
+
+def normaliser(loss_type: str, tokens: int, sequences: int, samples: int, max_new_tokens: int) -> float:
+    """What a minibatch's weighted loss sum is divided by (>= 1): its unmasked tokens (dapo, bnpo,
+    cispo), its unmasked sequences (grpo, gspo), or samples x max_new_tokens (dr_grpo: a constant)."""
+    if loss_type in ("grpo", "gspo"):
+        return float(max(sequences, 1))
+    if loss_type == "dr_grpo":
+        return float(max(samples * max_new_tokens, 1))
+    return float(max(tokens, 1))
+
+
+def entropy(
+    logits: torch.Tensor, temperature: float | Behaviour, top_p: float = 1.0, context: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Entropy of the behaviour distribution (training/behaviour.py: penalty, temperature, min_p,
+    top_k, top-p) per row, [N] (differentiable through `logits`, [N, V]; `context` [N, C] with a
+    repetition penalty)."""
+    logq = torch.log_softmax(shaped_logits(logits, as_behaviour(temperature, top_p), context), dim=-1)  # [N, V]
+    return -(logq.exp() * logq.nan_to_num(neginf=0.0)).sum(-1)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

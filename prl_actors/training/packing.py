@@ -162,15 +162,20 @@ def response_logprobs(
     penalty, temperature, min_p, top_k, top-p), [N] float32 or wider (differentiable through `model`).
     `context` ([N, C], behaviour.response_contexts) is needed with a repetition penalty.
     Only the N predicting rows of the logits are transformed (cheap with large vocabularies)."""
+    picked = response_logits(model, batch)  # [N, V]
+    ctx = None if context is None else context.to(picked.device)
+    return behaviour_logprobs(picked, batch.targets, temperature, top_p, ctx)  # [N]
+
+
+def response_logits(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
+    """The raw logits of the N rows that predict a response token, [N, V] (differentiable)."""
     mask: torch.Tensor | dict[str, torch.Tensor] = batch.attention_mask
     if batch.attention_mask.dim() == 4:
         mask = with_sliding_window(model, batch.attention_mask.to(next(model.parameters()).dtype), batch.position_ids)
     logits = model(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
     ).logits  # [B, T, V]
-    picked = logits.flatten(0, 1)[batch.predict_index]  # [N, V]
-    ctx = None if context is None else context.to(picked.device)
-    return behaviour_logprobs(picked, batch.targets, temperature, top_p, ctx)  # [N]
+    return logits.flatten(0, 1)[batch.predict_index]  # [N, V]
 
 
 def with_sliding_window(

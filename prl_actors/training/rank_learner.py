@@ -34,14 +34,15 @@ from prl_actors.data import position
 from prl_actors.model.builtin import quiet_progress
 from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
-from prl_actors.training.grpo import EpochStats, GRPOLearner
+from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
 from prl_actors.training.lora import TOKENIZER_FILES
 from prl_actors.training.rank_group import Joined, RankEnv
 
 SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
-    *("loss_sum", "kl_sum", "clipped", "diff_tokens", "diff_sum"),
+    *("loss_sum", "kl_sum", "clipped", "diff_tokens", "diff_sum", "trained_tokens", "ratio_sum"),
 )
+NORM = ("tokens", "sequences", "samples")
 BUCKET_BYTES = 32 << 20
 SHARDED = "sharded"
 
@@ -74,11 +75,19 @@ def all_reduce_stats(stats: EpochStats, group: Any = None) -> None:
     """Sum every running sum of `stats` over the group (and the max of diff_max), in place."""
     sums = torch.tensor([float(getattr(stats, k)) for k in SUMS], dtype=torch.float64)  # [len(SUMS)]
     dist.all_reduce(sums, group=group)
-    peak = torch.tensor([stats.diff_max], dtype=torch.float64)  # [1]
+    peak = torch.tensor([stats.diff_max, stats.ratio_max, -stats.ratio_min], dtype=torch.float64)  # [3]
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     for key, value in zip(SUMS, sums.tolist(), strict=True):
         setattr(stats, key, value if isinstance(getattr(stats, key), float) else round(value))
-    stats.diff_max = float(peak.item())
+    stats.diff_max, stats.ratio_max, stats.ratio_min = peak[0].item(), peak[1].item(), -peak[2].item()
+
+
+def all_reduce_norm(norm: Norm, group: Any = None) -> None:
+    """Sum the minibatch's normaliser counts over the group, in place (every rank divides alike)."""
+    counts = torch.tensor([getattr(norm, k) for k in NORM], dtype=torch.float64)  # [3]
+    dist.all_reduce(counts, group=group)
+    for key, value in zip(NORM, counts.tolist(), strict=True):
+        setattr(norm, key, round(value))
 
 
 def all_reduce_grads(params: list[torch.Tensor], group: Any = None, bucket_bytes: int = BUCKET_BYTES) -> None:
@@ -163,7 +172,9 @@ class RankLearner(GRPOLearner):
         (logits.float().sum() * 0.0).backward()
 
     def _synchronise(self) -> None:
+        """Once per epoch: a rank group runs num_minibatches = num_iterations = 1 (config.py refuses more)."""
         all_reduce_stats(self.stats, self.group)
+        all_reduce_norm(self.norm, self.group)
         if self.strategy == "ddp":
             all_reduce_grads([p for p in self.policy.parameters() if p.requires_grad], self.group)
 
@@ -212,7 +223,8 @@ class RankLearner(GRPOLearner):
             if (self.model_dir / name).is_file():
                 shutil.copy2(self.model_dir / name, path / checkpoint.MODEL_DIR / name)
         position.save(path, self.data_identity, self.version)
-        torch.save({"version": self.version, "strategy": "fsdp2"}, path / checkpoint.STATE_FILE)
+        extra = {"lr_horizon": self.horizon}
+        torch.save({"version": self.version, "strategy": "fsdp2", "extra": extra}, path / checkpoint.STATE_FILE)
 
     def load_checkpoint(self, path: Path) -> None:
         """Every rank reads the checkpoint at `path` (one filesystem, or one shared by the hosts)."""
@@ -228,6 +240,7 @@ class RankLearner(GRPOLearner):
             return
         self._load_sharded(path / SHARDED)
         self.version = int(state["version"])
+        self.horizon = int(state.get("extra", {}).get("lr_horizon", self.horizon))
 
     def _load_sharded(self, where: Path) -> None:
         import torch.distributed.checkpoint as dcp

@@ -2,7 +2,9 @@
 
 Strict on-policy (periodic asynchrony trains each epoch on samples of that epoch's weights), so the
 old policy *is* the policy: its log-probs are the policy's, detached — no second forward, and the
-ratio is exactly 1 in value while its gradient is d logp. The reference is a frozen copy of the
+ratio is exactly 1 in value while its gradient is d logp (after the first of M x mu minibatch steps
+the learner passes the frozen epoch-start policy's log-probs as `behaviour`). The reference is a
+frozen copy of the
 initial weights; its forward runs under no_grad and is skipped entirely when beta == 0. With LoRA
 (a peft policy) the reference is the policy itself with its adapter disabled: the base weights are
 the initial weights and are never trained, so no copy is made.
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from prl_actors.training.behaviour import Behaviour, as_behaviour
-from prl_actors.training.packing import ModelBatch, response_logprobs
+from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_logprobs
+from prl_actors.training.losses import entropy as behaviour_entropy
+from prl_actors.training.packing import ModelBatch, response_logits, response_logprobs
 
 
 @dataclass
@@ -30,6 +33,7 @@ class TriLogprobs:
     policy: torch.Tensor
     old: torch.Tensor
     ref: torch.Tensor | None
+    entropy: torch.Tensor | None = None  # [N] the policy's behaviour entropy, only when asked for
 
 
 class TriModel(torch.nn.Module):
@@ -51,13 +55,21 @@ class TriModel(torch.nn.Module):
         self.transform = as_behaviour(temperature, top_p)
 
     def forward(
-        self, batch: ModelBatch, behaviour: torch.Tensor | None = None, context: torch.Tensor | None = None
+        self,
+        batch: ModelBatch,
+        behaviour: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        with_entropy: bool = False,
     ) -> TriLogprobs:
-        """`behaviour` ([N], optional) overrides the old-policy log-probs, e.g. the engine's, for a
+        """`behaviour` ([N], optional) overrides the old-policy log-probs: the frozen epoch-start
+        policy's after an epoch's first minibatch step (training/grpo.py), or the engine's for a
         future off-policy mode; by default old = policy, detached (strict on-policy). `context`
         ([N, C]): each token's context, needed with a repetition penalty (behaviour.response_contexts)."""
         b = self.transform
-        logp = response_logprobs(self.policy, batch, b, context=context)  # [N]
+        logits = response_logits(self.policy, batch)  # [N, V]
+        ctx = None if context is None else context.to(logits.device)
+        logp = behaviour_logprobs(logits, batch.targets, b, context=ctx)  # [N]
+        ent = behaviour_entropy(logits, b, context=ctx) if with_entropy else None
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -66,4 +78,4 @@ class TriModel(torch.nn.Module):
             with torch.no_grad(), self.policy.disable_adapter():  # type: ignore[operator]
                 ref = response_logprobs(self.policy, batch, b, context=context)  # [N]
         old = logp.detach() if behaviour is None else behaviour.to(logp)
-        return TriLogprobs(policy=logp, old=old, ref=ref)
+        return TriLogprobs(policy=logp, old=old, ref=ref, entropy=ent)

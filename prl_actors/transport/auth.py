@@ -100,10 +100,26 @@ def create_keys(directory: Path, names: Iterable[str], overwrite: bool = False) 
     return made
 
 
+# roles with many members: their role key (`worker`) may speak as every member (worker-0, worker-1 ...)
+SHARED_ROLE_KEYS = (Role.WORKER.value, Role.ENV.value)
+
+
 def export_keys(directory: Path, name: str, out: Path) -> list[str]:
-    """Copy what the holder of `name` needs into `out`: its secret and every public key."""
-    store = KeyStore(directory)
-    key_name, _, _ = store.keypair_for(name)
+    """Copy what the holder of `name` needs into `out`: its secret and every public key.
+
+    Only a key created under exactly that name is exported (never a prefix's: an unknown
+    `worker-gpu1` must not carry away the `worker` key), and never the role key of a role with many
+    members (`worker`, `env`), which could act as every one of them."""
+    if name in SHARED_ROLE_KEYS:
+        raise KeysError(
+            f"the {name!r} role key can act as every {name}-... member and is not exported; "
+            f"create one key per member: prl-actors keys create {name}-NAME, then export {name}-NAME"
+        )
+    if not (directory / f"{name}{SECRET}").is_file():
+        raise KeysError(
+            f"no key named {name!r} in {directory}: create it first (prl-actors keys create {name}), then export it"
+        )
+    key_name, _, _ = KeyStore(directory).keypair_for(name)
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     files = [f"{key_name}{SECRET}", *sorted(p.name for p in directory.glob(f"*{PUBLIC}"))]
