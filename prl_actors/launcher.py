@@ -120,6 +120,7 @@ class Launcher:
     def run(self) -> int:
         """Start the topology and supervise it until the coordinator exits; the exit code."""
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        follower = self._trackers()
         try:
             self._start()
             self._supervise()
@@ -134,8 +135,19 @@ class Launcher:
             raise
         finally:
             self._reap()
+            if follower is not None:
+                follower.stop()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _trackers(self) -> Any:
+        """run.report_to: one thread of this process follows metrics.jsonl (prl_actors/tracking.py)."""
+        if not self.cfg.run.report_to:
+            return None
+        from prl_actors.tracking import MetricsFollower
+
+        config = self.cfg.model_dump(mode="json")
+        return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
         """Trainer and workers first (they load while the servers start, behind the gate); then the
@@ -476,5 +488,29 @@ def summary(run_dir: Path, wall_s: float) -> str:
     return (
         f"done: {epochs} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
-        f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)"
+        f"{eval_line(run_dir)}run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)" + final_model_line(run_dir)
     )
+
+
+def eval_line(run_dir: Path) -> str:
+    """'eval v0 -> vN: eval_pass@k a -> b  eval_mean@k c -> d' + newline ('' without evaluations)."""
+    rows = RunDir(run_dir).eval_rows()
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    keys = [k for k in first if k.startswith("eval_") and k != "eval_s" and k in last]
+    scores = "  ".join(f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)
+    return f"eval v{first.get('version')} -> v{last.get('version')}: {scores}\n"
+
+
+def final_model_line(run_dir: Path) -> str:
+    """'final model: DIR' naming the newest complete checkpoint's model directory ('' when none)."""
+    ckpts = RunDir(run_dir).checkpoints
+    done = [p for p in ckpts.glob("v*") if p.name[1:].isdigit() and (p / "DONE").exists()] if ckpts.is_dir() else []
+    if not done:
+        return ""
+    newest = max(done, key=lambda p: int(p.name[1:]))
+    for sub in ("model", "merged", "adapter", "policy.pt"):
+        if (newest / sub).exists():
+            return f"\nfinal model: {newest / sub} (prl-actors export {run_dir} --out DIR: a Hugging Face directory)"
+    return f"\nfinal checkpoint: {newest}"

@@ -39,6 +39,12 @@ def sample_messages() -> list[m.Msg]:
         m.WorkRequest(max_groups=2),
         m.WorkAssign(reply_to="x", prompts=[m.Prompt(group_id=1, prompt="p", answer="a")]),
         m.NoWork(reply_to="x", reason="queue_empty"),
+        m.EvalAssign(reply_to="x", epoch=2, version=2, prompts=[m.Prompt(group_id=1 << 20, prompt="1+2=")], samples=4),
+        m.EvalResult(
+            epoch=2,
+            version=2,
+            groups=[m.EvalGroup(prompt_id=1 << 20, prompt="1+2=", answer="3", completions=["3"], rewards=[1.0])],
+        ),
         m.GroupResult(group=group, epoch=1, version=1),
         m.GroupAck(reply_to="x", group_id=3, accepted=False, reason="duplicate"),
         m.EpochOpen(groups=4),

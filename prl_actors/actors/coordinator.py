@@ -30,6 +30,7 @@ from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
 from prl_actors.actors.runtime import REFUSALS, Core, handles
+from prl_actors.evaluation import EvalPlan, EvalSink, summarize
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
@@ -37,6 +38,9 @@ from prl_actors.protocol.messages import (
     EpochOpen,
     EpochStart,
     ErrorCode,
+    EvalAssign,
+    EvalGroup,
+    EvalResult,
     GiveBack,
     GroupAccepted,
     GroupDropped,
@@ -103,7 +107,15 @@ GROUP_TIMES_KEPT = 256
 class CoordinatorCore(Core):
     role = Role.COORDINATOR
 
-    def __init__(self, name: str, log: EventLog, settings: CoordinatorSettings, task: Task) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: EventLog,
+        settings: CoordinatorSettings,
+        task: Task,
+        eval_plan: EvalPlan | None = None,
+        eval_sink: EvalSink | None = None,
+    ) -> None:
         super().__init__(name, log)
         self.s, self.task = settings, task
         self.members = Membership()
@@ -114,7 +126,7 @@ class CoordinatorCore(Core):
         self.available_version = -1
         self.epochs_completed = 0
         self.done_reason = ""
-        self._progress: tuple[Phase, int, int] = (Phase.DONE, -1, -1)
+        self._progress: tuple[Phase, int, int, int] = (Phase.DONE, -1, -1, -1)
         self._progress_at = 0.0
         self.stall_reason = ""
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
@@ -127,7 +139,19 @@ class CoordinatorCore(Core):
         self.keys_of: dict[str, str] = {}  # member name -> the key it registered with ("" unauthenticated)
         self.notices: deque[str] = deque(maxlen=NOTICES_KEPT)
         self.notices_total = 0
-        self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
+        # evaluation (prl_actors/evaluation.py): one evaluation at a time, of weights eval_version
+        self.eval_plan, self.eval_sink = eval_plan, eval_sink
+        self.eval_epoch = -1  # the epoch whose weights are being evaluated (-1: none)
+        self.eval_work = EpochWork.empty()
+        self.eval_results: dict[int, EvalGroup] = {}
+        self.eval_started = 0.0
+        self.eval_last: dict[str, float] = {}
+        self.final_eval = False  # the last step is done; the run ends when this evaluation does
+        self.final_epoch = -1  # set once the last step is done: the epoch of the final weights
+        eval_done = sorted(eval_plan.done) if eval_plan is not None else []
+        self.log(  # for replay (the epochs already evaluated decide what is evaluated)
+            "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
+        )
         if task.note:
             self.log("prompts_left_out", note=task.note)
 
@@ -160,7 +184,7 @@ class CoordinatorCore(Core):
     def _watch_stall(self, now: float) -> None:
         """No silent hang: in every state but done, while the run makes no progress, say every
         STALL_LOG_S why we wait."""
-        progress = (self.phase.current, self.epoch, len(self.work.done))
+        progress = (self.phase.current, self.epoch, len(self.work.done), len(self.eval_work.done))
         if progress != self._progress:
             self._progress, self._progress_at, self.stall_reason = progress, now, ""
             return
@@ -180,6 +204,11 @@ class CoordinatorCore(Core):
         return FIRST_WEIGHTS_GRACE_S if first else STALL_LOG_S
 
     def _stall_reason(self) -> str:
+        if self._eval_blocks():
+            return (
+                f"waiting for the evaluation of v{version_for(self.eval_epoch)}: {len(self.eval_work.holder)} "
+                f"eval prompts held by workers, {len(self.eval_work.queue)} queued"
+            )
         if self.phase.is_(Phase.TRAINING):
             return (
                 f"waiting for the trainer's step of epoch {self.epoch} "
@@ -225,6 +254,8 @@ class CoordinatorCore(Core):
         self.log("member_join", member=msg.sender, member_role=msg.role, pid=msg.pid, host=msg.host)
         if msg.role == Role.BUFFER and self.phase.is_(Phase.WAITING_WEIGHTS):
             self._maybe_open()
+        if msg.role == Role.WORKER and self.final_eval:  # a worker joining during the final evaluation
+            self._to_member(msg.sender, self._eval_start())
         epoch = self._open_epoch()
         welcome = Welcome(
             reply_to=msg.id,
@@ -300,6 +331,7 @@ class CoordinatorCore(Core):
             self.log("requeue", worker=member.name, groups=lost, reason=reason)
             for name in self.work.take_waiting():
                 self._to_member(name, self._epoch_start())
+        self._release_eval(member.name, reason)
 
     # --- work --------------------------------------------------------------------------------
 
@@ -313,6 +345,8 @@ class CoordinatorCore(Core):
         member.version = msg.version
         reason = self._no_work_reason(msg.version)
         if reason is not None:
+            if reason != NoWorkReason.DONE and self._assign_eval(inbound, member):
+                return
             self._no_work(inbound, member.name, reason)
             return
         share = self.work.fair_share(member.name, len(self.members.of_role(Role.WORKER)))
@@ -381,7 +415,7 @@ class CoordinatorCore(Core):
         self.log("epoch_done", done_epoch=msg.epoch, new_version=msg.version, metrics=msg.metrics)
         self.reply(inbound, Ack(reply_to=msg.id))
         if epoch_for(msg.version) >= self.s.epochs:
-            self._shutdown("completed")
+            self._finish_run(epoch_for(msg.version))
         else:
             self._maybe_open()
 
@@ -390,11 +424,14 @@ class CoordinatorCore(Core):
         v = self.available_version
         e = epoch_for(v)
         if v >= 0 and e >= self.s.epochs and self.phase.is_(Phase.WAITING_WEIGHTS):
-            self._shutdown("completed")  # resumed from the last epoch's checkpoint: nothing to do
+            self._finish_run(e)  # resumed from the last epoch's checkpoint: nothing to train
             return
         if v < 0 or e >= self.s.epochs or not self.phase.is_(Phase.WAITING_WEIGHTS, Phase.TRAINING):
             return
         if self.phase.is_(Phase.TRAINING) and e != self.epoch + 1:
+            return
+        if self._eval_blocks() and self.eval_epoch < e:  # the workers must keep v_e until it is evaluated
+            self.log("epoch_open_deferred", reason=f"evaluation of v{version_for(self.eval_epoch)} running")
             return
         buffer = self.members.first(Role.BUFFER)
         if buffer is None:
@@ -406,6 +443,7 @@ class CoordinatorCore(Core):
         self.prompts = {p.group_id: p for p in self._epoch_prompts(e, range(self.s.groups_per_epoch))}
         self.work = EpochWork(list(self.prompts))
         self.assigned_at, self.failures = {}, {}
+        self._start_eval(e, final=False)
         self.phase.to(Phase.OPENING)
         open_ = EpochOpen(
             epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key, id_bound=self._id_bound()
@@ -522,6 +560,7 @@ class CoordinatorCore(Core):
             refused={k: v for k, v in sorted(self.counters.items()) if k.startswith(REFUSALS)},
             notices=list(self.notices),
             notices_total=self.notices_total,
+            eval=self.eval_last,
         )
         self.reply(inbound, status)
 
@@ -650,6 +689,103 @@ class CoordinatorCore(Core):
         if self.work.queue:
             for name in self.work.take_waiting():
                 self._to_member(name, self._epoch_start())
+
+    # --- evaluation (prl_actors/evaluation.py) -----------------------------------------------------
+
+    def _start_eval(self, epoch: int, final: bool) -> bool:
+        """Queue the evaluation of v_epoch when it is due; True when one was started."""
+        plan = self.eval_plan
+        if plan is None or not plan.due(epoch, self.s.epochs):
+            return False
+        if self.eval_epoch == epoch:  # already under way (an epoch_open retried)
+            return True
+        self.eval_epoch, self.final_eval = epoch, final
+        self.eval_work = EpochWork([p.group_id for p in plan.prompts()])
+        self.eval_results, self.eval_started = {}, self.now
+        self.log("eval_start", eval_epoch=epoch, eval_version=version_for(epoch), prompts=self.eval_work.total)
+        return True
+
+    def _eval_blocks(self) -> bool:
+        """An evaluation is under way (the workers must keep its weights until it is done)."""
+        return self.eval_epoch >= 0 and not self.eval_work.complete
+
+    def _finish_run(self, epoch: int) -> None:
+        """The last step is done: evaluate the final weights first when due, then end the run."""
+        self.final_epoch = epoch
+        if self._eval_blocks():  # the last epoch's own evaluation: the final one waits for it
+            return
+        if not self.final_eval and self._start_eval(epoch, final=True):
+            for m in self.members.of_role(Role.WORKER):
+                self._to_member(m.name, self._eval_start())  # fetch the final weights
+            return
+        self._shutdown("completed")
+
+    def _eval_start(self) -> EpochStart:
+        return EpochStart(epoch=self.eval_epoch, version=version_for(self.eval_epoch), groups=0)
+
+    def _assign_eval(self, inbound: Inbound[WorkRequest], member: Member) -> bool:
+        """Hand eval prompts to an idle worker holding the evaluated weights, when any are queued."""
+        msg, plan = inbound.msg, self.eval_plan
+        if plan is None or not msg.eval_ok or not self._eval_blocks() or not self.eval_work.queue:
+            return False
+        if msg.version != version_for(self.eval_epoch):
+            return False
+        workers = len(self.members.of_role(Role.WORKER))
+        share = self.eval_work.fair_share(member.name, workers)
+        if share == 0:
+            return False
+        ids = self.eval_work.assign(member.name, min(max(1, msg.max_groups), self.s.max_groups_per_request, share))
+        by_id = {p.group_id: p for p in plan.prompts()}
+        reply = EvalAssign(
+            reply_to=msg.id,
+            epoch=self.eval_epoch,
+            version=version_for(self.eval_epoch),
+            prompts=[by_id[i] for i in ids],
+            samples=plan.samples,
+        )
+        self.reply(inbound, reply)
+        self.log("eval_assign", worker=member.name, prompts=ids, msg_id=reply.id, request_id=msg.id)
+        return True
+
+    @handles(EvalResult)
+    def on_eval_result(self, now: float, inbound: Inbound[EvalResult]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id))
+        if msg.epoch != self.eval_epoch or msg.version != version_for(self.eval_epoch) or not self._eval_blocks():
+            self.log("eval_result_ignored", worker=msg.sender, msg_epoch=msg.epoch, msg_version=msg.version)
+            return
+        mine = set(self.eval_work.held_by(msg.sender))
+        for g in msg.groups:
+            if g.prompt_id in mine and self.eval_work.accept(g.prompt_id)[0] is Accept.NEW:
+                self.eval_results[g.prompt_id] = g
+        self._release_eval(msg.sender, "not returned")
+        if self.eval_work.complete:
+            self._eval_done(now)
+
+    def _release_eval(self, worker: str, reason: str) -> None:
+        lost = self.eval_work.release(worker)
+        if lost:
+            self.log("eval_requeue", worker=worker, prompts=lost, reason=reason)
+            for name in self.work.take_waiting():
+                self._to_member(name, self._eval_start() if self.final_eval else self._epoch_start())
+
+    def _eval_done(self, now: float) -> None:
+        plan = self.eval_plan
+        assert plan is not None
+        epoch, version = self.eval_epoch, version_for(self.eval_epoch)
+        groups = [self.eval_results[g] for g in sorted(self.eval_results)]
+        summary: dict[str, float] = {"epoch": epoch, "version": version, **summarize(groups, plan.samples)}
+        summary["eval_s"] = round(now - self.eval_started, 6)
+        plan.done.add(epoch)
+        self.eval_last = summary
+        self.log("eval_done", eval_epoch=epoch, eval_version=version, summary=summary)
+        if self.eval_sink is not None:
+            self.eval_sink.eval_result(epoch, version, groups, summary)
+        self.eval_epoch = -1
+        if self.final_epoch >= 0:  # the last step was done while this evaluation ran (or it was the final one)
+            self._finish_run(self.final_epoch)
+        else:
+            self._maybe_open()  # the next epoch may have waited for this evaluation
 
     # --- helpers -----------------------------------------------------------------------------
 

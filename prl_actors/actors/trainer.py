@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from prl_actors.actors.runtime import Core, handles, one_line
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Snapshot, transfer_messages
+from prl_actors.completions import CompletionPicker
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Credit,
@@ -84,12 +85,14 @@ class TrainerCore(Core):
         shm: ShmReader | None = None,
         on_nonfinite: str = "fail",
         no_signal_epochs: int = 3,
+        log_completions: int = 0,
     ) -> None:
         super().__init__(name, log)
         self.on_nonfinite, self.no_signal_epochs = on_nonfinite, no_signal_epochs
         self.untrained: list[TrainGroup] = []  # received, queued in the learner, not trained yet (in order)
         self.zero_groups = 0  # groups of the epoch whose rewards were all equal (zero advantage)
         self.no_signal_run = 0  # epochs in a row without any learning signal
+        self.completions = CompletionPicker(log_completions) if log_completions > 0 else None
         self.threads = threads
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
@@ -160,6 +163,8 @@ class TrainerCore(Core):
             self.generated = True  # every group left is on its way: no flush before they are all queued
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
+        if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
+            self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
         stats: dict[str, float] = {}
         self.reward_means.add(msg.group)
         self.consumed += 1
@@ -417,6 +422,11 @@ class TrainerCore(Core):
         close = getattr(self.learner, "close", None)
         if close is not None:
             close()
+
+    def sink_completions(self, rows: list[dict[str, Any]]) -> None:
+        write = getattr(self.sink, "completions", None)
+        if rows and write is not None:
+            write(rows)
 
     def _checkpoint(self) -> None:
         v = self.learner.version

@@ -209,6 +209,7 @@ class WorkRequest(Msg, tag="work_request", kw_only=True):
     holds; work of epoch e is given only to a worker that holds v_e. Reply: WorkAssign or NoWork."""
 
     max_groups: int = 1
+    eval_ok: bool = False  # the engine is idle and may take eval prompts (EvalAssign) if no training work is left
 
 
 class Prompt(msgspec.Struct, kw_only=True):
@@ -235,6 +236,34 @@ class NoWork(Msg, tag="no_work", kw_only=True):
     reply_to: str
     reason: NoWorkReason
     retry_after_s: float = 0.05
+
+
+class EvalAssign(Msg, tag="eval_assign", kw_only=True):
+    """Reply to a WorkRequest with `eval_ok` when the epoch's training queue is empty: generate `samples`
+    completions for each of these eval prompts with weights `version` (the header's `epoch` names the
+    evaluation) and send them back as EvalResult. Never trained (docs/OBSERVE.md)."""
+
+    reply_to: str
+    prompts: list[Prompt]
+    samples: int
+
+
+class EvalGroup(msgspec.Struct, kw_only=True):
+    """One eval prompt's k completions and their rewards (the task's reward)."""
+
+    prompt_id: int
+    prompt: str
+    answer: str
+    completions: list[str]
+    rewards: list[float]
+    error: str = ""  # the engine failed on this prompt (no completions; counted as not passed)
+
+
+class EvalResult(Msg, tag="eval_result", kw_only=True):
+    """Worker -> Coordinator: the finished eval prompts of an EvalAssign of `epoch`/`version`; any eval
+    prompt the sender held for it and did not return goes back to the eval queue. Reply: Ack."""
+
+    groups: list[EvalGroup]
 
 
 class Sample(msgspec.Struct, kw_only=True):
@@ -572,6 +601,7 @@ class Status(Msg, tag="status", kw_only=True):
     refused: dict[str, int] = {}  # the coordinator's own refusals by kind (auth, forbidden, malformed, ...)
     notices: list[str] = []  # the run's last notices (groups given up, workers expelled), oldest first
     notices_total: int = 0  # notices so far (the list holds the last few): a client prints the new ones
+    eval: dict[str, float] = {}  # the latest finished evaluation: epoch, version, eval_pass@k, eval_mean@k
 
 
 class Scale(Msg, tag="scale", kw_only=True):
@@ -600,6 +630,8 @@ Message = (
     | WorkRequest
     | WorkAssign
     | NoWork
+    | EvalAssign
+    | EvalResult
     | GroupResult
     | GroupAck
     | EpochOpen

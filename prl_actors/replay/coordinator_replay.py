@@ -164,6 +164,11 @@ def new_core(run: Run, settings: Event | None = None) -> Any:
     assert isinstance(core, CoordinatorCore)
     if settings and "epochs" in settings:
         core.s.epochs = int(settings["epochs"])
+    if core.eval_plan is not None:  # evaluation: what the recorded coordinator had done, and no files written
+        from prl_actors.evaluation import MemoryEvalSink
+
+        core.eval_plan.done = {int(e) for e in (settings or {}).get("eval_done", [])}
+        core.eval_sink = MemoryEvalSink()
     return core
 
 
