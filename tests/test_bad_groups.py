@@ -393,12 +393,16 @@ def test_an_unhandled_trainer_error_fails_the_actor_naming_the_message() -> None
     assert host.error is not None and "failed handling epoch_complete: KeyError" in host.error
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama", "gpt2", "mistral"])
+@pytest.mark.parametrize(
+    ("family", "stop"), [("qwen2", []), ("llama", []), ("gpt2", []), ("mistral", []), ("qwen2", ["e", " "])]
+)
 def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
-    tmp_path: Path, family_dirs: dict[str, Path], family: str
+    tmp_path: Path, family_dirs: dict[str, Path], family: str, stop: list[str]
 ) -> None:
     """No false refusal: what the torch engine generates passes every check (an honest worker is
-    never refused, let alone expelled), and a spoiled copy does not."""
+    never refused, let alone expelled), and a spoiled copy does not. With stop strings the text is
+    cut before the stop while the tokens keep it (as vLLM does): still honest (a buffer that compared
+    the text with the whole decoding refused every such group, and the run never finished)."""
     from prl_actors.actors.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.engines.torch_engine import TorchEngine
@@ -413,6 +417,7 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
             "run.run_dir": str(tmp_path),
             "worker.group_size": 4,
             "coordinator.groups_per_epoch": 3,
+            "worker.sampling.stop": stop,
         },
     )
     prompts = load_task(cfg).prompts_for_epoch(0, 3)

@@ -16,7 +16,8 @@ from transformers.generation.logits_process import (
 )
 
 from prl_actors.config import ConfigError, load_config
-from prl_actors.engines.torch_engine import TorchEngine, cut_at_stop
+from prl_actors.engines.stops import cut_at_stop
+from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.training.behaviour import (
     Behaviour,
     behaviour_logprobs,

@@ -29,6 +29,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("envs", _envs),
         ("dist_step", _dist_step),
         ("eval_cost", _eval_cost),
+        ("group_checks", _group_checks),
         ("multiturn", _multiturn),
         ("rewards", _rewards),
         ("startup", _startup),
@@ -222,6 +223,14 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
     ax.legend(fontsize=8)
+    return fig
+
+
+def _group_checks(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """The buffer's per-group content checks, without and with re-scoring (buffer.verify_rewards)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([e["name"] for e in entries], [e["measured"] for e in entries], color=["tab:blue", "tab:orange"])
+    ax.set(ylabel="microseconds per group (G = 8, 32 tokens each)", title="Buffer checks per group")
     return fig
 
 

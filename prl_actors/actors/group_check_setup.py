@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prl_actors.actors.group_check import GroupChecker
 from prl_actors.config import Config
+from prl_actors.engines.stops import cut_at_stop
 from prl_actors.protocol.messages import Prompt
 from prl_actors.tasks.base import Task
 
@@ -107,6 +108,7 @@ def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None
 
     threading.Thread(target=load, name="buffer-tokenizer", daemon=True).start()
     templated = cfg.task.chat_template
+    stop = list(cfg.worker.sampling.stop)
 
     def encode(text: str) -> list[int] | None:
         from prl_actors.model.tokenizer import encode_prompt
@@ -118,7 +120,10 @@ def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None
     def decode(ids: list[int]) -> str | None:
         loaded.wait()
         tok = box.get("tok")
-        return None if tok is None else str(tok.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
+        if tok is None:
+            return None
+        text = str(tok.decode(ids, skip_special_tokens=True))  # type: ignore[attr-defined]
+        return cut_at_stop(text, stop)  # the engines cut the text at a stop string, not the tokens
 
     checker.encode = encode
     if cfg.worker.engine == "torch":

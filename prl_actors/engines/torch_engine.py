@@ -25,6 +25,7 @@ from prl_actors.config import Config, SamplingSection
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, IncompatibleWeights, generate_all
 from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
+from prl_actors.engines.stops import cut_at_stop
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
 from prl_actors.model.lora import AdapterHooks, is_adapter
@@ -39,13 +40,6 @@ def to_torch(t: Any) -> torch.Tensor:
         return t
     a = np.asarray(t)
     return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def cut_at_stop(text: str, stop: list[str]) -> str:
-    """`text` up to (not including) the first occurrence of any stop string (vLLM's default); the
-    tokens keep the one that completed it, as vLLM's token_ids do."""
-    cuts = [i for i in (text.find(x) for x in stop) if i >= 0]
-    return text[: min(cuts)] if cuts else text
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> str:
