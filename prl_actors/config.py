@@ -381,6 +381,15 @@ class TrainerSection(_Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward (less memory, ~30% more compute: docs/MEMORY.md)."
     )
+    is_correction: Literal["none", "tis", "mis"] = Field(
+        "none",
+        description="Engine-mismatch correction per token, rho = exp(trainer old log-prob - engine log-prob): "
+        "tis multiplies the token's policy-gradient loss by min(rho, is_cap) (truncated IS, Yao et al. 2025); "
+        "mis by rho, or 0 where rho > is_cap (masked IS); none: off. Detached weights (docs/LEARNING.md).",
+    )
+    is_cap: float = Field(
+        2.0, ge=1, description="The cap C of trainer.is_correction: tis truncates rho at C, mis masks rho > C."
+    )
     mask_truncated_completions: bool = Field(
         False,
         description="A sample that hit max_new_tokens without finishing (finished = false) contributes no loss "
