@@ -62,6 +62,12 @@ SAFE_ON_RESUME = (
 Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
+BOUNDED_REFUSED = (
+    "run.mode bounded is not available yet: the actors do not pipeline epochs (issue 27); use periodic, "
+    "optionally with trainer.is_correction tis"
+)
+
+
 class ConfigError(Exception):
     """A bad config file or override; the message is meant for the user as is."""
 
@@ -80,8 +86,16 @@ class RunSection(_Section):
     name: str = Field("run", description="A label for the run (logs, metrics).")
     seed: int = Field(0, description="Seeds prompts, sampling and model init.")
     epochs: int = Field(5, ge=1, description="Number of iteration-epochs (optimizer steps).")
-    mode: Literal["periodic", "sync"] = Field(
-        "periodic", description="periodic: train groups as they arrive; sync: wait for the whole batch."
+    mode: Literal["periodic", "sync", "bounded"] = Field(
+        "periodic",
+        description="periodic: train groups as they arrive; sync: wait for the whole batch; bounded: "
+        "samples up to run.max_staleness versions old (not available yet: refused at load, docs/LEARNING.md).",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="run.mode bounded: k, the most versions a trained sample's weights may lag its epoch's "
+        "(v_{e-j}, j <= k; protocol/versions.py within_bound); 0 = on-policy.",
     )
     workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
     max_workers: int = Field(64, ge=0, description="Upper bound of `prl-actors scale` (more is refused).")
@@ -654,6 +668,14 @@ class Config(_Section):
     env: EnvSection | None = Field(
         None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
     )
+
+    @model_validator(mode="after")
+    def _bounded_mode(self) -> Config:
+        if self.run.mode == "bounded":
+            raise ValueError(BOUNDED_REFUSED)
+        if self.run.max_staleness and self.run.mode != "bounded":
+            raise ValueError(f"run.max_staleness ({self.run.max_staleness}) applies to run.mode bounded only")
+        return self
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:

@@ -12,6 +12,7 @@ from prl_actors.replay.coordinator_replay import replay_coordinator
 from prl_actors.replay.events import ReplayError, Run, Violation, run_config
 from prl_actors.replay.invariants import check_exactly_once, check_on_policy, check_one_step
 from prl_actors.replay.replies import check_replies
+from prl_actors.replay.staleness import check_staleness, histogram, max_staleness, render, total
 
 
 @dataclass
@@ -36,7 +37,16 @@ def invariant_checks(run: Run) -> list[CheckResult]:
         CheckResult("on-policy", on_policy, check_on_policy(run)),
         CheckResult("exactly-once", f"{len(epochs)} stepped epochs, every group trained once", check_exactly_once(run)),
         CheckResult("one-step", f"{len(steps)} optimizer steps, versions {versions} by +1", check_one_step(run)),
+        staleness_check(run),
     ]
+
+
+def staleness_check(run: Run) -> CheckResult:
+    """No trained sample older than k versions (k = 0 unless run.mode is bounded); the summary is
+    the run's staleness histogram."""
+    k = max_staleness(run)
+    summary = f"no trained group older than {k} version(s); staleness {render(total(histogram(run)))}"
+    return CheckResult("staleness", summary, check_staleness(run, k))
 
 
 def replies_check(run: Run) -> CheckResult:
