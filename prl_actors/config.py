@@ -402,7 +402,10 @@ class TrainerSection(_Section):
         "mis by rho, or 0 where rho > is_cap (masked IS); none: off. Detached weights (docs/LEARNING.md).",
     )
     is_cap: float = Field(
-        2.0, ge=1, description="The cap C of trainer.is_correction: tis truncates rho at C, mis masks rho > C."
+        2.0,
+        gt=1,
+        description="The cap C > 1 of trainer.is_correction: tis truncates rho at C, mis masks rho > C (at C = 1 "
+        "mis would mask on float rounding, rho being 1 +- 1e-7 on-policy).",
     )
     mask_truncated_completions: bool = Field(
         False,
