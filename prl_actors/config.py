@@ -62,12 +62,6 @@ SAFE_ON_RESUME = (
 Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
-BOUNDED_REFUSED = (
-    "run.mode bounded is not available yet: the actors do not pipeline epochs (issue 27); use periodic, "
-    "optionally with trainer.is_correction tis"
-)
-
-
 class ConfigError(Exception):
     """A bad config file or override; the message is meant for the user as is."""
 
@@ -88,8 +82,9 @@ class RunSection(_Section):
     epochs: int = Field(5, ge=1, description="Number of iteration-epochs (optimizer steps).")
     mode: Literal["periodic", "sync", "bounded"] = Field(
         "periodic",
-        description="periodic: train groups as they arrive; sync: wait for the whole batch; bounded: "
-        "samples up to run.max_staleness versions old (not available yet: refused at load, docs/LEARNING.md).",
+        description="periodic: train groups as they arrive; sync: wait for the whole batch; bounded: as periodic, "
+        "but epoch e+1 is generated with weights up to run.max_staleness versions old while epoch e trains "
+        "(off-policy, corrected by trainer.is_correction: docs/LEARNING.md).",
     )
     max_staleness: int = Field(
         0,
@@ -113,6 +108,10 @@ class RunSection(_Section):
         description="A worker that crashes before registering is restarted this many times in a row "
         "(with back-off), then `up` fails with its error.",
     )
+
+    def staleness_bound(self) -> int:
+        """k in force: max_staleness under mode bounded, 0 (strict on-policy) otherwise."""
+        return self.max_staleness if self.mode == "bounded" else 0
 
 
 class TransportSection(_Section):
@@ -436,6 +435,20 @@ class TrainerSection(_Section):
         return "sequence" if self.loss_type == "gspo" else "token"
 
 
+def bounded_refused(cfg: Config) -> str:
+    """Why run.mode bounded cannot run with `cfg` ('' if it can): stale samples need the GRPO learner
+    and an importance correction; dynamic sampling and trainer rank groups are not pipelined yet."""
+    if cfg.trainer.learner != "grpo":
+        return "needs trainer.learner grpo (stale samples are corrected by the GRPO learner)"
+    if cfg.trainer.is_correction == "none" and cfg.run.max_staleness > 0:
+        return "trains samples up to run.max_staleness versions old: set trainer.is_correction tis (or mis)"
+    if cfg.coordinator.dynamic_sampling:
+        return "with coordinator.dynamic_sampling is not supported yet"
+    if cfg.trainer.strategy != "single":
+        return f"with trainer.strategy {cfg.trainer.strategy} is not supported yet: use strategy single"
+    return ""
+
+
 def distributed_refused(t: TrainerSection) -> str:
     """The recipe options a trainer rank group cannot run yet ('' if none): ranks train shares of a
     round (training/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
@@ -674,8 +687,8 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _bounded_mode(self) -> Config:
-        if self.run.mode == "bounded":
-            raise ValueError(BOUNDED_REFUSED)
+        if self.run.mode == "bounded" and (unsupported := bounded_refused(self)):
+            raise ValueError(f"run.mode bounded {unsupported}")
         if self.run.max_staleness and self.run.mode != "bounded":
             raise ValueError(f"run.max_staleness ({self.run.max_staleness}) applies to run.mode bounded only")
         return self

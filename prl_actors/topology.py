@@ -79,6 +79,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             max_workers=cfg.run.max_workers,
             dynamic_sampling=cfg.coordinator.dynamic_sampling,
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
+            max_staleness=cfg.run.staleness_bound(),
         )
         return CoordinatorCore(name, log, settings, load_task(cfg))
     if role == "publisher":
@@ -87,7 +88,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         shm = ShmPublisher() if cfg.publisher.shm else None
         return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
-        return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
+        k = cfg.run.staleness_bound()
+        return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups, max_staleness=k)
     if role == "trainer":
         from prl_actors.weights_shm import ShmReader
 
@@ -104,6 +106,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             resume=cfg.run.resume,
             threads=_trainer_threads(cfg, learner),
             shm=ShmReader() if cfg.publisher.shm else None,
+            max_staleness=cfg.run.staleness_bound(),
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
@@ -125,6 +128,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             prefetch=cfg.worker.prefetch,
             shm=ShmReader() if cfg.worker.shm else None,
             threads=_worker_threads(cfg, engine),
+            max_staleness=cfg.run.staleness_bound(),
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import BOUNDED_REFUSED, ConfigError, load_config
+from prl_actors.config import ConfigError, load_config
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.protocol.versions import on_policy, staleness, within_bound
 from prl_actors.replay.checks import staleness_check
@@ -52,11 +52,22 @@ def test_replay_histogram_and_bound(tmp_path: Path) -> None:
     assert not result.ok and "j=0: 3, j=1: 1" in result.summary
 
 
-def test_bounded_mode_is_refused_at_load_with_one_line() -> None:
-    with pytest.raises(ConfigError) as info:
-        load_config(None, {"run.mode": "bounded", "run.max_staleness": 1})
-    assert BOUNDED_REFUSED in str(info.value) and "\n" not in str(info.value).strip()
-    with pytest.raises(ConfigError, match="max_staleness"):
+def test_bounded_mode_config() -> None:
+    """Stale samples need a correction; what is not pipelined yet is refused with one line."""
+    ok = load_config(None, {"run.mode": "bounded", "run.max_staleness": 2, "trainer.is_correction": "tis"})
+    assert ok.run.staleness_bound() == 2
+    assert (
+        load_config(None, {"run.mode": "bounded"}).run.staleness_bound() == 0
+    )  # k = 0: periodic, no correction needed
+    assert load_config(None, {"run.mode": "periodic"}).run.staleness_bound() == 0
+    for overrides, needle in [
+        ({"run.max_staleness": 1}, "trainer.is_correction tis"),
+        ({"run.max_staleness": 1, "trainer.is_correction": "tis", "coordinator.dynamic_sampling": True}, "dynamic"),
+    ]:
+        with pytest.raises(ConfigError, match=needle) as info:
+            load_config(None, {"run.mode": "bounded", **overrides})
+        assert "\n" not in str(info.value).strip()
+    with pytest.raises(ConfigError, match="applies to run.mode bounded"):
         load_config(None, {"run.max_staleness": 2})
 
 

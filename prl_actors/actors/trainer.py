@@ -12,7 +12,10 @@ M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to t
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
-on-policy invariant is enforced here a second time, not only in the buffer.
+on-policy invariant is enforced here a second time, not only in the buffer. Under run.mode bounded
+(k = run.max_staleness) a group of the open epoch e generated with v_{e-k} .. v_e is trained
+(`versions.within_bound`; the learner corrects it by trainer.is_correction), and each epoch's metrics
+row carries its staleness histogram (`staleness_j`: groups generated j versions behind).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from prl_actors.protocol.messages import (
     WeightsStored,
     Welcome,
 )
-from prl_actors.protocol.versions import on_policy
+from prl_actors.protocol.versions import on_policy, staleness, version_for, within_bound
 from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
@@ -69,9 +72,12 @@ class TrainerCore(Core):
         resume: bool = False,
         threads: ThreadPlan | None = None,
         shm: ShmReader | None = None,
+        max_staleness: int = 0,
     ) -> None:
         super().__init__(name, log)
         self.threads = threads
+        self.max_staleness = max_staleness  # k (run.mode bounded); 0 = strict on-policy
+        self.stale: dict[int, int] = {}  # staleness j -> groups of the open epoch (bounded mode)
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
@@ -123,13 +129,14 @@ class TrainerCore(Core):
             self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.reward_means.reset()
+        self.stale = {}
         self.log("train_epoch_begin", groups=msg.groups)
 
     @handles(TrainGroup)
     def on_train_group(self, now: float, inbound: Inbound[TrainGroup]) -> None:
         msg = inbound.msg
         self.emit(Dest.peer("buffer"), Credit(n=1))
-        if msg.epoch != self.epoch or msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
+        if not self._trainable(msg.epoch, msg.version):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
@@ -137,6 +144,8 @@ class TrainerCore(Core):
             self.generated = True  # every group left is on its way: no flush before they are all queued
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
+        j = staleness(msg.epoch, msg.version)
+        self.stale[j] = self.stale.get(j, 0) + 1
         stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
         self.reward_means.add(msg.group)
         self.consumed += 1
@@ -154,6 +163,12 @@ class TrainerCore(Core):
         if self.learner.pending and not self.flush_queued and not self.generated:
             self.flush_queued = True
             self.defer(self._flush)
+
+    def _trainable(self, epoch: int, version: int) -> bool:
+        """A TrainGroup of the open epoch, whose epoch is the learner's (v_e), generated with weights
+        within the bound (strict on-policy when k = 0: version == v_e)."""
+        own = version_for(epoch) == self.learner.version
+        return epoch == self.epoch and own and within_bound(epoch, version, self.max_staleness)
 
     def _flush(self, now: float) -> None:
         """Train what is queued: every TrainGroup that arrived before this item has been queued.
@@ -214,6 +229,8 @@ class TrainerCore(Core):
         self._checkpoint()
         metrics.update(self.reward_means.metrics())
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
+        if self.max_staleness:  # bounded mode: the epoch's staleness histogram
+            metrics.update({f"staleness_{j}": float(n) for j, n in sorted(self.stale.items())})
         if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
             kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)
             metrics.update(groups_kept=kept, groups_generated=made, groups_target=wanted)

@@ -7,8 +7,8 @@ of comparing them itself, so a bounded-staleness mode changes one predicate, not
 
 Bounded staleness (issue 27, `run.mode: bounded`, `run.max_staleness: k`): a sample generated with
 v_{e-j} may be trained in epoch e when 0 <= j <= k (`within_bound`); `staleness` is that j. k = 0 is
-exactly `on_policy`. The actors do not use the bounded predicate yet: `run.mode: bounded` is refused
-at config load until the coordinator, buffer, worker and trainer pipeline it (docs/LEARNING.md).
+exactly `on_policy`. Every actor takes k (0 outside bounded mode) and asks `within_bound`,
+`floor_version` (what workers must hold) and `may_open` (when an epoch may open) here.
 """
 
 from __future__ import annotations
@@ -46,3 +46,15 @@ def within_bound(epoch: int, version: int, max_staleness: int) -> bool:
     """May a sample generated with weights `version` be trained in `epoch` when samples may be up to
     `max_staleness` (k >= 0) versions old? 0 <= staleness <= k; k = 0 is exactly `on_policy`."""
     return epoch >= 0 and version >= INITIAL_VERSION and 0 <= staleness(epoch, version) <= max_staleness
+
+
+def floor_version(epoch: int, max_staleness: int) -> int:
+    """The oldest weights that may generate `epoch`'s samples: v_{e-k} (never below the initial
+    weights); v_e itself when k = 0. What the coordinator tells workers to hold at least."""
+    return max(INITIAL_VERSION, version_for(epoch) - max_staleness)
+
+
+def may_open(epoch: int, available: int, max_staleness: int) -> bool:
+    """May `epoch` open while the newest published weights are `available`? Its floor version must
+    exist: strict on-policy (k = 0) waits for v_epoch itself, bounded mode for v_{e-k}."""
+    return available >= floor_version(epoch, max_staleness)

@@ -32,7 +32,10 @@ def invariant_checks(run: Run) -> list[CheckResult]:
     steps = run.of("optimizer_step")
     epochs = sorted({int(s["epoch"]) for s in steps if isinstance(s.get("epoch"), int)})
     versions = f"v{steps[0].get('version_before')} -> v{steps[-1].get('version_after')}" if steps else "none"
+    k = max_staleness(run)
     on_policy = f"{trained} trained groups, each generated and trained with its epoch's version"
+    if k:
+        on_policy = f"{trained} trained groups, each generated at most {k} version(s) before its epoch's"
     return [
         CheckResult("on-policy", on_policy, check_on_policy(run)),
         CheckResult("exactly-once", f"{len(epochs)} stepped epochs, every group trained once", check_exactly_once(run)),

@@ -20,9 +20,7 @@ def max_staleness(run: Run) -> int:
         cfg = run_config(run.run_dir)
     except ReplayError:
         return 0
-    if cfg is None or cfg.run.mode != "bounded":
-        return 0
-    return cfg.run.max_staleness
+    return 0 if cfg is None else cfg.run.staleness_bound()
 
 
 def _trained(run: Run) -> list[Event]:
