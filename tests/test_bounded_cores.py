@@ -10,7 +10,7 @@ from prl_actors.actors.buffer import BufferCore
 from prl_actors.actors.coordinator import CoordinatorCore
 from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
-from tests.test_cores import B, G, KEY, coordinator, drive, inbound, open_epoch, request_work, result, send_group
+from tests.test_cores import KEY, B, G, coordinator, drive, inbound, open_epoch, request_work, result, send_group
 
 
 def bounded(k: int, epochs: int = 4) -> CoordinatorCore:
