@@ -32,6 +32,7 @@ BENCHMARKS = {
     "rewards": "prl_bench.rewards",
     "startup": "prl_bench.startup",
     "minibatch": "prl_bench.minibatch",
+    "bounded": "prl_bench.bounded",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -43,6 +44,7 @@ ALIASES = {
     "multi_turn": "multiturn",
     "tools": "multiturn",
     "minibatches": "minibatch",
+    "staleness": "bounded",
 }
 
 
