@@ -3,9 +3,10 @@ single-process loop, at equal work.
 
 Each case runs `prl-actors up` (one worker, the e2e settings) in sync, periodic, bounded k = 1 and
 bounded k = 2 (trainer.is_correction tis), and the single-process loop of the e2e benchmark (the
-faster of one thread and every core). Reported per case: steady samples/s, from the trainer's first
-optimizer step to its last (so an epoch generated during the previous one's training counts where
-it overlaps), its ratio over the loop's, and the reward curve (reward_mean per epoch). Shapes: demo,
+faster of one thread and every core). Reported per case: samples/s over the whole run, E epochs'
+samples over the time from epoch 0's open to the last optimizer step (bounded mode generates epochs
+ahead, so a window between optimizer steps would leave their generation out), against the loop's E
+iterations (the first included in both), and the reward curve (reward_mean per epoch). Shapes: demo,
 h128-L4 (random init: responses run to max_new_tokens) and a generation-heavy setting (h128-L4 with
 4x the response length). Bounded mode pays only where generation of epoch e+1 can overlap training
 of epoch e on free cores; on a loaded 2-core host both compete for the same cores.
@@ -57,11 +58,12 @@ def measure(ctx: BenchContext, case: str, model_dir: Path, mode: str, k: int, ep
     if code != 0:
         raise RuntimeError(f"prl-actors up ({case}, {label(mode, k)}) failed ({code}): {err[-1500:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [e["t"] for e in load_run(run_dir).of("optimizer_step") if e.get("role") == "trainer"]
-    span = steps[-1] - steps[0] if len(steps) > 1 else 0.0
-    samples = rows[0]["samples"]
+    run = load_run(run_dir)
+    steps = [e["t"] for e in run.of("optimizer_step") if e.get("role") == "trainer"]
+    opened = [e["t"] for e in run.of("epoch_open", actor="coordinator")]
+    span = steps[-1] - opened[0]
     return {
-        "samples_per_s": samples * (len(steps) - 1) / span if span > 0 else samples / rows[0]["wall_s"],
+        "samples_per_s": rows[0]["samples"] * len(steps) / span,
         "rewards": [round(r["reward_mean"], 4) for r in rows],
         "stale_groups": sum(
             v for r in rows for key, v in r.items() if key.startswith("staleness_") and key != "staleness_0"
@@ -78,11 +80,10 @@ def run(ctx: BenchContext) -> list[Entry]:
         shape, overrides = shape_settings(ctx, case)
         model_dir = prepare(ctx, shape)
         base = {**overrides, "model.path": str(model_dir), "run.run_dir": str(ctx.work_dir / f"bloop-{case}")}
-        iters = ctx.size(6, 4, 2)
+        iters = epochs
         loops = [measure_loop(base, model_dir, t, iters) for t in sorted({1, cores})]
-        loop = min(loops, key=lambda x: x["wall_s"])
         samples = overrides["coordinator.groups_per_epoch"] * overrides["worker.group_size"]
-        loop_rate = samples / loop["wall_s"]
+        loop_rate = max(samples * len(x["rows"]) / sum(r["wall_s"] for r in x["rows"]) for x in loops)
         got = {label(mode, k): measure(ctx, case, model_dir, mode, k, epochs) for mode, k in CASES}
         ctx.say(
             f"  bounded {case}: loop {loop_rate:.0f} samples/s; "
