@@ -161,9 +161,10 @@ class CoordinatorCore(Core):
 
     def _stall_reason(self) -> str:
         if self.phase.is_(Phase.TRAINING):
+            want = self._floor(self.epoch + 1)
             return (
-                f"waiting for the trainer's step of epoch {self.epoch} "
-                f"(weights v{version_for(self.epoch + 1)}: publisher weights_available)"
+                f"waiting for the trainer's step of epoch {want - 1} "
+                f"(weights v{want}: publisher weights_available)"
             )
         if self.phase.is_(Phase.WAITING_WEIGHTS):
             if not self.members.of_role(Role.TRAINER):
