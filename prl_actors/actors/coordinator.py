@@ -162,10 +162,7 @@ class CoordinatorCore(Core):
     def _stall_reason(self) -> str:
         if self.phase.is_(Phase.TRAINING):
             want = self._floor(self.epoch + 1)
-            return (
-                f"waiting for the trainer's step of epoch {want - 1} "
-                f"(weights v{want}: publisher weights_available)"
-            )
+            return f"waiting for the trainer's step of epoch {want - 1} (weights v{want}: publisher weights_available)"
         if self.phase.is_(Phase.WAITING_WEIGHTS):
             if not self.members.of_role(Role.TRAINER):
                 return "waiting for the trainer's weights: no trainer has registered"
