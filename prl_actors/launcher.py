@@ -92,6 +92,9 @@ class Child:
     ready: bool = False  # it bound its port: requests to its address reach this process
 
 
+FAILED_STOP_S = 0.5  # a failed run (a core actor died): each stop stage waits at most this long
+
+
 class Launcher:
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
@@ -103,8 +106,10 @@ class Launcher:
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.notices_seen = 0
         self.signalled = 0
         self.hurry = False
+        self.failed = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
@@ -115,6 +120,7 @@ class Launcher:
     def run(self) -> int:
         """Start the topology and supervise it until the coordinator exits; the exit code."""
         previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        follower = self._trackers()
         try:
             self._start()
             self._supervise()
@@ -124,12 +130,24 @@ class Launcher:
             self._stop_all(f"{sig} to prl-actors up")
             return 128 + sig.signum
         except RunFailed as exc:
+            self.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
             self._stop_all(f"the run failed: {exc}")
             raise
         finally:
             self._reap()
+            if follower is not None:
+                follower.stop()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _trackers(self) -> Any:
+        """run.report_to: one thread of this process follows metrics.jsonl (prl_actors/tracking.py)."""
+        if not self.cfg.run.report_to:
+            return None
+        from prl_actors.tracking import MetricsFollower
+
+        config = self.cfg.model_dump(mode="json")
+        return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
         """Trainer and workers first (they load while the servers start, behind the gate); then the
@@ -293,6 +311,10 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
+        fresh = min(st.notices_total - self.notices_seen, len(st.notices))
+        for line in st.notices[len(st.notices) - fresh :] if fresh > 0 else []:
+            console(line)  # groups given up, workers expelled (the coordinator's notices)
+        self.notices_seen = max(self.notices_seen, st.notices_total)
         self._note_start_up(st)  # until every actor joined, `up` says whom it waits for instead
         if self.started_up:
             if st.waiting_for and st.waiting_for != self.last_stall:
@@ -363,16 +385,26 @@ class Launcher:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(child.proc.pid, signal.SIGTERM)
         coordinator = self.children.get("coordinator")
-        if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
+        live = coordinator is not None and coordinator.ready and coordinator.proc.poll() is None  # else: not ours
+        if live:
             with contextlib.suppress(RequestFailed):
-                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
-        self._wait_exit(self._all(), 0.0 if self.hurry else self.cfg.run.stop_grace_s)
+                timeout = FAILED_STOP_S if self.failed else 2.0
+                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=timeout, keys=self.keys)
+        self._wait_exit(self._all(), self._grace(carried=live))
+
+    def _grace(self, carried: bool = True) -> float:
+        """How long to wait for actors to exit on their own: none after a second signal, none when no
+        live coordinator carries the stop (it was the one that died), a short one when the run failed."""
+        if self.hurry or not carried:
+            return 0.0
+        return FAILED_STOP_S if self.failed else self.cfg.run.stop_grace_s
 
     def _reap(self) -> None:
         """Every actor still running: SIGTERM to its process group, then SIGKILL (bounded waits)."""
-        grace = 0.0 if self.hurry else self.cfg.run.stop_grace_s
+        grace = self._grace()
         self._wait_exit(self._all(), grace)
-        for sig, wait_s in ((signal.SIGTERM, grace + 2.0), (signal.SIGKILL, 2.0)):
+        waits = (FAILED_STOP_S, FAILED_STOP_S) if self.failed else (grace + 2.0, 2.0)
+        for sig, wait_s in zip((signal.SIGTERM, signal.SIGKILL), waits, strict=True):
             alive = [c for c in self._all() if c.proc.poll() is None]
             for c in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -452,8 +484,33 @@ def summary(run_dir: Path, wall_s: float) -> str:
         return f"no epoch finished (wall {wall_s:.1f}s); logs in {run_dir}/logs"
     first, last = rows[0], rows[-1]
     sps = sum(r.get("samples", 0) for r in rows) / max(1e-9, sum(r.get("wall_s", 0) for r in rows))
+    epochs = len({r.get("epoch") for r in rows})  # one per epoch, even in a metrics file written before rollback
     return (
-        f"done: {len(rows)} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
+        f"done: {epochs} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
-        f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)"
+        f"{eval_line(run_dir)}run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)" + final_model_line(run_dir)
     )
+
+
+def eval_line(run_dir: Path) -> str:
+    """'eval v0 -> vN: eval_pass@k a -> b  eval_mean@k c -> d' + newline ('' without evaluations)."""
+    rows = RunDir(run_dir).eval_rows()
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    keys = [k for k in first if k.startswith("eval_") and k != "eval_s" and k in last]
+    scores = "  ".join(f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)
+    return f"eval v{first.get('version')} -> v{last.get('version')}: {scores}\n"
+
+
+def final_model_line(run_dir: Path) -> str:
+    """'final model: DIR' naming the newest complete checkpoint's model directory ('' when none)."""
+    ckpts = RunDir(run_dir).checkpoints
+    done = [p for p in ckpts.glob("v*") if p.name[1:].isdigit() and (p / "DONE").exists()] if ckpts.is_dir() else []
+    if not done:
+        return ""
+    newest = max(done, key=lambda p: int(p.name[1:]))
+    for sub in ("model", "merged", "adapter", "policy.pt"):
+        if (newest / sub).exists():
+            return f"\nfinal model: {newest / sub} (prl-actors export {run_dir} --out DIR: a Hugging Face directory)"
+    return f"\nfinal checkpoint: {newest}"

@@ -102,11 +102,41 @@ def test_bfloat16_trains_a_float32_master_and_publishes_bfloat16(rollouts, tmp_p
     assert_same_weights(learner, restored, atol=0)
 
 
-def test_packed_and_unpacked_layouts_give_the_same_weights(rollouts) -> None:
+def epoch_gradient(cfg: Config, model_dir: Path, groups: list[Group], **trainer: object) -> dict[str, torch.Tensor]:
+    """The scaled, clipped gradient the epoch's one optimizer step receives (captured at the step)."""
+    cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
+    learner = GRPOLearner(cfg, model_dir)
+    seen: dict[str, torch.Tensor] = {}
+    real_step = learner.optimizer.step
+
+    def capture(*args: object, **kwargs: object) -> object:
+        seen.update({n: p.grad.detach().clone() for n, p in learner.policy.named_parameters() if p.grad is not None})
+        return real_step(*args, **kwargs)
+
+    learner.optimizer.step = capture  # type: ignore[method-assign]
+    learner.begin_epoch(0, len(groups))
+    for g in groups:
+        learner.accumulate(g)
+    learner.step()
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_packed_and_unpacked_layouts_give_the_same_gradient(rollouts, dtype: str) -> None:
+    """The shared-prompt layout computes the unpacked layout's gradient. Compared before AdamW: its
+    first step, g / (|g| + 1e-8), turns float noise on near-zero entries into update differences of
+    up to 1e-5 (measured 1.75e-5 in float32 on this VM; and HF's RMSNorm computes in float32 even
+    for a float64 model, so float64 is not exact either). Measured: 7e-8 (float64) and 4e-7 (float32)
+    of the largest entry; one prompt token dropped from the packed layout gives 1.07."""
     cfg, model_dir, groups = rollouts
-    packed = train_once(cfg, model_dir, groups, shared_prompt=True)
-    unpacked = train_once(cfg, model_dir, groups, shared_prompt=False)
-    assert_same_weights(packed, unpacked, atol=1e-5)
+    cfg = in_dtype(cfg, dtype)
+    packed = epoch_gradient(cfg, model_dir, groups, shared_prompt=True)
+    unpacked = epoch_gradient(cfg, model_dir, groups, shared_prompt=False)
+    assert packed.keys() == unpacked.keys() and packed
+    scale = max(g.abs().max().item() for g in packed.values())
+    assert scale > 0
+    worst = max((packed[n] - unpacked[n]).abs().max().item() for n in packed) / scale
+    assert worst < 1e-5, worst
 
 
 def test_step_metrics_and_version(rollouts) -> None:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prl_bench.chat_shape import CHAT_MODELS, build_chat_model, chat_settings, measure_hf
 from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
 
 SHAPES = {  # name -> model settings
@@ -93,6 +94,8 @@ class Loop:
         self.B, self.G = cfg.coordinator.groups_per_epoch, cfg.worker.group_size
         s = cfg.worker.sampling
         eos = {int(self.tokenizer.eos_token_id)}
+        stop = self.learner.policy.generation_config.eos_token_id  # e.g. ChatML's <|im_end|> and <|endoftext|>
+        eos |= set(stop if isinstance(stop, list) else [] if stop is None else [stop])
         self.batch = RunningBatch(
             self.learner.policy,
             max_rows=self.B * self.G,
@@ -103,12 +106,14 @@ class Loop:
         )
 
     def generate(self, it: int) -> list[Any]:
+        from prl_actors.model.tokenizer import encode_prompt
         from prl_actors.protocol.messages import Group, Sample
 
         prompts = self.task.prompts_for_epoch(it, self.B)
         for p in prompts:
             key = self.seed_for(self.cfg.run.seed, self.learner.version, p.group_id)
-            self.batch.add(p.group_id, list(self.tokenizer(p.prompt).input_ids), key, self.G, tag=p)
+            ids = encode_prompt(self.tokenizer, p.prompt, self.cfg.task.chat_template)
+            self.batch.add(p.group_id, ids, key, self.G, tag=p)
         done = []
         while self.batch.busy:
             done += self.batch.step()
@@ -129,24 +134,31 @@ class Loop:
             )
         return groups
 
-    def train(self, it: int, groups: list[Any]) -> tuple[float, float]:
-        """(seconds accumulating, seconds stepping)."""
-        t0 = time.perf_counter()
+    def train(self, it: int, groups: list[Any]) -> tuple[float, float, float]:
+        """(seconds accumulating, seconds stepping, CPU seconds accumulating)."""
+        t0, c0 = time.perf_counter(), time.process_time()
         self.learner.begin_epoch(it, len(groups))
         for g in groups:
             self.learner.accumulate(g)
         self.learner.flush()  # the last micro-batch: forward/backward here, the optimizer step below
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         self.learner.step()
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, time.perf_counter() - t1, c1 - c0
 
     def iteration(self, it: int) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = self.generate(it)
         gen = time.perf_counter() - t0
-        acc, step = self.train(it, groups)
+        acc, step, cpu = self.train(it, groups)
         tokens = sum(len(s.token_ids) for g in groups for s in g.samples)
-        return {"gen_s": gen, "train_s": acc, "step_s": step, "wall_s": gen + acc + step, "tokens": tokens}
+        return {
+            "gen_s": gen,
+            "train_s": acc,
+            "train_cpu_s": cpu,
+            "step_s": step,
+            "wall_s": gen + acc + step,
+            "tokens": tokens,
+        }
 
 
 def loop_worker(cfg_json: str, model_dir: str, threads: int, iters: int) -> dict[str, Any]:
@@ -177,10 +189,13 @@ def measure_loop(settings_: dict[str, Any], model_dir: Path, threads: int, iters
 # --- prl-actors --------------------------------------------------------------------------------
 
 
-def measure_actors(ctx: BenchContext, shape: str, model_dir: Path, epochs: int) -> dict[str, Any]:
+def measure_actors(
+    ctx: BenchContext, shape: str, model_dir: Path, epochs: int, overrides_: dict[str, Any] | None = None
+) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"up-{shape}"
     cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
-    overrides = {**settings(ctx, shape), "model.path": str(model_dir), "transport.base_port": free_port(5)}
+    chosen = settings(ctx, shape) if overrides_ is None else overrides_
+    overrides = {**chosen, "model.path": str(model_dir), "transport.base_port": free_port(5)}
     for k, v in overrides.items():
         cmd += ["--set", f"{k}={v}"]
     code, err = run_up(cmd, timeout_s=1800.0)
@@ -190,6 +205,7 @@ def measure_actors(ctx: BenchContext, shape: str, model_dir: Path, epochs: int) 
     steady = rows[1:] or rows
     return {
         "wall_s": statistics.median(r["wall_s"] for r in steady),
+        "tokens": statistics.median(r.get("tokens", 0.0) for r in steady),
         "samples": rows[0]["samples"],
         "sync_s": weight_sync_s(run_dir),
         "epochs": len(rows),
@@ -267,6 +283,8 @@ def run(ctx: BenchContext) -> list[Entry]:
     entries = []
     for shape in ctx.size(list(SHAPES), ["demo", "h128-L4"], ["demo"]):
         entries += run_shape(ctx, shape, cores)
+    for shape in ctx.size(list(CHAT_MODELS), ["chat-h128-L4"], ["chat-h128-L4"]):
+        entries += run_chat_shape(ctx, shape, cores)
     return entries
 
 
@@ -333,3 +351,115 @@ def run_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
         raw=rounded(hf),
     )
     return [speed, gen]
+
+
+# --- the realistic shape: chat prompts, long varied answers, and the plain HF loop -----------------
+
+
+def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
+    """prl-actors `up` vs the project's loop vs the plain HF loop (chat_shape.py), side by side."""
+    load_before = os.getloadavg()[0]
+    model_dir = build_chat_model(shape, ctx.work_dir / f"model-{shape}")
+    chosen = chat_settings(ctx.size(8, 8, 1), ctx.size(256, 256, 16))
+    base = {**chosen, "model.path": str(model_dir), "run.run_dir": str(ctx.work_dir / f"loop-{shape}")}
+    iters = ctx.size(4, 3, 2)
+    one = measure_loop(base, model_dir, 1, iters)
+    hf_one = measure_hf(base, model_dir, 1, iters, checkpointing=False)
+    if ctx.smoke:  # the default test tier: the trainer-vs-HF comparison only (no `up`, no thread sweep)
+        return [_trainer_vs_hf(shape, one, hf_one, {"load_avg_1m_before": load_before})]
+    every = measure_loop(base, model_dir, cores, iters)
+    loop = every if every["wall_s"] <= one["wall_s"] else one
+    hf_every = measure_hf(base, model_dir, cores, iters, checkpointing=False)
+    hf = hf_every if hf_every["wall_s"] <= hf_one["wall_s"] else hf_one
+    hf_threads = cores if hf is hf_every else 1
+    hf_gc = measure_hf(base, model_dir, hf_threads, iters, checkpointing=True)
+    actors = measure_actors(ctx, shape, model_dir, ctx.size(6, 4, 2), chosen)
+    work = (one["gen_s"] + one["train_s"] + one["step_s"]) / cores
+    e_star = max(work, min(one["gen_s"], every["gen_s"]) + min(one["step_s"], every["step_s"])) + actors["sync_s"]
+    hf_best = min(hf["wall_s"], hf_gc["wall_s"])
+    # trainer speed: response tokens per second of forward + backward (reference included), one thread
+    # each (CPU seconds: what a busy host does to wall time hits both alike in CPU time)
+    ours_tps = one["tokens"] / one["train_cpu_s"]
+    hf_tps = hf_one["tokens"] / hf_one["train_cpu_s"]
+    raw = rounded(
+        {
+            "loop_epoch_s": loop["wall_s"],
+            "loop_threads": float(cores if loop is every else 1),
+            "loop_gen_s": loop["gen_s"],
+            "loop_train_s": loop["train_s"] + loop["step_s"],
+            "hf_epoch_s": hf["wall_s"],
+            "hf_threads": float(hf_threads),
+            "hf_gen_s": hf["gen_s"],
+            "hf_train_s": hf["train_s"] + hf["step_s"],
+            "hf_gc_epoch_s": hf_gc["wall_s"],
+            "hf_gc_train_s": hf_gc["train_s"] + hf_gc["step_s"],
+            "prl_actors_epoch_s": actors["wall_s"],
+            "trainer_tokens_per_cpu_s": ours_tps,
+            "hf_train_tokens_per_cpu_s": hf_tps,
+            "hf_gc_train_tokens_per_s": hf_gc["tokens"] / hf_gc["train_s"],
+            "hf_padded_tokens": hf["padded_tokens"],
+            "response_tokens": one["tokens"],
+            "prompt_len_mean": hf["prompt_len"],
+            "response_len_mean": hf["len_mean"],
+            "response_len_p10": hf["len_p10"],
+            "response_len_p90": hf["len_p90"],
+            "g1": one["gen_s"],
+            "t1": one["train_s"],
+            "s1": one["step_s"],
+            "sync_s": actors["sync_s"],
+            "e_star": e_star,
+            "cores": float(cores),
+            "load_avg_1m_before": load_before,
+            "load_avg_1m_after": os.getloadavg()[0],
+        }
+    )
+    vs_hf = hf_best / actors["wall_s"]
+    vs_loop = loop["wall_s"] / actors["wall_s"]
+    bound = loop["wall_s"] / e_star
+    ctx.say(
+        f"  e2e {shape}: HF loop {hf['wall_s']:.2f} s (checkpointing {hf_gc['wall_s']:.2f} s), loop "
+        f"{loop['wall_s']:.2f} s, prl-actors {actors['wall_s']:.2f} s per step: {vs_hf:.2f}x HF, "
+        f"{vs_loop:.2f}x loop (bound {bound:.2f}x); trainer {ours_tps:.0f} vs HF {hf_tps:.0f} tokens/CPU-s"
+    )
+    return [
+        Entry(
+            "e2e",
+            f"{shape}: prl-actors vs plain HF loop",
+            "step time ratio, HF loop (faster of checkpointing off / on) over periodic W=1",
+            vs_hf,
+            "x",
+            vs_hf,
+            3.0,
+            raw=raw,
+        ),
+        Entry(
+            "e2e",
+            f"{shape}: prl-actors vs single-process loop",
+            "step time ratio, periodic W=1 over the project's loop",
+            vs_loop,
+            "x",
+            vs_loop / bound if bound > 0 else float("nan"),
+            0.85,
+            bound=bound,
+            raw=raw,
+            note=f"faster than the loop: {'yes' if vs_loop > 1 else 'no'}",
+        ),
+        _trainer_vs_hf(shape, one, hf_one, raw),
+    ]
+
+
+def _trainer_vs_hf(shape: str, one: dict[str, Any], hf_one: dict[str, Any], raw: dict[str, Any]) -> Entry:
+    """Response tokens per CPU-second of forward + backward, both on one thread."""
+    ours_tps = one["tokens"] / one["train_cpu_s"]
+    hf_tps = hf_one["tokens"] / hf_one["train_cpu_s"]
+    return Entry(
+        "e2e",
+        f"{shape}: trainer vs HF padded forward/backward",
+        "response tokens per CPU-second of forward + backward (reference included), one thread",
+        ours_tps,
+        "tok/s",
+        ours_tps / hf_tps,
+        1.0,
+        bound=hf_tps,
+        raw=rounded({**raw, "trainer_tokens_per_cpu_s": ours_tps, "hf_train_tokens_per_cpu_s": hf_tps}),
+    )

@@ -20,10 +20,11 @@ packed batch attend only to themselves, so no softmax row is empty (no NaN).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from prl_actors.model.block_attention import Blocks, build_blocks, dense_allowed, use_blocks
 from prl_actors.training.behaviour import Behaviour, behaviour_logprobs
 
 
@@ -31,21 +32,29 @@ from prl_actors.training.behaviour import Behaviour, behaviour_logprobs
 class ModelBatch:
     """Inputs of one forward pass plus where to read the response tokens' log-probs.
 
-    input_ids, position_ids: [B, T]. attention_mask: [B, 1, T, T] float (packed) or [B, T] long
-    (unpacked). predict_index: [N] flat index into the B*T logits of the position predicting each
-    response token; targets: [N] those tokens; sample_index: [N] the sample (0..S-1, over the whole
-    batch) each token belongs to.
+    input_ids, position_ids: [B, T]. attention_mask: [B, 1, T, T] float (packed), [B, T] long
+    (unpacked), or None with `blocks` (the flat packed row of `collate_blocks`: B = 1, no dense
+    mask; model/block_attention.py). predict_index: [N] flat index into the B*T logits of the
+    position predicting each response token; targets: [N] those tokens; sample_index: [N] the sample
+    (0..S-1, over the whole batch) each token belongs to. New per-token fields go after these, with
+    defaults (positional construction stays valid); `to` moves every tensor-like field.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
     predict_index: torch.Tensor
     targets: torch.Tensor
     sample_index: torch.Tensor
+    blocks: Blocks | None = None
+    lengths: tuple[list[int], list[list[int]]] | None = None  # with blocks: prompt / response lengths
 
     def to(self, device: torch.device | str) -> ModelBatch:
-        return ModelBatch(*(t.to(device) for t in vars(self).values()))
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor | Blocks):
+                moved[name] = value.to(device)
+        return ModelBatch(**moved)
 
 
 @dataclass
@@ -116,6 +125,37 @@ def collate_packed(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]
     )
 
 
+def collate_blocks(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> ModelBatch:
+    """All groups back to back in one flat row [p_1 | r_11 .. r_1G | p_2 | ...] (B = 1, no padding),
+    position ids as in `pack_group`, and the `Blocks` the "prl_blocks" attention reads instead of a
+    dense mask. Same response-token order (and log-probs) as `collate_packed`."""
+    if any(len(p) == 0 for p, _ in groups):
+        raise ValueError("a group needs a non-empty prompt (the first response token is predicted from it)")
+    ids: list[int] = []
+    positions: list[int] = []
+    predict: list[int] = []
+    for prompt, responses in groups:
+        start, n_prompt = len(ids), len(prompt)
+        ids += prompt
+        positions += range(n_prompt)
+        for resp in responses:
+            first = len(ids)
+            ids += resp
+            positions += range(n_prompt, n_prompt + len(resp))
+            predict += [start + n_prompt - 1, *range(first, first + len(resp) - 1)][: len(resp)]
+    lengths = ([len(p) for p, _ in groups], [[len(r) for r in rs] for _, rs in groups])
+    return ModelBatch(
+        torch.tensor([ids], dtype=torch.long),  # [1, N]
+        torch.tensor([positions], dtype=torch.long),  # [1, N]
+        None,
+        torch.tensor(predict, dtype=torch.long),
+        torch.tensor([t for _, rs in groups for r in rs for t in r], dtype=torch.long),
+        _sample_index(groups),
+        build_blocks(*lengths),
+        lengths,
+    )
+
+
 def collate_unpacked(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> ModelBatch:
     """One row [prompt | response] per sample, right-padded, with a 2D padding mask."""
     rows = [(list(p), list(r)) for p, rs in groups for r in rs]
@@ -147,8 +187,21 @@ def _sample_index(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]
     return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
 
 
+DENSE_MAX_ROW = 256
+"""Shared-prompt groups whose packed row is at most this long train on the dense-mask rows
+(`collate_packed`): there attention is cheap and the blocks' gathers would cost more (measured:
+demo shape, 16 groups of ~70 tokens: 24.6 ms dense vs 27.9 ms blocks per epoch on one thread); longer
+rows take the flat block row (chat shape, ~870-token rows: 1.69 s dense vs 1.20 s blocks)."""
+
+
 def collate(groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], shared_prompt: bool) -> ModelBatch:
-    return collate_packed(groups) if shared_prompt else collate_unpacked(groups)
+    """The trainer's batch: shared prompt -> the dense packed rows when every group's row is short
+    (<= DENSE_MAX_ROW tokens), else the flat block-attention row; otherwise one row per sample.
+    Both shared-prompt layouts give the same log-probs and gradients (tests/test_block_attention.py)."""
+    if not shared_prompt:
+        return collate_unpacked(groups)
+    longest = max((len(p) + sum(len(r) for r in rs) for p, rs in groups), default=0)
+    return collate_packed(groups) if longest <= DENSE_MAX_ROW else collate_blocks(groups)
 
 
 def response_logprobs(
@@ -169,11 +222,23 @@ def response_logprobs(
 
 def response_logits(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
     """The raw logits of the N rows that predict a response token, [N, V] (differentiable)."""
-    mask: torch.Tensor | dict[str, torch.Tensor] = batch.attention_mask
-    if batch.attention_mask.dim() == 4:
-        mask = with_sliding_window(model, batch.attention_mask.to(next(model.parameters()).dtype), batch.position_ids)
+    extra: dict[str, object] = {}
+    mask: torch.Tensor | dict[str, torch.Tensor] | None = batch.attention_mask
+    if batch.blocks is not None and use_blocks(model):
+        extra["prl_blocks"] = batch.blocks  # no dense mask: model/block_attention.py
+        # an all-ones 2D mask: HF then builds no mask at all (with None it would detect the restarting
+        # position ids as packed sequences and build a dense [N, N] one that nothing reads)
+        mask = torch.ones_like(batch.input_ids)
+    else:
+        dense = batch.attention_mask
+        if dense is None:  # a flat row for a model the blocks cannot serve: the same pattern, dense
+            assert batch.lengths is not None, "a flat packed batch carries its lengths"
+            dense = additive_mask(dense_allowed(*batch.lengths))[None, None].to(batch.input_ids.device)  # [1, 1, N, N]
+        mask = dense
+        if dense.dim() == 4:
+            mask = with_sliding_window(model, dense.to(next(model.parameters()).dtype), batch.position_ids)
     logits = model(
-        input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False
+        input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False, **extra
     ).logits  # [B, T, V]
     return logits.flatten(0, 1)[batch.predict_index]  # [N, V]
 

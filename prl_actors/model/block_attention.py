@@ -1,0 +1,170 @@
+"""Shared-prompt attention without a dense mask: the "prl_blocks" attention implementation.
+
+A packed micro-batch (training/packing.py, `collate_blocks`) is one flat row of N tokens holding,
+group after group, [p | r_1 | ... | r_G]. Token q of r_i must see the whole prompt p and r_i's own
+past, never another response; prompt tokens are causal among themselves. A dense [N, N] mask makes
+SDPA run over all N x N pairs (most of them masked out: with G = 8 responses a response token
+"computes" ~8x the keys it may see), and on CPU a masked kernel cannot skip any block.
+
+Here the linear layers (most of the FLOPs) still run once per prompt token, but attention runs per
+*sample*: for each response r_s of group g, the row [p_g | r_s] is gathered from the flat q/k/v and
+attended with plain causal SDPA (`is_causal=True`, no mask at all): exactly the pairs the dense mask
+allows. Rows are sorted by length and batched in buckets whose padding stays under ~10%
+(`BUCKET_SLACK`); right padding sits after every real key, so no real query sees it. The prompt's
+outputs are read back from its group's first row (every row computes the same prompt outputs; the
+others are dropped), the responses' from their own rows, with one gather into the flat order.
+
+The prompt's keys/values enter every row of the group by indexing, so each response's loss reaches
+the prompt positions through them: gradients equal the dense path's (tests). The prompt's queries
+are recomputed once per sample (P^2/2 of the P^2/2 + L(P + L/2) pairs of a row), the price of using
+the unmasked causal kernel.
+
+The implementation is registered with transformers as "prl_blocks" (attention and mask functions).
+Without a `prl_blocks` keyword (generation, an unpacked batch, a dense 4D mask) it *is* SDPA, so a
+model switched to it (`use_blocks`) behaves exactly as before everywhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "prl_blocks"
+BUCKET_SLACK = 1.1
+"""A bucket of rows grows while its padded area stays <= BUCKET_SLACK x its real tokens."""
+
+
+@dataclass
+class Blocks:
+    """The rows [p_g | r_s] of a flat packed row, bucketed (all index tensors into the flat row).
+
+    buckets: per bucket, [rows, T_bucket] flat positions of each row's tokens (padding: 0);
+    back: [N] for each flat position, where its attention output is read back from in
+    cat(bucket outputs, each flattened to [rows * T_bucket]).
+    """
+
+    buckets: list[torch.Tensor]
+    back: torch.Tensor
+
+    def to(self, device: torch.device | str) -> Blocks:
+        return Blocks([b.to(device) for b in self.buckets], self.back.to(device))
+
+
+def build_blocks(prompt_lens: list[int], response_lens: list[list[int]]) -> Blocks:
+    """The Blocks of groups laid out back to back as [p | r_1 | ... | r_G] (lengths only)."""
+    rows: list[tuple[list[int], int]] = []  # per row [p_g | r_s]: flat positions, first position read back
+    start = 0
+    for p, ls in zip(prompt_lens, response_lens, strict=True):
+        prompt = list(range(start, start + p))
+        start += p
+        for i, n in enumerate(ls or [0]):  # a group without samples still gets its prompt row
+            rows.append((prompt + list(range(start, start + n)), 0 if i == 0 else p))  # the first row owns p
+            start += n
+    back = torch.zeros(start, dtype=torch.long)  # [N]
+    buckets, base = [], 0
+    order = sorted(range(len(rows)), key=lambda r: len(rows[r][0]))
+    for members in _buckets(order, [len(rows[r][0]) for r in order]):
+        width = len(rows[members[-1]][0])
+        index = torch.zeros((len(members), width), dtype=torch.long)  # [rows, T_bucket]
+        for i, r in enumerate(members):
+            positions, first = torch.tensor(rows[r][0], dtype=torch.long), rows[r][1]
+            index[i, : positions.numel()] = positions
+            back[positions[first:]] = base + i * width + torch.arange(first, positions.numel())
+        buckets.append(index)
+        base += index.numel()
+    return Blocks(buckets, back)
+
+
+def _buckets(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """Split rows sorted by length (`lengths` ascending) into runs whose padded area (rows x the
+    longest) stays <= BUCKET_SLACK x their real tokens."""
+    out: list[list[int]] = []
+    real = 0
+    for r, n in zip(order, lengths, strict=True):
+        if out and (len(out[-1]) + 1) * n <= BUCKET_SLACK * (real + n):
+            out[-1].append(r)
+            real += n
+        else:
+            out.append([r])
+            real = n
+    return out
+
+
+def dense_allowed(prompt_lens: list[int], response_lens: list[list[int]]) -> torch.Tensor:
+    """[N, N] bool: the same attention pattern as one dense mask over the flat row (the reference,
+    and the path for models the blocks cannot serve, e.g. sliding windows)."""
+    group, sample = [], []  # per flat token: its group, and its sample (-1 for prompt tokens)
+    s = 0
+    for g, (p, ls) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        group += [g] * p
+        sample += [-1] * p
+        for n in ls:
+            group += [g] * n
+            sample += [s] * n
+            s += 1
+    gr, sa = torch.tensor(group), torch.tensor(sample)  # [N] each
+    n = gr.numel()
+    causal = torch.ones((n, n), dtype=torch.bool).tril()
+    same_group = gr[:, None] == gr[None, :]
+    visible = (sa[None, :] == -1) | (sa[:, None] == sa[None, :])  # key is a prompt token, or my own sample's
+    return causal & same_group & visible
+
+
+def blocks_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    prl_blocks: Blocks | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention interface of transformers. query: [1, H, N, d]; key, value: [1, H_kv, N, d];
+    returns [1, N, H, d]. Without `prl_blocks`: SDPA, unchanged."""
+    if prl_blocks is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)  # type: ignore[no-any-return]
+    if query.shape[0] != 1 or kwargs.get("sliding_window"):
+        raise ValueError("prl_blocks attention takes one flat packed row and no sliding window")
+    n_rep = query.shape[1] // key.shape[1]
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, H(kv), d]
+    if n_rep > 1:
+        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)  # [N, H, d]
+    outs = []
+    for index in prl_blocks.buckets:  # [rows, T_bucket]
+        qb, kb, vb = (t[index].transpose(1, 2) for t in (q, k, v))  # [rows, H, T_bucket, d]
+        ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scaling)
+        outs.append(ob.transpose(1, 2).flatten(0, 1))  # [rows * T_bucket, H, d]
+    return torch.cat(outs)[prl_blocks.back][None], None  # [1, N, H, d]
+
+
+AttentionInterface.register(NAME, blocks_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_blocks(model: torch.nn.Module) -> bool:
+    """Switch `model` (an SDPA model without sliding-window layers) to "prl_blocks" once; True when
+    it runs on it. Other models (eager attention, sliding windows) keep their dense-mask path."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    impl = getattr(config, "_attn_implementation", None)
+    if impl == NAME:
+        return True
+    if impl != "sdpa" or _has_sliding_window(config):
+        return False
+    config._attn_implementation = NAME
+    return True
+
+
+def _has_sliding_window(config: Any) -> bool:
+    """The same test as packing.with_sliding_window: a window applies to some layer."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or [])
+    return bool(window) and (not types or "sliding_attention" in types)
