@@ -74,17 +74,18 @@ def measure(ctx: BenchContext, case: str, model_dir: Path, mode: str, k: int, ep
 
 def run(ctx: BenchContext) -> list[Entry]:
     cores = len(os.sched_getaffinity(0))
-    epochs = ctx.size(8, 5, 3)
+    epochs = ctx.size(8, 5, 2)
+    cases = ctx.size(CASES, CASES, (("periodic", 0), ("bounded", 1)))  # smoke: structure only, kept short
     entries = []
     for case in ctx.size(["demo", "h128-L4", "gen-heavy"], ["demo", "h128-L4", "gen-heavy"], ["demo"]):
         shape, overrides = shape_settings(ctx, case)
         model_dir = prepare(ctx, shape)
         base = {**overrides, "model.path": str(model_dir), "run.run_dir": str(ctx.work_dir / f"bloop-{case}")}
         iters = epochs
-        loops = [measure_loop(base, model_dir, t, iters) for t in sorted({1, cores})]
+        loops = [measure_loop(base, model_dir, t, iters) for t in ctx.size(sorted({1, cores}), sorted({1, cores}), [1])]
         samples = overrides["coordinator.groups_per_epoch"] * overrides["worker.group_size"]
         loop_rate = max(samples * len(x["rows"]) / sum(r["wall_s"] for r in x["rows"]) for x in loops)
-        got = {label(mode, k): measure(ctx, case, model_dir, mode, k, epochs) for mode, k in CASES}
+        got = {label(mode, k): measure(ctx, case, model_dir, mode, k, epochs) for mode, k in cases}
         ctx.say(
             f"  bounded {case}: loop {loop_rate:.0f} samples/s; "
             + ", ".join(f"{name} {g['samples_per_s']:.0f}" for name, g in got.items())
