@@ -85,8 +85,17 @@ class RunSection(_Section):
     name: str = Field("run", description="A label for the run (logs, metrics).")
     seed: int = Field(0, description="Seeds prompts, sampling and model init.")
     epochs: int = Field(5, ge=1, description="Number of iteration-epochs (optimizer steps).")
-    mode: Literal["periodic", "sync"] = Field(
-        "periodic", description="periodic: train groups as they arrive; sync: wait for the whole batch."
+    mode: Literal["periodic", "sync", "bounded"] = Field(
+        "periodic",
+        description="periodic: train groups as they arrive; sync: wait for the whole batch; bounded: as periodic, "
+        "but epoch e+1 is generated with weights up to run.max_staleness versions old while epoch e trains "
+        "(off-policy, corrected by trainer.is_correction: docs/LEARNING.md).",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="run.mode bounded: k, the most versions a trained sample's weights may lag its epoch's "
+        "(v_{e-j}, j <= k; protocol/versions.py within_bound); 0 = on-policy.",
     )
     workers: int = Field(2, ge=0, description="Inference workers `up` starts.")
     max_workers: int = Field(64, ge=0, description="Upper bound of `prl-actors scale` (more is refused).")
@@ -125,6 +134,10 @@ class RunSection(_Section):
         description="A group whose generation or scoring failed this many times (a worker gave it back "
         "with an exception) is given up: see task.on_error.",
     )
+
+    def staleness_bound(self) -> int:
+        """k in force: max_staleness under mode bounded, 0 (strict on-policy) otherwise."""
+        return self.max_staleness if self.mode == "bounded" else 0
 
 
 class TransportSection(_Section):
@@ -439,6 +452,18 @@ class TrainerSection(_Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward (less memory, ~30% more compute: docs/MEMORY.md)."
     )
+    is_correction: Literal["none", "tis", "mis"] = Field(
+        "none",
+        description="Engine-mismatch correction per token, rho = exp(trainer old log-prob - engine log-prob): "
+        "tis multiplies the token's policy-gradient loss by min(rho, is_cap) (truncated IS, Yao et al. 2025); "
+        "mis by rho, or 0 where rho > is_cap (masked IS); none: off. Detached weights (docs/LEARNING.md).",
+    )
+    is_cap: float = Field(
+        2.0,
+        gt=1,
+        description="The cap C > 1 of trainer.is_correction: tis truncates rho at C, mis masks rho > C (at C = 1 "
+        "mis would mask on float rounding, rho being 1 +- 1e-7 on-policy).",
+    )
     mask_truncated_completions: bool = Field(
         False,
         description="A sample that hit max_new_tokens without finishing (finished = false) contributes no loss "
@@ -466,6 +491,23 @@ class TrainerSection(_Section):
         if self.importance_sampling_level is not None:
             return self.importance_sampling_level
         return "sequence" if self.loss_type == "gspo" else "token"
+
+
+def bounded_refused(cfg: Config) -> str:
+    """Why run.mode bounded cannot run with `cfg` ('' if it can): stale samples need the GRPO learner
+    and an importance correction; dynamic sampling, evaluation and trainer rank groups are not
+    pipelined with it yet."""
+    if cfg.trainer.learner != "grpo":
+        return "needs trainer.learner grpo (stale samples are corrected by the GRPO learner)"
+    if cfg.trainer.is_correction == "none" and cfg.run.max_staleness > 0:
+        return "trains samples up to run.max_staleness versions old: set trainer.is_correction tis (or mis)"
+    if cfg.coordinator.dynamic_sampling:
+        return "with coordinator.dynamic_sampling is not supported yet"
+    if cfg.trainer.strategy != "single":
+        return f"with trainer.strategy {cfg.trainer.strategy} is not supported yet: use strategy single"
+    if cfg.eval.every_epochs > 0:
+        return "with evaluation (eval.every_epochs > 0) is not supported yet: set eval.every_epochs 0"
+    return ""
 
 
 def distributed_refused(t: TrainerSection) -> str:
@@ -728,6 +770,14 @@ class Config(_Section):
     env: EnvSection | None = Field(
         None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
     )
+
+    @model_validator(mode="after")
+    def _bounded_mode(self) -> Config:
+        if self.run.mode == "bounded" and (unsupported := bounded_refused(self)):
+            raise ValueError(f"run.mode bounded {unsupported}")
+        if self.run.max_staleness and self.run.mode != "bounded":
+            raise ValueError(f"run.max_staleness ({self.run.max_staleness}) applies to run.mode bounded only")
+        return self
 
     @model_validator(mode="after")
     def _verify_single_turn(self) -> Config:

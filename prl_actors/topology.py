@@ -87,6 +87,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             on_error=cfg.task.on_error,
             dynamic_sampling=cfg.coordinator.dynamic_sampling,
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
+            max_staleness=cfg.run.staleness_bound(),
         )
         task = load_task(cfg)
         return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))
@@ -100,7 +101,14 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
 
         checker = build_checker(cfg, model_path(cfg))
         return BufferCore(
-            name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups, checker, cfg.run.max_bad_groups
+            name,
+            log,
+            cfg.run.mode,
+            cfg.worker.group_size,
+            cfg.buffer.max_groups,
+            checker,
+            cfg.run.max_bad_groups,
+            max_staleness=cfg.run.staleness_bound(),
         )
     if role == "trainer":
         from prl_actors.weights_shm import ShmReader
@@ -121,6 +129,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             on_nonfinite=cfg.trainer.on_nonfinite,
             no_signal_epochs=cfg.trainer.no_signal_epochs,
             log_completions=cfg.run.log_completions,
+            max_staleness=cfg.run.staleness_bound(),
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
@@ -143,6 +152,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             shm=ShmReader() if cfg.worker.shm else None,
             threads=_worker_threads(cfg, engine),
             eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
+            max_staleness=cfg.run.staleness_bound(),
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

@@ -34,6 +34,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("rewards", _rewards),
         ("startup", _startup),
         ("minibatch", _minibatch),
+        ("bounded", _bounded),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -308,4 +309,36 @@ def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("M minibatch steps per epoch: periodic vs sync")
     ax.legend(fontsize=8)
+    return fig
+
+
+def _bounded(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Left: samples/s by case and mode, the single-process loop as a line per case. Right: the
+    reward curve (reward_mean per epoch) of each run."""
+    rows = [e["raw"] for e in entries]
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    fig, (ax, cx) = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / max(len(modes), 1)
+    for i, mode in enumerate(modes):
+        got = {r["case"]: r["samples_per_s"] for r in rows if r["mode"] == mode}
+        ax.bar(
+            [c + i * width - 0.4 + width / 2 for c in range(len(cases))],
+            [got.get(c, 0) for c in cases],
+            width,
+            label=mode,
+        )
+    for c, case in enumerate(cases):
+        loop = next(r["loop_samples_per_s"] for r in rows if r["case"] == case)
+        ax.hlines(loop, c - 0.45, c + 0.45, colors="k", label="single-process loop" if c == 0 else None)
+    ax.set_xticks(list(range(len(cases))), cases, fontsize=8)
+    ax.set_ylabel("samples/s (steady)")
+    ax.set_title("sync, periodic, bounded k = 1, 2 vs the loop")
+    ax.legend(fontsize=7)
+    for r in rows:
+        cx.plot(range(len(r["rewards"])), r["rewards"], marker=".", label=f"{r['case']} {r['mode']}")
+    cx.set_xlabel("epoch")
+    cx.set_ylabel("reward_mean")
+    cx.set_title("reward curves")
+    cx.legend(fontsize=6)
     return fig

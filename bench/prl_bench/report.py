@@ -125,6 +125,13 @@ def details(results: dict[str, Any]) -> list[str]:
             [e["raw"] for e in mini],
             ["shape", "M", "periodic_epoch_s", "sync_epoch_s", "speedup", "periodic_train_s", "sync_train_s"],
         )
+    bounded = by.get("bounded", [])
+    if bounded:
+        lines += ["", "### Bounded staleness (run.mode bounded): samples/s against the single-process loop", ""]
+        lines += _table(
+            [{**e["raw"], "vs_loop": e["ratio"]} for e in bounded],
+            ["case", "mode", "samples_per_s", "loop_samples_per_s", "vs_loop", "stale_groups", "rewards"],
+        )
     return lines
 
 

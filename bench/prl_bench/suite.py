@@ -34,6 +34,7 @@ BENCHMARKS = {
     "rewards": "prl_bench.rewards",
     "startup": "prl_bench.startup",
     "minibatch": "prl_bench.minibatch",
+    "bounded": "prl_bench.bounded",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -46,6 +47,7 @@ ALIASES = {
     "multi_turn": "multiturn",
     "tools": "multiturn",
     "minibatches": "minibatch",
+    "staleness": "bounded",
 }
 
 

@@ -6,7 +6,8 @@ ticket for exactly (epoch, group id, worker) (tickets.py; the key arrives with E
 Otherwise the reply is `error` `forbidden` and nothing changes. Credits come only from the trainer.
 Admission (in this order; the first failing rule is the rejection reason, counted and logged):
   wrong_epoch / epoch_closed  the group's epoch is not the open one
-  stale_version               its version is not the open epoch's version (on-policy)
+  stale_version               its version is not the open epoch's version (on-policy), or, under
+                              run.mode bounded, older than v_{e-k} (`versions.within_bound`)
   unknown_group               its group id is not one of the epoch's 0..B-1
   bad_group_size              it does not hold G samples
   duplicate                   (epoch, group id) was already accepted
@@ -56,7 +57,7 @@ from prl_actors.protocol.messages import (
     Role,
     TrainGroup,
 )
-from prl_actors.protocol.versions import on_policy
+from prl_actors.protocol.versions import within_bound
 from prl_actors.transport.port import Dest, Inbound
 
 
@@ -72,9 +73,11 @@ class BufferCore(Core):
         max_groups: int,
         checker: GroupChecker | None = None,
         max_bad_groups: int = 0,
+        max_staleness: int = 0,
     ) -> None:
         super().__init__(name, log)
         self.mode, self.group_size, self.max_groups = mode, group_size, max_groups
+        self.max_staleness = max_staleness  # k (run.mode bounded); 0 = strict on-policy
         self.checker = checker or GroupChecker()
         self.max_bad_groups = max_bad_groups  # 0: never expel
         self.bad: dict[str, int] = {}  # worker -> its groups refused for their content
@@ -275,7 +278,7 @@ class BufferCore(Core):
             return RejectReason.WRONG_EPOCH
         if epoch < self.epoch:
             return RejectReason.EPOCH_CLOSED
-        if not on_policy(self.epoch, version):
+        if not within_bound(self.epoch, version, self.max_staleness):
             return RejectReason.STALE_VERSION
         if not 0 <= group_id < (self.id_bound or self.groups):
             return RejectReason.UNKNOWN_GROUP

@@ -5,7 +5,9 @@
 - `PhaseMachine` (phase.py): the epoch state machine.
 Invariants it keeps:
 - epoch e is bound to weights v_e (protocol/versions.py); a worker is given epoch-e work only when its
-  WorkRequest says it holds v_e (on-policy);
+  WorkRequest says it holds v_e (on-policy), or, under run.mode bounded with k = max_staleness, any
+  of v_{e-k} .. v_e (`within_bound`); then epoch e+1 opens as soon as epoch e is generated and
+  v_{e+1-k} is published (`may_open`), before the trainer has made v_{e+1};
 - every group of the epoch is queued, held by exactly one live worker, or done (accepted by the
   buffer); a leaving or silent worker's held groups go back to the queue; a done group is never handed
   out again.
@@ -68,7 +70,7 @@ from prl_actors.protocol.messages import (
     WorkRequest,
     new_id,
 )
-from prl_actors.protocol.versions import epoch_for, on_policy, version_for
+from prl_actors.protocol.versions import epoch_for, floor_version, may_open, version_for, within_bound
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 
@@ -94,6 +96,7 @@ class CoordinatorSettings:
     max_workers: int = 64  # `scale` above this is refused (over_limit)
     dynamic_sampling: bool = False  # actors/dynamic_sampling.py
     max_sampling_rounds: int = 1
+    max_staleness: int = 0  # run.mode bounded: k (protocol/versions.py); 0 = strict on-policy
     hold_factor: float = 10.0  # an assignment's deadline: hold_factor x p95 of observed group times ...
     hold_min_s: float = 30.0  # ... and at least this
     max_group_failures: int = 3  # a group given back this often is given up (on_error)
@@ -210,10 +213,8 @@ class CoordinatorCore(Core):
                 f"eval prompts held by workers, {len(self.eval_work.queue)} queued"
             )
         if self.phase.is_(Phase.TRAINING):
-            return (
-                f"waiting for the trainer's step of epoch {self.epoch} "
-                f"(weights v{version_for(self.epoch + 1)}: publisher weights_available)"
-            )
+            want = self._floor(self.epoch + 1)
+            return f"waiting for the trainer's step of epoch {want - 1} (weights v{want}: publisher weights_available)"
         if self.phase.is_(Phase.WAITING_WEIGHTS):
             if not self.members.of_role(Role.TRAINER):
                 return "waiting for the trainer's weights: no trainer has registered"
@@ -223,7 +224,7 @@ class CoordinatorCore(Core):
         workers = self.members.of_role(Role.WORKER)
         if not workers:
             return "no worker is registered"
-        behind = [m.name for m in workers if not on_policy(self.epoch, m.version)]
+        behind = [m.name for m in workers if not within_bound(self.epoch, m.version, self.s.max_staleness)]
         if len(behind) == len(workers):
             return f"every worker still holds an older version ({', '.join(sorted(behind)[:4])})"
         return f"{len(self.work.holder)} groups held by workers{self._holders()}, {len(self.work.queue)} queued"
@@ -260,7 +261,7 @@ class CoordinatorCore(Core):
         welcome = Welcome(
             reply_to=msg.id,
             epoch=epoch,
-            version=version_for(epoch) if epoch >= 0 else -1,
+            version=self._floor(epoch) if epoch >= 0 else -1,
             run_id=self.s.run_id,
             mode=self.s.mode,
             group_size=self.s.group_size,
@@ -302,7 +303,7 @@ class CoordinatorCore(Core):
         if member is not None:
             member.version, member.refused = inbound.msg.version, inbound.msg.refused
         epoch = self._open_epoch()
-        version = version_for(epoch) if epoch >= 0 else -1
+        version = self._floor(epoch) if epoch >= 0 else -1
         self.reply(
             inbound, HeartbeatAck(reply_to=inbound.msg.id, known=member is not None, epoch=epoch, version=version)
         )
@@ -356,7 +357,7 @@ class CoordinatorCore(Core):
         groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
         self.assigned_at.update((g, now) for g in groups)
         prompts = [self._ticketed(self.prompts[g], member.name) for g in groups]
-        reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
+        reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=msg.version, prompts=prompts)
         self.reply(inbound, reply)
         self.log("assign", worker=member.name, groups=groups, msg_id=reply.id, request_id=msg.id)
 
@@ -365,7 +366,7 @@ class CoordinatorCore(Core):
         return msgspec.structs.replace(prompt, ticket=ticket)
 
     def _no_work(self, inbound: Inbound[WorkRequest], worker: str, reason: NoWorkReason) -> None:
-        version = version_for(self.epoch)
+        version = self._floor(self.epoch)
         self.reply(inbound, NoWork(reply_to=inbound.msg.id, reason=reason, epoch=self.epoch, version=version))
         self.log("no_work", worker=worker, reason=reason, request_id=inbound.msg.id)
         if reason == NoWorkReason.QUEUE_EMPTY:
@@ -376,7 +377,7 @@ class CoordinatorCore(Core):
             return NoWorkReason.DONE
         if not self.phase.is_(Phase.RUNNING):
             return NoWorkReason.NO_EPOCH
-        if not on_policy(self.epoch, held_version):
+        if not within_bound(self.epoch, held_version, self.s.max_staleness):
             return NoWorkReason.STALE_VERSION
         return None if self.work.queue else NoWorkReason.QUEUE_EMPTY
 
@@ -421,6 +422,9 @@ class CoordinatorCore(Core):
 
     def _maybe_open(self) -> None:
         """Open the epoch of weights v as soon as they exist and the previous epoch is fully generated."""
+        if self.s.max_staleness:
+            self._maybe_open_bounded()
+            return
         v = self.available_version
         e = epoch_for(v)
         if v >= 0 and e >= self.s.epochs and self.phase.is_(Phase.WAITING_WEIGHTS):
@@ -433,6 +437,30 @@ class CoordinatorCore(Core):
         if self._eval_blocks() and self.eval_epoch < e:  # the workers must keep v_e until it is evaluated
             self.log("epoch_open_deferred", reason=f"evaluation of v{version_for(self.eval_epoch)} running")
             return
+        self._open(e, v)
+
+    def _maybe_open_bounded(self) -> None:
+        """run.mode bounded (k >= 1): once epoch e is generated, open e+1 as soon as v_{e+1-k} exists
+        (`may_open`), whether or not the trainer has made v_{e+1}. Waiting for weights (start, resume,
+        a retried open) it opens the published version's epoch, or the epoch it was opening."""
+        v = self.available_version
+        if v < 0:
+            return
+        if self.phase.is_(Phase.WAITING_WEIGHTS) and epoch_for(v) >= self.s.epochs:
+            self._finish_run(epoch_for(v))  # resumed from the last epoch's checkpoint: nothing to train
+            return
+        if self.phase.is_(Phase.TRAINING):
+            e = self.epoch + 1
+        elif self.phase.is_(Phase.WAITING_WEIGHTS):
+            e = max(epoch_for(v), self.epoch)
+        else:
+            return
+        if e >= self.s.epochs or not may_open(e, v, self.s.max_staleness):
+            return  # the last epoch is generated (StepDone ends the run), or its floor weights are not out
+        self._open(e, version_for(e))
+
+    def _open(self, e: int, v: int) -> None:
+        """Open epoch e (bound to v) at the buffer: EpochOpen, whose Ack sets the epoch running."""
         buffer = self.members.first(Role.BUFFER)
         if buffer is None:
             if self.phase.is_(Phase.TRAINING):
@@ -794,7 +822,12 @@ class CoordinatorCore(Core):
         return self.epoch if self.phase.epoch_open else -1
 
     def _epoch_start(self) -> EpochStart:
-        return EpochStart(epoch=self.epoch, version=version_for(self.epoch), groups=self.s.groups_per_epoch)
+        return EpochStart(epoch=self.epoch, version=self._floor(self.epoch), groups=self.s.groups_per_epoch)
+
+    def _floor(self, epoch: int) -> int:
+        """The version a worker must hold at least to generate `epoch` (v_e; v_{e-k} in bounded mode):
+        what Welcome, EpochStart, HeartbeatAck and NoWork tell workers."""
+        return floor_version(epoch, self.s.max_staleness)
 
     def _to_member(self, name: str, msg: Msg) -> None:
         """Send a copy of `msg` (with its own id) to a member."""

@@ -12,7 +12,10 @@ M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to t
 publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
-on-policy invariant is enforced here a second time, not only in the buffer.
+on-policy invariant is enforced here a second time, not only in the buffer. Under run.mode bounded
+(k = run.max_staleness) a group of the open epoch e generated with v_{e-k} .. v_e is trained
+(`versions.within_bound`; the learner corrects it by trainer.is_correction), and each epoch's metrics
+row carries its staleness histogram (`staleness_j`: groups generated j versions behind).
 Failure isolation (training/guard.py): when a forward/backward raises, no queued group is lost: each
 group not yet trained is retried alone; one that fails alone is refused (`train_refused`, GroupRefused
 to the buffer, which requeues it through the coordinator) and the rest is trained. Every trained
@@ -51,7 +54,7 @@ from prl_actors.protocol.messages import (
     WeightsStored,
     Welcome,
 )
-from prl_actors.protocol.versions import on_policy
+from prl_actors.protocol.versions import on_policy, staleness, version_for, within_bound
 from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
@@ -86,6 +89,7 @@ class TrainerCore(Core):
         on_nonfinite: str = "fail",
         no_signal_epochs: int = 3,
         log_completions: int = 0,
+        max_staleness: int = 0,
     ) -> None:
         super().__init__(name, log)
         self.on_nonfinite, self.no_signal_epochs = on_nonfinite, no_signal_epochs
@@ -94,6 +98,8 @@ class TrainerCore(Core):
         self.no_signal_run = 0  # epochs in a row without any learning signal
         self.completions = CompletionPicker(log_completions) if log_completions > 0 else None
         self.threads = threads
+        self.max_staleness = max_staleness  # k (run.mode bounded); 0 = strict on-policy
+        self.stale: dict[int, int] = {}  # staleness j -> groups of the open epoch (bounded mode)
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
@@ -149,13 +155,14 @@ class TrainerCore(Core):
             self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.reward_means.reset()
+        self.stale = {}
         self.log("train_epoch_begin", groups=msg.groups)
 
     @handles(TrainGroup)
     def on_train_group(self, now: float, inbound: Inbound[TrainGroup]) -> None:
         msg = inbound.msg
         self.emit(Dest.peer("buffer"), Credit(n=1))
-        if msg.epoch != self.epoch or msg.version != self.learner.version or not on_policy(msg.epoch, msg.version):
+        if not self._trainable(msg.epoch, msg.version):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
@@ -163,6 +170,8 @@ class TrainerCore(Core):
             self.generated = True  # every group left is on its way: no flush before they are all queued
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
+        j = staleness(msg.epoch, msg.version)
+        self.stale[j] = self.stale.get(j, 0) + 1
         if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
             self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
         stats: dict[str, float] = {}
@@ -187,6 +196,12 @@ class TrainerCore(Core):
         if self.learner.pending and not self.flush_queued and not self.generated:
             self.flush_queued = True
             self.defer(self._flush)
+
+    def _trainable(self, epoch: int, version: int) -> bool:
+        """A TrainGroup of the open epoch, whose epoch is the learner's (v_e), generated with weights
+        within the bound (strict on-policy when k = 0: version == v_e)."""
+        own = version_for(epoch) == self.learner.version
+        return epoch == self.epoch and own and within_bound(epoch, version, self.max_staleness)
 
     def _flush(self, now: float) -> None:
         """Train what is queued: every TrainGroup that arrived before this item has been queued.
@@ -349,6 +364,8 @@ class TrainerCore(Core):
         self._checkpoint()
         metrics.update(self.reward_means.metrics())
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
+        if self.max_staleness:  # bounded mode: the epoch's staleness histogram
+            metrics.update({f"staleness_{j}": float(n) for j, n in sorted(self.stale.items())})
         if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
             kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)
             metrics.update(groups_kept=kept, groups_generated=made, groups_target=wanted)

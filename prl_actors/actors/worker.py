@@ -9,6 +9,9 @@ Every group is tagged with the version the engine held while generating it (on-p
 construction): weights are swapped only when the engine is idle; a worker that learns of a newer
 epoch drops what is still running (those groups belong to an epoch that is complete) and fetches.
 A worker that is behind never gets work: it is told `stale_version` and fetches.
+Bounded mode (run.mode bounded, k = run.max_staleness): the coordinator's target is the epoch's floor
+v_{e-k}, so a worker keeps generating with the weights it holds while they are at most k versions
+behind the open epoch, and fetches (the newest published) once they fall below the floor.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from prl_actors.protocol.messages import (
     WorkRequest,
     new_id,
 )
-from prl_actors.protocol.versions import on_policy
+from prl_actors.protocol.versions import within_bound
 from prl_actors.rewards.errors import RewardError
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
@@ -78,6 +81,7 @@ class WorkerCore(Core):
         shm: ShmReader | None = None,
         threads: ThreadPlan | None = None,
         eval_sampling: Any = None,
+        max_staleness: int = 0,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -101,6 +105,7 @@ class WorkerCore(Core):
         self.evaluating: EvalAssign | None = None
         self.eval_groups: list[EvalGroup] = []
         self.train_sampling: Any = None
+        self.max_staleness = max_staleness  # k (run.mode bounded): the target is then v_{e-k}, the floor
 
     def start(self, now: float) -> None:
         self.register()
@@ -373,7 +378,7 @@ class WorkerCore(Core):
         msg = inbound.msg
         self.requesting = False
         current = msg.version == self.engine.version and msg.version >= self.target
-        if not current or not on_policy(msg.epoch, msg.version):  # its epoch is over: done elsewhere
+        if not current or not within_bound(msg.epoch, msg.version, self.max_staleness):  # its epoch is over
             self.log("assign_refused", reason="version mismatch", msg_version=msg.version, target=self.target)
             self._next()
             return

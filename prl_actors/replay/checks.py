@@ -12,6 +12,7 @@ from prl_actors.replay.coordinator_replay import replay_coordinator
 from prl_actors.replay.events import ReplayError, Run, Violation, run_config
 from prl_actors.replay.invariants import check_exactly_once, check_on_policy, check_one_step, check_trained_tokens
 from prl_actors.replay.replies import check_replies
+from prl_actors.replay.staleness import check_staleness, histogram, max_staleness, render, total
 
 
 @dataclass
@@ -31,13 +32,25 @@ def invariant_checks(run: Run) -> list[CheckResult]:
     steps = run.of("optimizer_step")
     epochs = sorted({int(s["epoch"]) for s in steps if isinstance(s.get("epoch"), int)})
     versions = f"v{steps[0].get('version_before')} -> v{steps[-1].get('version_after')}" if steps else "none"
+    k = max_staleness(run)
     on_policy = f"{trained} trained groups, each generated and trained with its epoch's version"
+    if k:
+        on_policy = f"{trained} trained groups, each generated at most {k} version(s) before its epoch's"
     return [
         CheckResult("on-policy", on_policy, check_on_policy(run)),
         CheckResult("exactly-once", f"{len(epochs)} stepped epochs, every group trained once", check_exactly_once(run)),
         CheckResult("trained-tokens", "every received token trained", check_trained_tokens(run)),
         CheckResult("one-step", f"{len(steps)} optimizer steps, versions {versions} by +1", check_one_step(run)),
+        staleness_check(run),
     ]
+
+
+def staleness_check(run: Run) -> CheckResult:
+    """No trained sample older than k versions (k = 0 unless run.mode is bounded); the summary is
+    the run's staleness histogram."""
+    k = max_staleness(run)
+    summary = f"no trained group older than {k} version(s); staleness {render(total(histogram(run)))}"
+    return CheckResult("staleness", summary, check_staleness(run, k))
 
 
 def replies_check(run: Run) -> CheckResult:

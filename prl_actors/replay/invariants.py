@@ -1,7 +1,8 @@
 """The training invariants, checked from the logs alone (DESIGN.md "Invariants").
 
 - on-policy: every trainer `train_group` passes `protocol.versions.on_policy` (the rule every actor
-  applies), its epoch was opened bound to that same version (coordinator `epoch_open`), it belongs to
+  applies; under run.mode bounded `within_bound`: generated with v_{e-k} .. v_e), its epoch was
+  opened bound to that same version (coordinator `epoch_open`), it belongs to
   the epoch the trainer is in, and the group the buffer accepted for it was generated (worker
   `group_sent`) with that version;
 - exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
@@ -22,8 +23,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
-from prl_actors.protocol.versions import on_policy, version_for
+from prl_actors.protocol.versions import version_for, within_bound
 from prl_actors.replay.events import Event, Run, Violation, at, run_config
+from prl_actors.replay.staleness import max_staleness
 
 
 def epoch_versions(run: Run) -> dict[int, int]:
@@ -89,6 +91,9 @@ def _kept(run: Run, events: list[Event], key: str = "msg_epoch") -> list[Event]:
 
 
 def check_on_policy(run: Run) -> list[Violation]:
+    """Strict on-policy; under run.mode bounded (k = run.max_staleness) every trained group was
+    generated with v_{e-k} .. v_e, with the version it carries (`versions.within_bound`)."""
+    k = max_staleness(run)
     versions = epoch_versions(run)
     accepted = {(e.get("msg_epoch"), e.get("group_id")): e for e in run.of("group_accepted") if e["role"] == "buffer"}
     sent = {str(e.get("msg_id")): e for e in run.of("group_sent")}
@@ -97,16 +102,17 @@ def check_on_policy(run: Run) -> list[Violation]:
         epoch, gid, version = int(t.get("msg_epoch", -1)), t.get("group_id"), int(t.get("msg_version", -1))
         want = version_for(epoch)
         what = f"group {gid} of epoch {epoch} ({at(t)})"
-        if not on_policy(epoch, version):
+        if not within_bound(epoch, version, k):
+            bound = f"v{want}" if k == 0 else f"v{want - k}..v{want}"
             out.append(
-                Violation("on-policy", f"{what} trained with version {version}, epoch {epoch} is bound to v{want}")
+                Violation("on-policy", f"{what} trained with version {version}, epoch {epoch} is bound to {bound}")
             )
         elif versions.get(epoch, want) != want:
             opened = versions[epoch]
             out.append(Violation("on-policy", f"{what}: the coordinator opened epoch {epoch} with v{opened}"))
         if t.get("epoch") != epoch:
             out.append(Violation("on-policy", f"{what} trained while the trainer was in epoch {t.get('epoch')}"))
-        out += _generated_with(want, what, accepted.get((epoch, gid)), sent, run, t)
+        out += _generated_with(want if k == 0 else version, what, accepted.get((epoch, gid)), sent, run, t)
     return out
 
 

@@ -55,6 +55,7 @@ from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
     batch_reward_std,
     cispo_loss,
+    engine_is_weights,
     kl_estimate,
     log_ratio,
     normaliser,
@@ -88,6 +89,11 @@ class EpochStats:
     ratio_max: float = 0.0
     steps: int = 0
     grad_norm_sum: float = 0.0
+    is_tokens: int = 0  # tokens with an engine log-prob (trainer.is_correction's ratio is known)
+    is_sum: float = 0.0
+    is_min: float = float("inf")
+    is_max: float = 0.0
+    is_corrected: int = 0  # of them: capped (tis) or masked (mis)
 
     def add_ratio(self, ratio: torch.Tensor) -> None:
         """ratio: [N] the importance ratio of each trained token (1 before the epoch's first step)."""
@@ -112,6 +118,30 @@ class EpochStats:
             self.diff_sum += float(diff.sum())
             self.diff_max = max(self.diff_max, float(diff.max()))
 
+    def add_is(self, rho: torch.Tensor, corrected: torch.Tensor) -> None:
+        """rho: [N] engine-mismatch ratios exp(old - engine) of the trained tokens (NaN: unknown);
+        corrected: [N] bool, capped or masked by trainer.is_correction."""
+        known = ~rho.isnan()
+        if bool(known.any()):
+            r = rho[known]
+            self.is_tokens += r.numel()
+            self.is_sum += float(r.sum())
+            self.is_min = min(self.is_min, float(r.min()))
+            self.is_max = max(self.is_max, float(r.max()))
+            self.is_corrected += int(corrected[known].sum())
+
+    def is_metrics(self) -> dict[str, float]:
+        """is_ratio_mean / min / max over the tokens with an engine log-prob (NaN if none) and
+        is_corrected_frac: the share of them capped (tis) or masked (mis); 0 with is_correction none."""
+        n = self.is_tokens
+        nan = float("nan")
+        return {
+            "is_ratio_mean": self.is_sum / n if n else nan,
+            "is_ratio_min": self.is_min if n else nan,
+            "is_ratio_max": self.is_max if n else nan,
+            "is_corrected_frac": self.is_corrected / n if n else 0.0,
+        }
+
     def metrics(self) -> dict[str, float]:
         samples, trained = max(self.samples, 1), max(self.trained_tokens, 1)
         return {
@@ -130,7 +160,7 @@ class EpochStats:
             "samples": float(self.samples),
             "groups": float(self.groups),
             "response_len": self.tokens / samples,
-        }
+        } | self.is_metrics()
 
     def _diff(self, value: float) -> float:
         """NaN when tokens were trained but no engine log-prob came with them (nothing measured)."""
@@ -340,12 +370,18 @@ class GRPOLearner(GuardedGRPO):
         model_tokens = loss_mask(groups).to(self.device) > 0  # [N] False on environment tokens (multi-turn)
         keep = keep_s.to(self.device)[batch.sample_index] & model_tokens  # [N]
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
-        per_token, ratio, clipped = self._token_losses(out, adv_tok, batch.sample_index, len(samples))  # [N] x 3
+        engine = engine_logprobs(groups)  # [N] NaN where the engine gave none
+        is_w, rho, corrected = engine_is_weights(out.old, engine, self.cfg.is_correction, self.cfg.is_cap)  # [N] x 3
+        per_token, ratio, clipped = self._token_losses(
+            out, adv_tok, batch.sample_index, len(samples), is_w.to(out.policy)
+        )  # [N] x 3
         weights = token_weights(self.cfg.loss_type, keep, batch.sample_index, len(samples)).to(per_token)  # [N]
         loss = (weights * per_token).sum()
         loss.backward()
         self.norm.tokens += int(keep.sum())
         self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped)
+        if self.first_pass:  # the same ratios on every pass (old = the epoch-start policy)
+            self.stats.add_is(rho[keep].cpu(), corrected[keep].cpu())
 
     def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
         """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the
@@ -356,16 +392,23 @@ class GRPOLearner(GuardedGRPO):
             return response_logprobs(self.frozen, batch, self.tri.transform, context=context)
 
     def _token_losses(
-        self, out: TriLogprobs, adv: torch.Tensor, sample_index: torch.Tensor, n_samples: int
+        self,
+        out: TriLogprobs,
+        adv: torch.Tensor,
+        sample_index: torch.Tensor,
+        n_samples: int,
+        is_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss_t [N], importance ratio [N] detached, clipped [N] bool) under the loss type."""
+        """(loss_t [N], importance ratio [N] detached, clipped [N] bool) under the loss type.
+        `is_weight` ([N], detached: losses.engine_is_weights) multiplies the policy-gradient term
+        only (as TRL: the KL and entropy terms are regularisers of the current policy)."""
         c = self.cfg
         lr_ = log_ratio(out.policy, out.old, c.ratio_level(), sample_index, n_samples)  # [N]
         if c.loss_type == "cispo":
             pg, clipped = cispo_loss(out.policy, out.old, adv, c.eps_low, c.eps_high)
         else:
             pg, clipped = ppo_clip_loss(out.policy, out.old, adv, c.eps_low, c.eps_high, c.delta, lr_)
-        loss = pg
+        loss = pg if is_weight is None else pg * is_weight
         if out.ref is not None:
             loss = loss + c.beta * kl_estimate(out.policy, out.ref, c.kl_estimator)
         if out.entropy is not None:

@@ -154,3 +154,31 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 estimate of KL(policy || reference) per token, [N], always >= 0."""
     delta = ref_logp - logp
     return torch.exp(delta) - delta - 1.0
+
+
+def engine_is_weights(
+    old_logp: torch.Tensor, engine_logp: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Engine-mismatch importance weights, detached (trainer.is_correction; TIS, Yao et al. 2025):
+    rho_t = exp(old_logp_t - engine_logp_t), the trainer's old policy over the engine that sampled t.
+
+        none  w_t = 1
+        tis   w_t = min(rho_t, cap)                        (truncated IS)
+        mis   w_t = rho_t if rho_t <= cap else 0            (masked IS: the token leaves the loss)
+
+    A token without an engine log-prob (NaN: an environment token, a sample whose log-probs do not
+    match) gets w_t = 1. Per token, so the weights depend on nothing but the token and the epoch-start
+    policy (periodic == sync). old_logp, engine_logp: [N] -> (w [N], rho [N] with NaN where unknown,
+    corrected [N] bool: capped (tis) or masked (mis))."""
+    old = old_logp.detach().to(torch.float64)
+    engine = engine_logp.to(old.device, torch.float64)
+    known = ~engine.isnan()  # [N]
+    rho = torch.where(known, torch.exp(old - engine.nan_to_num(0.0)), torch.full_like(old, float("nan")))  # [N]
+    over = known & (rho > cap)  # [N]
+    if mode == "none":
+        return torch.ones_like(old), rho, torch.zeros_like(known)
+    if mode == "tis":
+        w = torch.where(known, torch.clamp(rho, max=cap), torch.ones_like(old))
+    else:
+        w = torch.where(over, torch.zeros_like(old), torch.where(known, rho, torch.ones_like(old)))
+    return w, rho, over

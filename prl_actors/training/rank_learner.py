@@ -41,6 +41,7 @@ from prl_actors.training.rank_group import Joined, RankEnv
 SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
     *("loss_sum", "kl_sum", "clipped", "diff_tokens", "diff_sum", "trained_tokens", "ratio_sum"),
+    *("is_tokens", "is_sum", "is_corrected"),
 )
 NORM = ("tokens", "sequences", "samples")
 BUCKET_BYTES = 32 << 20
@@ -75,11 +76,14 @@ def all_reduce_stats(stats: EpochStats, group: Any = None) -> None:
     """Sum every running sum of `stats` over the group (and the max of diff_max), in place."""
     sums = torch.tensor([float(getattr(stats, k)) for k in SUMS], dtype=torch.float64)  # [len(SUMS)]
     dist.all_reduce(sums, group=group)
-    peak = torch.tensor([stats.diff_max, stats.ratio_max, -stats.ratio_min], dtype=torch.float64)  # [3]
+    peak = torch.tensor(
+        [stats.diff_max, stats.ratio_max, -stats.ratio_min, stats.is_max, -stats.is_min], dtype=torch.float64
+    )  # [5]
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     for key, value in zip(SUMS, sums.tolist(), strict=True):
         setattr(stats, key, value if isinstance(getattr(stats, key), float) else round(value))
     stats.diff_max, stats.ratio_max, stats.ratio_min = peak[0].item(), peak[1].item(), -peak[2].item()
+    stats.is_max, stats.is_min = peak[3].item(), -peak[4].item()
 
 
 def all_reduce_norm(norm: Norm, group: Any = None) -> None:
