@@ -33,6 +33,7 @@ from typing import Any
 from prl_actors.config import Config, ConfigError, load_config
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import Group
+from prl_actors.supervisor import Child, stop_children
 from prl_actors.training.rank_group import (
     RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
@@ -55,9 +56,7 @@ def _no_fatal(reason: str) -> None:
 class DistributedLearner:
     """Learner protocol on rank 0 of the trainer group (strategy ddp or fsdp2)."""
 
-    def __init__(
-        self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[subprocess.Popen[bytes]]
-    ) -> None:
+    def __init__(self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[Child]) -> None:
         self.env, self.procs, self.channel = joined.env, procs, joined.channel
         self.logs = rank_log_dir(cfg)
         self.closed = False
@@ -144,10 +143,10 @@ class DistributedLearner:
         deadline = time.monotonic() + 1.0
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.0, deadline - time.monotonic()))
-        gone = [(r, p) for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
+                p.proc.wait(max(0.0, deadline - time.monotonic()))
+        gone = [(r, p) for r, p in enumerate(self.procs, start=1) if not p.alive()]
         return "".join(
-            f"rank {r} (pid {p.pid}) exited with {_exit_text(p.returncode)}{_last_error(self.logs, r)}; "
+            f"rank {r} (pid {p.pid}) exited with {_exit_text(p.proc.returncode)}{_last_error(self.logs, r)}; "
             for r, p in gone
         )
 
@@ -161,15 +160,14 @@ class DistributedLearner:
                 self.channel.send(Command(op="close"))
             except (RuntimeError, OSError):
                 graceful = False
-        for p in self.procs:
-            _reap(p, 10.0 if graceful else 0.0)
+        stop_children(self.procs, 10.0 if graceful else 0.0)
         _destroy_group()
 
 
 def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner:
     """Rank 0: join the torchrun launch this process is part of, or start ranks 1..N-1 here."""
     env = RankEnv.from_environ()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     if env is None:
         joined, procs = start_local_group(cfg)
     else:
@@ -180,8 +178,7 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
     try:
         return DistributedLearner(cfg, model_dir, joined, procs)
     except BaseException:
-        for p in procs:
-            _reap(p, 0.0)
+        stop_children(procs, 0.0)
         _destroy_group()
         raise
 
@@ -273,14 +270,6 @@ def _destroy_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _reap(p: subprocess.Popen[bytes], wait_s: float) -> None:
-    try:
-        p.wait(wait_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(5.0)
 
 
 def _last_error(logs: Path, rank: int) -> str:
