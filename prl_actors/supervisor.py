@@ -22,8 +22,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
@@ -187,3 +188,20 @@ def stop_children(children: list[Child], grace_s: float) -> None:
     for c in alive:
         c.signal(signal.SIGKILL)
     wait_exit(alive, KILL_WAIT_S + 3.0)
+
+
+def watch_supervisor(on_gone: Callable[[], None], pid: int | None = None, poll_s: float = 0.5) -> bool:
+    """The child's side: call `on_gone` (once, from a daemon thread) when the process that started
+    this one (`pid`, else SUPERVISOR_ENV's) is not its parent (any more): it was killed outright, so
+    no one will stop this child. False (no watch) when this process was not started by a supervisor."""
+    parent = pid if pid is not None else int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+    if not parent:
+        return False
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        on_gone()
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+    return True

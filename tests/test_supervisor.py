@@ -213,3 +213,28 @@ def test_the_composition_root_names_every_member_in_start_order(tmp_path: Path) 
     assert [m.name for m in plan if m.gated] == ["trainer", "worker-0", "worker-1"]
     assert [m.name for m in plan if m.on_exit is OnExit.ENDS_RUN] == ["coordinator"]
     assert {m.name for m in plan if m.binds} == {"coordinator", "publisher", "buffer"}
+
+
+def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> None:
+    """watch_supervisor (the env learner, the trainer ranks): the supervisor SIGKILLed, the child's
+    callback runs within a poll or two."""
+    out = tmp_path / "out"
+    grandchild = (
+        "import os, time; from prl_actors.supervisor import watch_supervisor; "
+        f"watch_supervisor(lambda: (open({str(out)!r}, 'w').write('gone'), os._exit(0)), poll_s=0.05); "
+        "time.sleep(30)"
+    )
+    supervisor = (
+        f"import os, subprocess, sys, time; env = {{**os.environ, {SUPERVISOR_ENV!r}: str(os.getpid())}}; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}], env=env); "
+        "time.sleep(60)"
+    )
+    sup = spawn("sup", python(supervisor), {"PYTHONPATH": str(ROOT)})
+    time.sleep(1.0)  # the grandchild is up and watching
+    assert not out.exists()
+    sup.proc.kill()
+    sup.proc.wait()
+    deadline = time.monotonic() + 10.0
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert out.read_text() == "gone"

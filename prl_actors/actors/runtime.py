@@ -69,6 +69,8 @@ QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit",
 REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
 LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
 VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
+STOP_FLUSH_S = 1.0  # at stop: the longest wait for the port thread to route the last messages
+STOP_LINGER_MS = 200  # ... and for libzmq to send them (a peer gone: dropped after this)
 
 
 def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
@@ -576,8 +578,8 @@ class ActorHost(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._flush()
-        time.sleep(0.05)  # let the port thread route the last messages (e.g. Shutdown, Leave)
-        self.port.stop()
+        self.port.flush(STOP_FLUSH_S)  # the port thread acknowledges it routed the last messages (Shutdown, Leave)
+        self.port.stop(linger_ms=STOP_LINGER_MS)  # ... and libzmq may still put them on the wire
         self.core.close()
         self.core.log("actor_stopped", counters=self.core.counters)
         self.core.log.close()

@@ -11,6 +11,7 @@ exits; Ctrl-C (SIGTERM, SIGHUP) stops the learner, which shuts every env actor d
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import zmq
 from prl_actors.config import Config
 from prl_actors.logs import console
 from prl_actors.rundir import RunDir
-from prl_actors.supervisor import Interrupted, Supervisor, spawn
+from prl_actors.supervisor import Interrupted, Supervisor, spawn, watch_supervisor
 from prl_actors.transport.auth import close_context, create_keys
 from prl_actors.wiring import members
 
@@ -41,6 +42,7 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
     """The learner process: PPO against remote env actors until solved or out of steps."""
     assert cfg.env is not None
     _threads(cfg)
+    watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGINT))  # `up` killed outright: stop as on Ctrl-C
     rd = RunDir(Path(cfg.run.run_dir))
     emit = _emitter(rd, quiet)
     if cfg.env.mode == "remote":

@@ -24,7 +24,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 from prl_actors.config import Config, ConfigError, load_config
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import Group
-from prl_actors.supervisor import Child, stop_children
+from prl_actors.supervisor import Child, stop_children, watch_supervisor
 from prl_actors.training.rank_group import (
     RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
@@ -254,15 +253,8 @@ def _limit_threads(cfg: Config) -> None:
 def _exit_with_parent() -> None:
     """A rank that rank 0 started ends with it (even one stuck in a collective)."""
     parent = int(os.environ.get(RANK_PARENT_ENV, "0") or 0)
-    if not parent:
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rank-parent-watch", daemon=True).start()
+    if parent:
+        watch_supervisor(lambda: os._exit(1), parent)
 
 
 def _destroy_group() -> None:
