@@ -90,6 +90,7 @@ class CoordinatorSettings:
 
 class CoordinatorCore(Core):
     role = Role.COORDINATOR
+    joins = False  # the membership server: no membership client part
 
     def __init__(self, name: str, log: EventLog, settings: CoordinatorSettings, task: Task) -> None:
         super().__init__(name, log)
@@ -127,7 +128,7 @@ class CoordinatorCore(Core):
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
-        if silent or any(p.deadline <= now for p in self._pending.values()):  # a tick that decides something
+        if silent or self.requests.any_due(now):  # a tick that decides something
             self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
         super().tick(now)
         for m in silent:
