@@ -13,13 +13,14 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data,lora]'
+	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data,lora,track]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/prl-actors up --config configs/demo.yaml --run-dir runs/demo-$$(date +%Y%m%d-%H%M%S)
+	rd=runs/demo-$$(date +%Y%m%d-%H%M%S) && $(BIN)/prl-actors up --config configs/demo.yaml --run-dir $$rd \
+		&& $(BIN)/prl-actors replay $$rd --curves $$rd/curves.png
 
 cartpole: $(STAMP)
 	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.export_cmd import export
 from cli.keys_cmd import keys_app
 from cli.lora_cmd import export_merged
 from cli.replay_cmd import replay
@@ -226,6 +227,11 @@ def _check_task(cfg: Any) -> None:
 
     try:
         task = load_task(cfg)
+        if cfg.eval.every_epochs > 0:  # a bad eval.prompts_file is refused here too, not in the coordinator
+            from prl_actors.evaluation import eval_items
+
+            if not eval_items(cfg, task.items):
+                raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
     except ConfigError as exc:
         fail(str(exc))
         return
@@ -513,6 +519,10 @@ def status(
     )
     if st.waiting_for:
         typer.echo(f"stalled: {st.waiting_for}")
+    if st.eval:  # the latest finished evaluation (docs/OBSERVE.md)
+        ev = st.eval
+        scores = "  ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.startswith("eval_") and k != "eval_s")
+        typer.echo(f"eval   v{int(ev.get('version', -1))} (epoch {int(ev.get('epoch', -1))}): {scores}")
     for m in st.members:
         refused = f"  refused {m.refused}" if m.refused else ""
         typer.echo(
@@ -598,6 +608,7 @@ app.command()(replay)
 app.command()(bench)
 app.add_typer(keys_app)
 app.command("export-merged")(export_merged)
+app.command("export")(export)
 
 
 def main() -> None:

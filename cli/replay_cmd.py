@@ -56,6 +56,14 @@ def replay(
         bool, typer.Option("--follow", help="Print events of a live run as they are logged, until run_done or Ctrl-C.")
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds --follow waits at most.")] = 600.0,
+    completions: Annotated[
+        bool, typer.Option("--completions", help="Print the logged completions (run.log_completions), readably.")
+    ] = False,
+    epoch: Annotated[int | None, typer.Option("--epoch", help="With --completions: only this epoch.")] = None,
+    curves: Annotated[
+        Path | None,
+        typer.Option("--curves", help="Write one PNG of reward, eval, KL, entropy, clip, logprob_diff, epoch time."),
+    ] = None,
     epochs: Annotated[
         str | None,
         typer.Option("--epochs", help="Crop --timeline to these epochs: A:B (inclusive), A:, :B or A."),
@@ -63,6 +71,9 @@ def replay(
 ) -> None:
     """Debug a run from its logs: per-epoch summary (idle, overlap, groups), invariant checks, replay, trace."""
     from prl_actors.replay.events import ReplayError
+
+    if completions or curves is not None:  # read RUN_DIR's files, not the logs
+        raise typer.Exit(_observe(run_dir, completions, epoch, curves))
 
     try:
         code = _replay(run_dir, check, replay_coordinator, trace, timeline, filters or [], follow, timeout, epochs)
@@ -76,6 +87,38 @@ def replay(
     except (KeyError, TypeError, ValueError) as exc:  # a well-formed line with fields of the wrong shape
         _fail(f"{run_dir}: the logs hold an event replay cannot read ({type(exc).__name__}: {exc})")
     raise typer.Exit(code)
+
+
+def _observe(run_dir: Path, completions: bool, epoch: int | None, curves: Path | None) -> int:
+    """--completions / --curves: from completions.jsonl and metrics.jsonl (docs/OBSERVE.md)."""
+    from prl_actors.rundir import RunDir
+
+    rd = RunDir(run_dir)
+    if not run_dir.is_dir():
+        _fail(f"{run_dir} is not a directory")
+    if completions:
+        from prl_actors import completions as comp
+
+        rows = comp.read(run_dir, epoch)
+        if not rows:
+            where = f" for epoch {epoch}" if epoch is not None else ""
+            _fail(f"no completions{where} in {run_dir / comp.FILE} (set run.log_completions: N)")
+        typer.echo(comp.render(rows))
+    if curves is not None:
+        try:
+            from prl_actors.curves import draw_curves
+        except ImportError:
+            _fail("--curves needs matplotlib: pip install 'prl-actors[plots]' (make install has it)")
+        try:
+            rows = rd.all_rows()
+        except ValueError as exc:
+            _fail(f"{rd.metrics}: not JSON lines ({exc})")
+        try:
+            drawn = draw_curves(rows, curves, title=str(run_dir))
+        except ValueError as exc:
+            _fail(f"{rd.metrics}: {exc}")
+        typer.echo(f"wrote {curves} ({', '.join(drawn)})", err=True)
+    return 0
 
 
 def _replay(

@@ -56,6 +56,10 @@ SAFE_ON_RESUME = (
     "trainer.checkpoint_every",
     "trainer.gradient_checkpointing",  # recomputes the same forward: the same update
     "publisher.",
+    "eval.",  # evaluation never trains (docs/OBSERVE.md)
+    "run.log_completions",
+    "run.report_to",
+    "trainer.keep_checkpoints",
 )
 
 
@@ -93,11 +97,32 @@ class RunSection(_Section):
         description="Stopping: how long `up` waits for actors to exit after a stop request and again "
         "after SIGTERM (then SIGKILL); how long an actor waits for its own thread after a signal.",
     )
+    log_completions: int = Field(
+        0, ge=0, description="Write this many trained samples per epoch to RUN_DIR/completions.jsonl (0 = none)."
+    )
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        [],
+        description="Trackers `up` feeds from metrics.jsonl in one thread (wandb offline, mlflow to RUN_DIR/mlruns).",
+    )
     worker_restarts: int = Field(
         3,
         ge=0,
         description="A worker that crashes before registering is restarted this many times in a row "
         "(with back-off), then `up` fails with its error.",
+    )
+    max_bad_groups: int = Field(
+        3,
+        ge=1,
+        description="A worker whose groups the buffer or trainer refused this many times (bad content: "
+        "non-finite numbers, tokens outside the vocabulary, over-long responses, another prompt, wrong "
+        "size, rewards that do not re-score) is expelled for the run: its work is requeued and its name "
+        "and key are refused from then on (docs/SECURITY.md).",
+    )
+    max_group_failures: int = Field(
+        3,
+        ge=1,
+        description="A group whose generation or scoring failed this many times (a worker gave it back "
+        "with an exception) is given up: see task.on_error.",
     )
 
 
@@ -146,6 +171,14 @@ class CoordinatorSection(_Section):
     max_groups_per_request: int = Field(
         64, ge=1, description="Upper bound of groups handed out per pull (also bounded by a fair share of the queue)."
     )
+    hold_factor: float = Field(
+        10.0,
+        gt=1,
+        description="An assignment's deadline: a group held longer than hold_factor x the p95 of the run's "
+        "observed group times (at least hold_min_s; hold_factor x hold_min_s before any group was timed) is "
+        "taken back and requeued, even from a live worker.",
+    )
+    hold_min_s: float = Field(30.0, gt=0, description="The floor of an assignment's deadline (see hold_factor).")
     dynamic_sampling: bool = Field(
         False,
         description="DAPO dynamic sampling: a group whose rewards are all equal is not trained (nor counted in the "
@@ -246,6 +279,15 @@ class WorkerSection(_Section):
 
 class BufferSection(_Section):
     max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
+    verify_rewards: bool = Field(
+        False,
+        description="Re-score every group's texts with the task's reward in the buffer and refuse a group "
+        "whose reported rewards differ (reason reward_mismatch): for workers on hosts you do not fully "
+        "trust. Costs one reward call per sample in the buffer (docs/SECURITY.md).",
+    )
+    reward_tolerance: float = Field(
+        1e-6, ge=0, description="verify_rewards: the largest |reported - re-scored| reward accepted."
+    )
 
 
 class LoraSection(_Section):
@@ -302,6 +344,9 @@ class TrainerSection(_Section):
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
     credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
+    keep_checkpoints: int = Field(
+        0, ge=0, description="Keep only the newest N checkpoints (0 = keep all); the final one is always kept."
+    )
     device: str = Field("cpu", description="cpu, cuda or cuda:N (with world_size > 1: each rank cuda:LOCAL_RANK).")
     lora: LoraSection | None = Field(
         None, description="LoRA (r, alpha, target_modules, dropout); absent or null = full fine-tuning."
@@ -316,6 +361,18 @@ class TrainerSection(_Section):
         "single",
         description="single: one process; ddp: replicas, gradients all-reduced once per step; fsdp2: "
         "parameters, gradients and optimizer state sharded (fully_shard).",
+    )
+    on_nonfinite: Literal["fail", "skip"] = Field(
+        "fail",
+        description="A non-finite loss or gradient norm never reaches the optimizer: fail = the trainer "
+        "fails the run naming the epoch and cause (no weights are published or checkpointed); skip = the "
+        "epoch's step is skipped (weights unchanged, the version still advances) and counted.",
+    )
+    no_signal_epochs: int = Field(
+        3,
+        ge=1,
+        description="After this many epochs in a row in which every group had equal rewards (zero "
+        "advantage: nothing is learned), the trainer says so in one clear console line.",
     )
     dist_timeout_s: float = Field(
         120.0,
@@ -532,6 +589,13 @@ class TaskSection(_Section):
         0.0, ge=0, lt=1, description="math: bonus for a \\boxed{} or #### final answer (added to the 0/1 correctness)."
     )
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
+    on_error: Literal["fail", "skip", "fail_first"] = Field(
+        "fail_first",
+        description="A group that failed generation or scoring run.max_group_failures times: fail = the "
+        "run fails naming the prompt and exception; skip = the group is dropped from its epoch (the step "
+        "trains the rest; logged and on the console); fail_first = fail while no epoch has been trained "
+        "yet (a broken config or plugin is caught at once), skip afterwards.",
+    )
     rewards: list[RewardSpec] = Field(
         default_factory=list,
         description="Weighted rewards (fn / model / url), summed by weight; replaces the task's own reward.",
@@ -631,6 +695,23 @@ class SimSection(_Section):
     param_count: int = Field(1024, ge=0, description="Extra parameters, to make weight transfer real.")
 
 
+class EvalSection(_Section):
+    """Evaluation during training (docs/OBSERVE.md): k samples per eval prompt with the epoch's weights,
+    generated by the workers after the epoch's own groups are handed out, never trained."""
+
+    every_epochs: int = Field(
+        0, ge=0, description="Evaluate v_e for every e divisible by N, and the final weights (0 = off)."
+    )
+    samples: int = Field(4, ge=1, le=256, description="k: samples per eval prompt (pass@k, mean@k).")
+    prompts_file: str | None = Field(
+        None, description="JSONL of eval prompts (task.prompt_field / task.answer_field); default: the task's own."
+    )
+    num_prompts: int = Field(32, ge=1, description="Eval prompts drawn from the task when no prompts_file is given.")
+    sampling: SamplingSection | None = Field(
+        None, description="Eval sampling settings (temperature 0 = greedy is allowed); default: worker.sampling."
+    )
+
+
 class Config(_Section):
     run: RunSection = RunSection()
     transport: TransportSection = TransportSection()
@@ -642,9 +723,19 @@ class Config(_Section):
     model: ModelSection = ModelSection()
     task: TaskSection = TaskSection()
     sim: SimSection = SimSection()
+    eval: EvalSection = EvalSection()
     env: EnvSection | None = Field(
         None, description="Classic RL through env actors (docs/ENVS.md); present = `up` runs the env run."
     )
+
+    @model_validator(mode="after")
+    def _verify_single_turn(self) -> Config:
+        if self.buffer.verify_rewards and self.task.multi_turn:
+            raise ValueError(
+                "buffer.verify_rewards re-scores a response with the task's reward; a multi-turn episode's "
+                "rewards come from its environment, which the buffer cannot replay: turn one of them off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_matches_learner(self) -> Config:
@@ -662,6 +753,19 @@ class Config(_Section):
     def _trainable_sampling(self) -> Config:
         if self.trainer.learner == "grpo" and self.worker.sampling.temperature == 0:
             raise ValueError(GREEDY_REFUSED)
+        return self
+
+    @model_validator(mode="after")
+    def _eval_fits_the_engine(self) -> Config:
+        rows = max(self.worker.max_batch_rows, self.worker.group_size)
+        if self.eval.every_epochs and self.worker.engine == "sim" and self.eval.samples > rows:
+            raise ValueError(f"eval.samples ({self.eval.samples}) exceeds the sim engine's batch of {rows} rows")
+        multi_turn = bool(self.task.environment or self.task.tools or self.task.name == "guess")
+        if self.eval.every_epochs and self.eval.sampling is not None and (self.worker.engine != "torch" or multi_turn):
+            raise ValueError(
+                "eval.sampling needs worker.engine torch and single-turn episodes (other engines sample with "
+                "worker.sampling); leave eval.sampling out to evaluate with worker.sampling"
+            )
         return self
 
     @model_validator(mode="after")

@@ -54,9 +54,9 @@ from prl_actors.logs import console
 from prl_actors.process import LOCAL_WORKERS_ENV, START_GATE_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
+from prl_actors.supervisor import FAILED_STOP_S, Interrupted, Supervisor, restart_delay, spawn, wait_exit
 from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-exported for its users
 from prl_actors.supervisor import Child as Child
-from prl_actors.supervisor import Interrupted, Supervisor, restart_delay, spawn, wait_exit
 from prl_actors.supervisor import RunFailed as RunFailed
 from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
@@ -83,6 +83,7 @@ class Launcher:
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
+        self.notices_seen = 0
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
@@ -92,6 +93,7 @@ class Launcher:
 
     def run(self) -> int:
         """Start the topology and supervise it until the coordinator exits; the exit code."""
+        follower = self._trackers()
         with self.sup.signals.installed():
             try:
                 self._start()
@@ -102,10 +104,22 @@ class Launcher:
                 self._stop_all(f"{sig} to prl-actors up")
                 return 128 + sig.signum
             except RunFailed as exc:
+                self.sup.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
                 self._stop_all(f"the run failed: {exc}")
                 raise
             finally:
                 self.sup.reap()
+                if follower is not None:
+                    follower.stop()
+
+    def _trackers(self) -> Any:
+        """run.report_to: one thread of this process follows metrics.jsonl (prl_actors/tracking.py)."""
+        if not self.cfg.run.report_to:
+            return None
+        from prl_actors.tracking import MetricsFollower
+
+        config = self.cfg.model_dump(mode="json")
+        return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
         """The plan's members in start order: the gated ones first (trainer and workers load while
@@ -273,6 +287,10 @@ class Launcher:
             return
         if st.desired_workers >= 0 and st.desired_workers != self.desired:  # `prl-actors scale` was asked
             self._scale_to(st.desired_workers)
+        fresh = min(st.notices_total - self.notices_seen, len(st.notices))
+        for line in st.notices[len(st.notices) - fresh :] if fresh > 0 else []:
+            console(line)  # groups given up, workers expelled (the coordinator's notices)
+        self.notices_seen = max(self.notices_seen, st.notices_total)
         self._note_start_up(st)  # until every actor joined, `up` says whom it waits for instead
         if self.started_up:
             if st.waiting_for and st.waiting_for != self.last_stall:
@@ -334,10 +352,12 @@ class Launcher:
                 if child.name.split("-", 1)[0] in ("trainer", "worker") and child.alive():
                     child.signal(signal.SIGTERM)
         coordinator = self.children.get("coordinator")
-        if coordinator is not None and coordinator.ready and coordinator.proc.poll() is None:  # else: not ours
+        live = coordinator is not None and coordinator.ready and coordinator.proc.poll() is None  # else: not ours
+        if live:
             with contextlib.suppress(RequestFailed):
-                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=2.0, keys=self.keys)
-        wait_exit(self.sup.all(), self.sup.grace())
+                timeout = FAILED_STOP_S if self.sup.failed else 2.0
+                request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=timeout, keys=self.keys)
+        wait_exit(self.sup.all(), self.sup.grace(carried=live))
 
 
 # --- ports -------------------------------------------------------------------------------------
@@ -403,8 +423,33 @@ def summary(run_dir: Path, wall_s: float) -> str:
         return f"no epoch finished (wall {wall_s:.1f}s); logs in {run_dir}/logs"
     first, last = rows[0], rows[-1]
     sps = sum(r.get("samples", 0) for r in rows) / max(1e-9, sum(r.get("wall_s", 0) for r in rows))
+    epochs = len({r.get("epoch") for r in rows})  # one per epoch, even in a metrics file written before rollback
     return (
-        f"done: {len(rows)} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
+        f"done: {epochs} epochs in {wall_s:.1f}s  reward {first.get('reward_mean', 0):.3f} -> "
         f"{last.get('reward_mean', 0):.3f}  samples/s {sps:.1f}\n"
-        f"run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)"
+        f"{eval_line(run_dir)}run dir: {run_dir} (metrics.jsonl, logs/, checkpoints/)" + final_model_line(run_dir)
     )
+
+
+def eval_line(run_dir: Path) -> str:
+    """'eval v0 -> vN: eval_pass@k a -> b  eval_mean@k c -> d' + newline ('' without evaluations)."""
+    rows = RunDir(run_dir).eval_rows()
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+    keys = [k for k in first if k.startswith("eval_") and k != "eval_s" and k in last]
+    scores = "  ".join(f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)
+    return f"eval v{first.get('version')} -> v{last.get('version')}: {scores}\n"
+
+
+def final_model_line(run_dir: Path) -> str:
+    """'final model: DIR' naming the newest complete checkpoint's model directory ('' when none)."""
+    ckpts = RunDir(run_dir).checkpoints
+    done = [p for p in ckpts.glob("v*") if p.name[1:].isdigit() and (p / "DONE").exists()] if ckpts.is_dir() else []
+    if not done:
+        return ""
+    newest = max(done, key=lambda p: int(p.name[1:]))
+    for sub in ("model", "merged", "adapter", "policy.pt"):
+        if (newest / sub).exists():
+            return f"\nfinal model: {newest / sub} (prl-actors export {run_dir} --out DIR: a Hugging Face directory)"
+    return f"\nfinal checkpoint: {newest}"

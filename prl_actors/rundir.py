@@ -2,7 +2,9 @@
 
     RUN_DIR/config.yaml          the resolved config
     RUN_DIR/logs/<actor>.jsonl   one structlog JSON-lines file per actor (docs/LOGS.md)
-    RUN_DIR/metrics.jsonl        one JSON object per epoch
+    RUN_DIR/metrics.jsonl        one JSON object per epoch (and one per evaluation, with "eval": true)
+    RUN_DIR/eval/epoch-<N>.jsonl each eval prompt of the evaluation of v_N: completions, rewards
+    RUN_DIR/completions.jsonl    run.log_completions samples per epoch (prompt, completion, reward, advantage)
     RUN_DIR/checkpoints/v<N>/    learner state after the step that made version N (DONE marks complete)
     RUN_DIR/model/               the built-in tiny model (an ordinary Hugging Face directory)
 
@@ -21,7 +23,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,7 +37,7 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
 LOCK = ".up.lock"
-EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "samples_per_s", "gen_s", "train_s", "wall_s")
+EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "zero_adv_share", "samples_per_s", "gen_s", "train_s", "wall_s")
 SkipFn = Callable[[Path, str], None]
 
 
@@ -83,8 +85,10 @@ class RunDir:
     """A run directory on disk. As a `TrainerSink` it appends metrics.jsonl, writes checkpoints and,
     with `echo`, prints one line per epoch."""
 
-    def __init__(self, root: Path | str, echo: bool = False) -> None:
+    def __init__(self, root: Path | str, echo: bool = False, keep_checkpoints: int = 0) -> None:
         self.root, self.echo = Path(root), echo
+        self.keep_checkpoints = keep_checkpoints  # 0: keep every checkpoint
+        self.protected: set[Path] = set()  # the checkpoint this run resumed from: never pruned
 
     @property
     def config(self) -> Path:
@@ -136,11 +140,48 @@ class RunDir:
             yield
 
     def metrics_rows(self) -> list[dict[str, Any]]:
+        """The training epochs' rows (evaluation rows left out: see eval_rows)."""
+        return [r for r in self.all_rows() if not r.get("eval")]
+
+    def eval_rows(self) -> list[dict[str, Any]]:
+        """One row per finished evaluation: epoch, version, eval_pass@k, eval_mean@k, eval_s."""
+        return [r for r in self.all_rows() if r.get("eval")]
+
+    def all_rows(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
             return []
         return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
 
+    # --- EvalSink (the coordinator's; prl_actors/evaluation.py) ------------------------------------
+
+    def eval_result(self, epoch: int, version: int, groups: Sequence[Any], summary: Mapping[str, Any]) -> None:
+        from prl_actors.evaluation import write_eval
+
+        write_eval(self.root, epoch, version, groups, summary)
+        row = {"eval": True, **summary}
+        if self.echo:
+            console("eval    " + "  ".join(f"{k}={v}" for k, v in row.items() if k != "eval"))
+        with open(self.metrics, "a") as f:  # one short line in one write: appends of two processes don't mix
+            f.write(json.dumps(row) + "\n")
+
     # --- TrainerSink --------------------------------------------------------------------------
+
+    def warn(self, line: str) -> None:
+        """A console line from the trainer (e.g. no learning signal), with `echo`."""
+        if self.echo:
+            console(line)
+
+    def rollback(self, version: int) -> None:
+        """Resumed from the checkpoint of `version` (maybe older than the last: a damaged one was
+        skipped): the rows of epochs >= version are redone, so they leave metrics.jsonl (one row
+        per trained epoch of the surviving line)."""
+        rows = self.metrics_rows()
+        kept = [r for r in rows if int(r.get("epoch", -1)) < version]
+        if len(kept) == len(rows):
+            return
+        tmp = self.metrics.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.metrics)
 
     def epoch_metrics(self, row: Mapping[str, Any]) -> None:
         if self.echo:
@@ -156,7 +197,33 @@ class RunDir:
         write(path)
         marker = {"version": version, "sha256": {str(f.relative_to(path)): _sha256(f) for f in _files(path)}}
         (path / DONE).write_text(json.dumps(marker, indent=1))
+        self.prune_checkpoints()
         return path
+
+    def prune_checkpoints(self) -> list[Path]:
+        """trainer.keep_checkpoints: delete complete checkpoints older than the newest N, never the one
+        this run resumed from (`protected`) and never one without its DONE marker (being written).
+        The DONE marker goes first, so a prune cut short leaves an incomplete, ignored directory."""
+        import shutil
+
+        if self.keep_checkpoints <= 0 or not self.checkpoints.exists():
+            return []
+        done = [p for p in self.checkpoints.glob("v*") if p.name[1:].isdigit() and (p / DONE).exists()]
+        done.sort(key=lambda p: int(p.name[1:]), reverse=True)
+        removed = []
+        for path in done[self.keep_checkpoints :]:
+            if path.resolve() in self.protected:
+                continue
+            (path / DONE).unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
+
+    def completions(self, rows: list[dict[str, Any]]) -> None:
+        """run.log_completions rows (prl_actors/completions.py)."""
+        from prl_actors import completions
+
+        completions.append(self.root, rows)
 
     def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
@@ -168,6 +235,7 @@ class RunDir:
         for path in sorted(done, key=lambda p: int(p.name[1:]), reverse=True):
             why = checkpoint_damage(path)
             if why is None:
+                self.protected.add(path.resolve())
                 if problems and self.echo:
                     console(f"warning: resuming from {path.name}: {'; '.join(problems)}")
                 return path

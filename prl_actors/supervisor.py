@@ -34,6 +34,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
 POLL_S = 0.05
 KILL_WAIT_S = 2.0  # after SIGKILL, or after SIGTERM on top of the grace period
+FAILED_STOP_S = 0.5  # a failed run (a core member died): each stop stage waits at most this long
 
 
 class RunFailed(Exception):
@@ -142,6 +143,7 @@ class Supervisor:
     signals: Signals = field(default_factory=Signals)
     children: dict[str, Child] = field(default_factory=dict)
     retired: list[Child] = field(default_factory=list)  # no longer a member (scaled down): still reaped
+    failed: bool = False  # a core member died: nobody waits on a grace period it cannot use
 
     def start(self, child: Child) -> Child:
         self.children[child.name] = child
@@ -156,14 +158,20 @@ class Supervisor:
     def all(self) -> list[Child]:
         return [*self.children.values(), *self.retired]
 
-    def grace(self) -> float:
-        return 0.0 if self.signals.hurry else self.grace_s
+    def grace(self, carried: bool = True) -> float:
+        """How long to wait for children to exit on their own: none after a second signal, none when
+        nothing carries the stop to them (`carried` False: the member that would is the one that
+        died), a short one when the run failed."""
+        if self.signals.hurry or not carried:
+            return 0.0
+        return FAILED_STOP_S if self.failed else self.grace_s
 
     def reap(self) -> None:
         """Every child still running: a grace period, then SIGTERM to its group, then SIGKILL."""
         grace = self.grace()
         wait_exit(self.all(), grace)
-        for sig, wait_s in ((signal.SIGTERM, grace + KILL_WAIT_S), (signal.SIGKILL, KILL_WAIT_S)):
+        waits = (FAILED_STOP_S, FAILED_STOP_S) if self.failed else (grace + KILL_WAIT_S, KILL_WAIT_S)
+        for sig, wait_s in zip((signal.SIGTERM, signal.SIGKILL), waits, strict=True):
             alive = [c for c in self.all() if c.alive()]
             for c in alive:
                 c.signal(sig)

@@ -18,6 +18,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -77,17 +78,27 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             request_timeout_s=cfg.transport.request_timeout_s,
             desired_workers=cfg.run.workers,
             max_workers=cfg.run.max_workers,
+            hold_factor=cfg.coordinator.hold_factor,
+            hold_min_s=cfg.coordinator.hold_min_s,
+            max_group_failures=cfg.run.max_group_failures,
+            on_error=cfg.task.on_error,
             dynamic_sampling=cfg.coordinator.dynamic_sampling,
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
         )
-        return CoordinatorCore(name, log, settings, load_task(cfg))
+        task = load_task(cfg)
+        return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))
     if role == "publisher":
         from prl_actors.weights_shm import ShmPublisher
 
         shm = ShmPublisher() if cfg.publisher.shm else None
         return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
-        return BufferCore(name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups)
+        from prl_actors.actors.group_check_setup import build_checker, model_path
+
+        checker = build_checker(cfg, model_path(cfg))
+        return BufferCore(
+            name, log, cfg.run.mode, cfg.worker.group_size, cfg.buffer.max_groups, checker, cfg.run.max_bad_groups
+        )
     if role == "trainer":
         from prl_actors.weights_shm import ShmReader
 
@@ -96,7 +107,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             name,
             log,
             learner,
-            RunDir(run_dir, echo=not quiet),
+            RunDir(run_dir, echo=not quiet, keep_checkpoints=cfg.trainer.keep_checkpoints),
             credits=cfg.trainer.credits,
             chunk_bytes=cfg.publisher.chunk_bytes,
             request_timeout_s=cfg.transport.request_timeout_s,
@@ -104,6 +115,9 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             resume=cfg.run.resume,
             threads=_trainer_threads(cfg, learner),
             shm=ShmReader() if cfg.publisher.shm else None,
+            on_nonfinite=cfg.trainer.on_nonfinite,
+            no_signal_epochs=cfg.trainer.no_signal_epochs,
+            log_completions=cfg.run.log_completions,
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
@@ -125,8 +139,20 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             prefetch=cfg.worker.prefetch,
             shm=ShmReader() if cfg.worker.shm else None,
             threads=_worker_threads(cfg, engine),
+            eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
+
+
+def _eval_parts(cfg: Config, task: Any, run_dir: Path, quiet: bool) -> tuple[Any, Any]:
+    """The coordinator's EvalPlan and sink (None, None when eval.every_epochs is 0)."""
+    if cfg.eval.every_epochs <= 0:
+        return None, None
+    from prl_actors.evaluation import EvalPlan, done_epochs, eval_items
+
+    done = done_epochs(run_dir) if cfg.run.resume else set()
+    plan = EvalPlan(eval_items(cfg, task.items), cfg.eval.samples, cfg.eval.every_epochs, done)
+    return plan, RunDir(run_dir, echo=not quiet)
 
 
 def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]

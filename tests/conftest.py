@@ -85,7 +85,8 @@ def assert_invariants(run_dir: Path, epochs: int, groups: int, external: frozens
     """On-policy, exactly-once, one optimizer step per epoch, versions +1 — from the logs alone.
     `external`: (epoch, group) keys sent by a peer that writes no log (a hand-driven socket)."""
     events = read_logs(run_dir)
-    trained = [e for e in events if e["event"] == "train_group"]
+    refused = {e["msg_id"] for e in events if e["event"] == "train_refused"}  # generated again, then trained
+    trained = [e for e in events if e["event"] == "train_group" and e.get("msg_id") not in refused]
     for e in trained:
         assert on_policy(e["msg_epoch"], e["msg_version"]) and e["msg_epoch"] == e["epoch"], f"off-policy: {e}"
     keys = [(e["msg_epoch"], e["group_id"]) for e in trained]

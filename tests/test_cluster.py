@@ -132,7 +132,8 @@ def test_stale_and_duplicate_groups_are_rejected_over_the_wire(run_dir: Path) ->
         return decode(socks[actor].recv_multipart())[0]
 
     def send(prompt: m.Prompt, epoch: int, version: int) -> m.GroupAck:
-        group = m.Group(group_id=prompt.group_id, prompt=prompt.prompt, prompt_ids=[0], samples=samples,
+        ctx_ids = [int(prompt.prompt.split()[-1])]  # well-formed (the buffer checks content): the sim's prompt ids
+        group = m.Group(group_id=prompt.group_id, prompt=prompt.prompt, prompt_ids=ctx_ids, samples=samples,
                         worker="worker-raw")  # fmt: skip
         reply = request("buffer", m.GroupResult(sender="worker-raw", epoch=epoch, version=version, group=group,
                                                 ticket=prompt.ticket))  # fmt: skip

@@ -113,7 +113,9 @@ def test_a_core_without_a_handler_for_a_receivable_message_fails_when_built() ->
         @handles(m.Credit)
         def on_credit(self, now: float, inbound: Inbound[m.Credit]) -> None: ...
 
-    with pytest.raises(TypeError, match="no handler for: epoch_close, epoch_open, group_result"):
+    with pytest.raises(
+        TypeError, match="no handler for: epoch_close, epoch_open, group_dropped, group_refused, group_result"
+    ):
         HalfBuffer("buffer", EventLog("buffer", "buffer"))
 
 

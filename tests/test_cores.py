@@ -264,9 +264,11 @@ def test_worker_resends_a_group_whose_ack_is_lost() -> None:
 def test_worker_engine_failure_hands_groups_back() -> None:
     core = worker(FailingEngine())
     out = assign(core)
-    # the next request went out before generating; re-registering then requeues the held groups
-    assert [m.tag_of(x) for x in out] == ["work_request", "register"]
-    assert core.counters["generate_failed"] == 1
+    # the next request went out before generating; the held groups are given back at once, with the cause
+    assert [m.tag_of(x) for x in out] == ["work_request", "give_back"]
+    back = out[-1]
+    assert isinstance(back, m.GiveBack) and back.groups and "generate:" in back.error
+    assert core.counters["generate_failed"] == 1 and core.registered
 
 
 def sim_config_for_cores():  # type: ignore[no-untyped-def]

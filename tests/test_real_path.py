@@ -38,6 +38,7 @@ def real_config(run_dir: Path, mode: str, model: Path | None, **extra: object): 
             "worker.group_size": 4,
             "model.warm_start_steps": 300,
             "model.path": str(model) if model else None,
+            "eval.every_epochs": 0,  # demo.yaml evaluates; these runs compare training alone
             **extra,
         },
     )

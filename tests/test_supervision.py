@@ -220,3 +220,26 @@ def test_sighup_to_up_stops_the_run(tmp_path: Path, run_dir: Path) -> None:
     finally:
         proc.kill()
         kill_all(pids)
+
+
+@pytest.mark.parametrize("victim", ["coordinator", "publisher"])
+def test_a_dead_coordinator_or_publisher_ends_up_within_seconds(tmp_path: Path, run_dir: Path, victim: str) -> None:
+    """Nobody is left to carry a stop: `up` ends the others at once instead of waiting out two grace
+    periods (issue 23: ~11 s before; the bound here is loose for a busy machine, the goal is 2 s)."""
+    cfg = sim_config(run_dir, transport="tcp", run__epochs=200, sim__gen_s_per_token=0.01)
+    proc = start_up(cfg, tmp_path)
+    pids: list[int] = []
+    try:
+        wait_for(run_dir, lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator", timeout=60)
+        pids = list(actor_pids(run_dir).values())
+        t0 = time.monotonic()
+        os.kill(actor_pids(run_dir)[victim], signal.SIGKILL)
+        code, err = ended(proc, 30.0)
+        took = time.monotonic() - t0
+        print(f"up ended {took:.2f}s after the {victim} died")
+        assert code != 0 and f"{victim} exited" in err, err
+        assert took < 4.0, f"`up` took {took:.1f}s to end after the {victim} died"
+        assert not wait_gone(pids, 2.0), "actors outlived `up`"
+    finally:
+        proc.kill()
+        kill_all(pids)

@@ -28,6 +28,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("control_plane", _control_plane),
         ("envs", _envs),
         ("dist_step", _dist_step),
+        ("eval_cost", _eval_cost),
         ("multiturn", _multiturn),
         ("rewards", _rewards),
         ("startup", _startup),
@@ -221,6 +222,22 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
     ax.legend(fontsize=8)
+    return fig
+
+
+def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Epoch period without and with evaluation, and the seconds openings waited for an evaluation."""
+    cases = {"off": entries[0]["raw"]["off"]}
+    for e in entries:
+        cases.update({k: v for k, v in e["raw"].items() if k != "off"})
+    names = list(cases)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(names, [cases[n]["period_s_median"] for n in names], color="tab:blue")
+    a.set(ylabel="s from one epoch_open to the next (median)", title="epoch period by evaluation schedule")
+    b.bar(names, [cases[n]["deferred_s_total"] for n in names], color="tab:orange", label="openings waited (s, all)")
+    b.bar(names, [cases[n]["eval_s_median"] for n in names], color="tab:green", alpha=0.6, label="one evaluation (s)")
+    b.set(ylabel="seconds", title="what evaluation costs")
+    b.legend(fontsize=8)
     return fig
 
 

@@ -11,6 +11,14 @@ Admission (in this order; the first failing rule is the rejection reason, counte
   bad_group_size              it does not hold G samples
   duplicate                   (epoch, group id) was already accepted
   buffer_full                 more than buffer.max_groups groups wait for the trainer
+  dropped                     the coordinator gave up on the group (task.on_error skip)
+  expelled                    its sender was expelled (below)
+Content (actors/group_check.py, after the rules above): non_finite, bad_tokens, too_long,
+wrong_prompt, bad_text, reward_mismatch. A group refused for its content (or for its size), or
+refused later by the trainer (GroupRefused train_failed: its forward/backward failed alone), is
+counted against its worker and reported to the coordinator (GroupRefused), which requeues it for
+another worker; the `max_bad_groups`-th refusal expels the worker (`expel` in that report): its
+groups are refused from then on.
 Accepted groups go to the Trainer as `TrainGroup` under credit-based flow control: one credit per
 group, returned by the trainer after consuming it. `periodic` streams each group on arrival; `sync`
 holds the epoch's groups and releases the whole batch when the last one arrives.
@@ -27,6 +35,7 @@ from collections import deque
 
 from prl_actors.actors import tickets
 from prl_actors.actors.dynamic_sampling import informative
+from prl_actors.actors.group_check import GroupChecker
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
@@ -36,8 +45,11 @@ from prl_actors.protocol.messages import (
     EpochComplete,
     EpochOpen,
     ErrorCode,
+    Group,
     GroupAccepted,
     GroupAck,
+    GroupDropped,
+    GroupRefused,
     GroupResult,
     Msg,
     RejectReason,
@@ -51,9 +63,25 @@ from prl_actors.transport.port import Dest, Inbound
 class BufferCore(Core):
     role = Role.BUFFER
 
-    def __init__(self, name: str, log: EventLog, mode: str, group_size: int, max_groups: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: EventLog,
+        mode: str,
+        group_size: int,
+        max_groups: int,
+        checker: GroupChecker | None = None,
+        max_bad_groups: int = 0,
+    ) -> None:
         super().__init__(name, log)
         self.mode, self.group_size, self.max_groups = mode, group_size, max_groups
+        self.checker = checker or GroupChecker()
+        self.max_bad_groups = max_bad_groups  # 0: never expel
+        self.bad: dict[str, int] = {}  # worker -> its groups refused for their content
+        self.expelled: set[str] = set()
+        self.senders: dict[int, str] = {}  # group id -> the worker whose group was accepted (this epoch)
+        self.dropped: set[int] = set()  # groups the coordinator gave up on (task.on_error skip)
+        self.noted = False  # the checker's note (checks it cannot run) was logged
         self.groups = 0  # B of the open epoch (0 = none open)
         self.accepted: set[int] = set()
         self.held: list[TrainGroup] = []  # sync mode: the epoch's groups until the batch is complete
@@ -82,6 +110,7 @@ class BufferCore(Core):
                 self.log("epoch_abandoned", accepted=len(self.accepted), groups=self.groups)
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
             self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
+            self.senders, self.dropped = {}, set()
             self.following = {}
             self.id_bound, self.closed = msg.id_bound, False
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
@@ -100,12 +129,19 @@ class BufferCore(Core):
             return
         reason = self._reject_reason(msg.epoch, msg.version, group.group_id, len(group.samples))
         fields = dict(group_id=group.group_id, worker=group.worker, msg_id=msg.id, msg_epoch=msg.epoch)
+        if group.worker in self.expelled:
+            reason = RejectReason.EXPELLED
+        bad = self._bad_content(msg, reason)
+        if bad is not None:
+            self._refuse_group(inbound, bad[0], bad[1])
+            return
         if reason is not None:
             self.count(f"rejected.{reason}")
             self.log("group_rejected", reason=reason, msg_version=msg.version, **fields)
             self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=False, reason=reason))
             return
         self.accepted.add(group.group_id)
+        self.senders[group.group_id] = group.worker
         self.following[msg.sender] = min(max(msg.follows, 0), self.groups)
         self.count("accepted")
         self.log("group_accepted", **fields, accepted=len(self.accepted), groups=self.groups)
@@ -124,8 +160,7 @@ class BufferCore(Core):
             self.held.append(item)
         else:
             self.stream.append(item)
-        if not self.id_bound and len(self.accepted) == self.groups:
-            self._complete(now, self.groups)
+        self._maybe_complete(now)
         self._pump()
 
     def _complete(self, now: float, groups: int, generated: int = 0) -> None:
@@ -156,6 +191,76 @@ class BufferCore(Core):
             self._pump()
         self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
 
+    def _maybe_complete(self, now: float) -> None:
+        """Every group of the epoch is accepted or dropped (task.on_error skip): end the stream with the
+        number of groups sent (dynamic sampling ends it on EpochClose instead)."""
+        if self.id_bound or not self.groups or len(self.accepted) + len(self.dropped) != self.groups:
+            return
+        if self.dropped:
+            self.log("groups_dropped", dropped=sorted(self.dropped))
+        self._complete(now, len(self.accepted))
+
+    @handles(GroupDropped)
+    def on_group_dropped(self, now: float, inbound: Inbound[GroupDropped]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id, epoch=msg.epoch, version=msg.version))
+        if msg.epoch != self.epoch or msg.group_id in self.accepted or msg.group_id in self.dropped:
+            return
+        self.dropped.add(msg.group_id)
+        self.log("group_dropped", group_id=msg.group_id, msg_epoch=msg.epoch, reason=msg.reason)
+        self._maybe_complete(now)
+        self._pump()
+
+    def _check(self, epoch: int, group: Group) -> tuple[RejectReason, str] | None:
+        verdict = self.checker.check(epoch, group)
+        if self.checker.note and not self.noted:
+            self.noted = True
+            self.log("checks_limited", reason=self.checker.note)
+        return verdict
+
+    def _bad_content(self, msg: GroupResult, reason: RejectReason | None) -> tuple[RejectReason, str] | None:
+        """The group's fault (its size, then its content), or None; only for a group of the open
+        epoch that would otherwise be admitted (a late or duplicate one is not the sender's fault)."""
+        if reason == RejectReason.BAD_GROUP_SIZE:
+            return reason, f"{len(msg.group.samples)} samples, the run's group size is {self.group_size}"
+        if reason is not None:
+            return None
+        return self._check(msg.epoch, msg.group)
+
+    def _refuse_group(self, inbound: Inbound[GroupResult], reason: RejectReason, detail: str) -> None:
+        msg = inbound.msg
+        gid = msg.group.group_id
+        self.reply(inbound, GroupAck(reply_to=msg.id, group_id=gid, accepted=False, reason=reason))
+        self._bad_group(msg.epoch, gid, msg.group.worker, reason, detail, msg.id)
+
+    def _bad_group(self, epoch: int, gid: int, worker: str, reason: RejectReason, detail: str, msg_id: str) -> None:
+        """Count a refused group against `worker` and tell the coordinator to requeue it."""
+        self.count(f"rejected.{reason}")
+        n = self.bad[worker] = self.bad.get(worker, 0) + 1
+        expel = bool(self.max_bad_groups) and n >= self.max_bad_groups and worker not in self.expelled
+        if expel:
+            self.expelled.add(worker)
+        self.log(
+            "group_rejected", reason=reason, detail=detail, group_id=gid, worker=worker, msg_id=msg_id,
+            msg_epoch=epoch, bad=n, expel=expel,
+        )  # fmt: skip
+        refused = GroupRefused(
+            epoch=epoch, version=self.version, group_id=gid, worker=worker, reason=reason, detail=detail, expel=expel
+        )
+        self.emit(Dest.peer("coordinator"), refused)
+
+    @handles(GroupRefused)
+    def on_group_refused(self, now: float, inbound: Inbound[GroupRefused]) -> None:
+        """The trainer could not train this group alone: it is no longer accepted (a regenerated one
+        is), and it counts against the worker that sent it."""
+        msg = inbound.msg
+        if msg.epoch != self.epoch or msg.group_id not in self.accepted:
+            self.log("late_refusal_ignored", group_id=msg.group_id, msg_epoch=msg.epoch)
+            return
+        self.accepted.discard(msg.group_id)
+        worker = self.senders.pop(msg.group_id, msg.worker)
+        self._bad_group(msg.epoch, msg.group_id, worker, msg.reason, msg.detail, msg.id)
+
     def _not_assigned(self, msg: GroupResult) -> str:
         """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""
         gid = msg.group.group_id
@@ -178,6 +283,8 @@ class BufferCore(Core):
             return RejectReason.BAD_GROUP_SIZE
         if group_id in self.accepted:
             return RejectReason.DUPLICATE
+        if group_id in self.dropped:
+            return RejectReason.DROPPED
         if len(self.stream) + len(self.held) >= self.max_groups:
             return RejectReason.BUFFER_FULL
         return None
@@ -209,4 +316,4 @@ class BufferCore(Core):
         """Is every group of the epoch in the buffer or on its way (TrainGroup.generated)?"""
         if self.id_bound:
             return self.closed
-        return len(self.accepted) + sum(self.following.values()) >= self.groups
+        return len(self.accepted) + len(self.dropped) + sum(self.following.values()) >= self.groups

@@ -19,6 +19,7 @@ top of that `scale` is bounded by `max_workers`, and every assigned group carrie
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import msgspec
@@ -29,6 +30,7 @@ from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
 from prl_actors.actors.runtime import REFUSALS, Core, handles
+from prl_actors.evaluation import EvalPlan, EvalSink, summarize
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
@@ -36,7 +38,13 @@ from prl_actors.protocol.messages import (
     EpochOpen,
     EpochStart,
     ErrorCode,
+    EvalAssign,
+    EvalGroup,
+    EvalResult,
+    GiveBack,
     GroupAccepted,
+    GroupDropped,
+    GroupRefused,
     Heartbeat,
     HeartbeatAck,
     Leave,
@@ -86,13 +94,29 @@ class CoordinatorSettings:
     max_workers: int = 64  # `scale` above this is refused (over_limit)
     dynamic_sampling: bool = False  # actors/dynamic_sampling.py
     max_sampling_rounds: int = 1
+    hold_factor: float = 10.0  # an assignment's deadline: hold_factor x p95 of observed group times ...
+    hold_min_s: float = 30.0  # ... and at least this
+    max_group_failures: int = 3  # a group given back this often is given up (on_error)
+    on_error: str = "fail_first"  # fail | skip | fail_first (config.TaskSection.on_error)
+
+
+NOTICES_KEPT = 20
+GROUP_TIMES_KEPT = 256
 
 
 class CoordinatorCore(Core):
     role = Role.COORDINATOR
     joins = False  # the membership server: no membership client part
 
-    def __init__(self, name: str, log: EventLog, settings: CoordinatorSettings, task: Task) -> None:
+    def __init__(
+        self,
+        name: str,
+        log: EventLog,
+        settings: CoordinatorSettings,
+        task: Task,
+        eval_plan: EvalPlan | None = None,
+        eval_sink: EvalSink | None = None,
+    ) -> None:
         super().__init__(name, log)
         self.s, self.task = settings, task
         self.members = Membership()
@@ -103,12 +127,32 @@ class CoordinatorCore(Core):
         self.available_version = -1
         self.epochs_completed = 0
         self.done_reason = ""
-        self._progress: tuple[Phase, int, int] = (Phase.DONE, -1, -1)
+        self._progress: tuple[Phase, int, int, int] = (Phase.DONE, -1, -1, -1)
         self._progress_at = 0.0
         self.stall_reason = ""
         self._open_id = ""  # the EpochOpen whose Ack opens the epoch
         self.ticket_key = tickets.new_key()  # shared with the buffer through EpochOpen
-        self.log("coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers)  # for replay
+        self.assigned_at: dict[int, float] = {}  # group id -> when it was handed out (its deadline's start)
+        self.group_times: deque[float] = deque(maxlen=GROUP_TIMES_KEPT)  # assign -> accept, seconds
+        self.failures: dict[int, list[str]] = {}  # group id -> why it failed, this epoch
+        self.expelled: set[str] = set()  # member names refused for the rest of the run
+        self.expelled_keys: set[str] = set()  # and their keys, where the key is the member's own
+        self.keys_of: dict[str, str] = {}  # member name -> the key it registered with ("" unauthenticated)
+        self.notices: deque[str] = deque(maxlen=NOTICES_KEPT)
+        self.notices_total = 0
+        # evaluation (prl_actors/evaluation.py): one evaluation at a time, of weights eval_version
+        self.eval_plan, self.eval_sink = eval_plan, eval_sink
+        self.eval_epoch = -1  # the epoch whose weights are being evaluated (-1: none)
+        self.eval_work = EpochWork.empty()
+        self.eval_results: dict[int, EvalGroup] = {}
+        self.eval_started = 0.0
+        self.eval_last: dict[str, float] = {}
+        self.final_eval = False  # the last step is done; the run ends when this evaluation does
+        self.final_epoch = -1  # set once the last step is done: the epoch of the final weights
+        eval_done = sorted(eval_plan.done) if eval_plan is not None else []
+        self.log(  # for replay (the epochs already evaluated decide what is evaluated)
+            "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
+        )
         if task.note:
             self.log("prompts_left_out", note=task.note)
 
@@ -128,17 +172,20 @@ class CoordinatorCore(Core):
 
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
-        if silent or self.requests.any_due(now):  # a tick that decides something
+        overdue = self.work.overdue(now, self.assigned_at, self.hold_deadline_s()) if self.phase.epoch_open else {}
+        if silent or overdue or self.requests.any_due(now):  # it decides something
             self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
         super().tick(now)
         for m in silent:
             self._remove(m, "heartbeat_timeout")
+        for worker, groups in overdue.items():
+            self._hold_expired(worker, groups)
         self._watch_stall(now)
 
     def _watch_stall(self, now: float) -> None:
         """No silent hang: in every state but done, while the run makes no progress, say every
         STALL_LOG_S why we wait."""
-        progress = (self.phase.current, self.epoch, len(self.work.done))
+        progress = (self.phase.current, self.epoch, len(self.work.done), len(self.eval_work.done))
         if progress != self._progress:
             self._progress, self._progress_at, self.stall_reason = progress, now, ""
             return
@@ -158,6 +205,11 @@ class CoordinatorCore(Core):
         return FIRST_WEIGHTS_GRACE_S if first else STALL_LOG_S
 
     def _stall_reason(self) -> str:
+        if self._eval_blocks():
+            return (
+                f"waiting for the evaluation of v{version_for(self.eval_epoch)}: {len(self.eval_work.holder)} "
+                f"eval prompts held by workers, {len(self.eval_work.queue)} queued"
+            )
         if self.phase.is_(Phase.TRAINING):
             return (
                 f"waiting for the trainer's step of epoch {self.epoch} "
@@ -175,7 +227,18 @@ class CoordinatorCore(Core):
         behind = [m.name for m in workers if not on_policy(self.epoch, m.version)]
         if len(behind) == len(workers):
             return f"every worker still holds an older version ({', '.join(sorted(behind)[:4])})"
-        return f"{len(self.work.holder)} groups held by workers, {len(self.work.queue)} queued"
+        return f"{len(self.work.holder)} groups held by workers{self._holders()}, {len(self.work.queue)} queued"
+
+    def _holders(self) -> str:
+        """(worker-0: 3, worker-1: 2): who holds the open epoch's groups, the most first (4 named)."""
+        counts: dict[str, int] = {}
+        for w in self.work.holder.values():
+            counts[w] = counts.get(w, 0) + 1
+        if not counts:
+            return ""
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        named = ", ".join(f"{w}: {n}" for w, n in top[:4]) + (", ..." if len(top) > 4 else "")
+        return f" ({named}; deadline {self.hold_deadline_s():.0f}s)"
 
     # --- membership --------------------------------------------------------------------------
 
@@ -188,9 +251,12 @@ class CoordinatorCore(Core):
         if old is not None:  # the same process again, or a dead one's successor: its old work is lost
             self._remove(old, "re_registered")
         self.members.join(msg.sender, msg.role, inbound.identity, now, pid=msg.pid, host=msg.host, key=inbound.who)
+        self.keys_of[msg.sender] = inbound.principal
         self.log("member_join", member=msg.sender, member_role=msg.role, pid=msg.pid, host=msg.host)
         if msg.role == Role.BUFFER and self.phase.is_(Phase.WAITING_WEIGHTS):
             self._maybe_open()
+        if msg.role == Role.WORKER and self.final_eval:  # a worker joining during the final evaluation
+            self._to_member(msg.sender, self._eval_start())
         epoch = self._open_epoch()
         welcome = Welcome(
             reply_to=msg.id,
@@ -213,6 +279,9 @@ class CoordinatorCore(Core):
         msg = inbound.msg
         if self.phase.is_(Phase.DONE):
             self.reply(inbound, Shutdown(reason=f"the run is over ({self.done_reason})"))
+            return True
+        if msg.sender in self.expelled:
+            self.refuse(inbound, f"{msg.sender!r} was expelled from this run (run.max_bad_groups)")
             return True
         old = self.members.get(msg.sender)
         live = old is not None and now - old.last_seen <= self.s.heartbeat_timeout_s
@@ -263,6 +332,7 @@ class CoordinatorCore(Core):
             self.log("requeue", worker=member.name, groups=lost, reason=reason)
             for name in self.work.take_waiting():
                 self._to_member(name, self._epoch_start())
+        self._release_eval(member.name, reason)
 
     # --- work --------------------------------------------------------------------------------
 
@@ -276,6 +346,8 @@ class CoordinatorCore(Core):
         member.version = msg.version
         reason = self._no_work_reason(msg.version)
         if reason is not None:
+            if reason != NoWorkReason.DONE and self._assign_eval(inbound, member):
+                return
             self._no_work(inbound, member.name, reason)
             return
         share = self.work.fair_share(member.name, len(self.members.of_role(Role.WORKER)))
@@ -283,6 +355,7 @@ class CoordinatorCore(Core):
             self._no_work(inbound, member.name, NoWorkReason.FAIR_SHARE)
             return
         groups = self.work.assign(member.name, min(msg.max_groups, self.s.max_groups_per_request, share))
+        self.assigned_at.update((g, now) for g in groups)
         prompts = [self._ticketed(self.prompts[g], member.name) for g in groups]
         reply = WorkAssign(reply_to=msg.id, epoch=self.epoch, version=version_for(self.epoch), prompts=prompts)
         self.reply(inbound, reply)
@@ -314,6 +387,9 @@ class CoordinatorCore(Core):
         if msg.epoch != self.epoch or not self.phase.is_(Phase.RUNNING):
             self.log("late_accept_ignored", group_id=msg.group_id, msg_epoch=msg.epoch)
             return
+        started = self.assigned_at.pop(msg.group_id, None)
+        if started is not None:
+            self.group_times.append(now - started)
         if self.work.accept(msg.group_id)[0] is not Accept.NEW:
             return
         if self.rounds is not None and self._another_round(msg):
@@ -340,7 +416,7 @@ class CoordinatorCore(Core):
         self.log("epoch_done", done_epoch=msg.epoch, new_version=msg.version, metrics=msg.metrics)
         self.reply(inbound, Ack(reply_to=msg.id))
         if epoch_for(msg.version) >= self.s.epochs:
-            self._shutdown("completed")
+            self._finish_run(epoch_for(msg.version))
         else:
             self._maybe_open()
 
@@ -349,11 +425,14 @@ class CoordinatorCore(Core):
         v = self.available_version
         e = epoch_for(v)
         if v >= 0 and e >= self.s.epochs and self.phase.is_(Phase.WAITING_WEIGHTS):
-            self._shutdown("completed")  # resumed from the last epoch's checkpoint: nothing to do
+            self._finish_run(e)  # resumed from the last epoch's checkpoint: nothing to train
             return
         if v < 0 or e >= self.s.epochs or not self.phase.is_(Phase.WAITING_WEIGHTS, Phase.TRAINING):
             return
         if self.phase.is_(Phase.TRAINING) and e != self.epoch + 1:
+            return
+        if self._eval_blocks() and self.eval_epoch < e:  # the workers must keep v_e until it is evaluated
+            self.log("epoch_open_deferred", reason=f"evaluation of v{version_for(self.eval_epoch)} running")
             return
         buffer = self.members.first(Role.BUFFER)
         if buffer is None:
@@ -364,6 +443,8 @@ class CoordinatorCore(Core):
         self.epoch, self.version = e, v
         self.prompts = {p.group_id: p for p in self._epoch_prompts(e, range(self.s.groups_per_epoch))}
         self.work = EpochWork(list(self.prompts))
+        self.assigned_at, self.failures = {}, {}
+        self._start_eval(e, final=False)
         self.phase.to(Phase.OPENING)
         open_ = EpochOpen(
             epoch=e, version=v, groups=self.s.groups_per_epoch, ticket_key=self.ticket_key, id_bound=self._id_bound()
@@ -478,6 +559,9 @@ class CoordinatorCore(Core):
             buffer_addr=self.s.buffer_addr,
             waiting_for=self.stall_reason,
             refused={k: v for k, v in sorted(self.counters.items()) if k.startswith(REFUSALS)},
+            notices=list(self.notices),
+            notices_total=self.notices_total,
+            eval=self.eval_last,
         )
         self.reply(inbound, status)
 
@@ -495,6 +579,214 @@ class CoordinatorCore(Core):
     def on_request_stop(self, now: float, inbound: Inbound[RequestStop]) -> None:
         self.reply(inbound, Ack(reply_to=inbound.msg.id))
         self._shutdown(f"stop requested: {inbound.msg.reason}" if inbound.msg.reason else "stop requested")
+
+    # --- failures: given back, refused, overdue (issue 23) -------------------------------------
+
+    def forbidden(self, inbound: Inbound[Msg]) -> str:
+        """An expelled member's name, or its own key, is refused whatever it sends."""
+        if inbound.msg.sender in self.expelled or (inbound.principal and inbound.principal in self.expelled_keys):
+            return f"{inbound.msg.sender!r} was expelled from this run (run.max_bad_groups)"
+        return super().forbidden(inbound)
+
+    def hold_deadline_s(self) -> float:
+        """How long a worker may hold a group: hold_factor x the p95 of the run's observed group times
+        (assign -> accepted), at least hold_min_s; before any group was timed, hold_factor x hold_min_s
+        (a first group on a slow machine is not a hang)."""
+        if not self.group_times:
+            return self.s.hold_factor * self.s.hold_min_s
+        times = sorted(self.group_times)
+        p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
+        return max(self.s.hold_min_s, self.s.hold_factor * p95)
+
+    def notice(self, line: str) -> None:
+        """A line for the operator's console (`up` prints new notices from Status)."""
+        self.notices.append(line)
+        self.notices_total += 1
+
+    @handles(GiveBack)
+    def on_give_back(self, now: float, inbound: Inbound[GiveBack]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id))
+        mine = [g for g in msg.groups if self.work.holder.get(g) == msg.sender]
+        if msg.epoch != self.epoch or not mine:
+            return
+        self.log("given_back", worker=msg.sender, groups=mine, error=msg.error)
+        self._requeue_failed(mine, f"{msg.sender}: {msg.error}")
+
+    def _hold_expired(self, worker: str, groups: list[int]) -> None:
+        """Take the groups back from a live worker (a hung plugin or engine): requeued for anyone, not
+        counted as failures (a slow worker is not a broken prompt); if the holder delivers after all,
+        the buffer still accepts its group once (exactly-once holds: the first one in wins)."""
+        deadline = self.hold_deadline_s()
+        self.log("hold_expired", worker=worker, groups=groups, deadline_s=round(deadline, 3))
+        for g in groups:
+            self.assigned_at.pop(g, None)
+            self.work.give_back(g)
+        self._nudge()
+
+    def _requeue_failed(self, groups: list[int], why: str) -> None:
+        """Requeue groups whose generation failed; one that failed max_group_failures times is given up."""
+        for g in groups:
+            self.assigned_at.pop(g, None)
+            self.work.give_back(g)
+            causes = self.failures.setdefault(g, [])
+            causes.append(why)
+            if len(causes) >= self.s.max_group_failures:
+                self._give_up(g, causes)
+                if self.phase.is_(Phase.DONE):
+                    return
+        self._nudge()
+
+    def _give_up(self, group_id: int, causes: list[str]) -> None:
+        prompt = self.prompts.get(group_id)
+        text = repr(prompt.prompt[:60]) if prompt is not None else "?"
+        line = f"group {group_id} of epoch {self.epoch} (prompt {text}) failed {len(causes)} times; last: {causes[-1]}"
+        self.log("group_given_up", group_id=group_id, causes=causes, policy=self.s.on_error)
+        self.notice(line)
+        fail = self.s.on_error == "fail" or (self.s.on_error == "fail_first" and self.epochs_completed == 0)
+        if fail:
+            self._shutdown(f"failed: {line} (task.on_error: {self.s.on_error})")
+            return
+        self.work.drop(group_id)
+        self.log("group_dropped", group_id=group_id, msg_epoch=self.epoch)
+        self.notice(f"dropped group {group_id} from epoch {self.epoch} (task.on_error: skip)")
+        buffer = self.members.first(Role.BUFFER)
+        if buffer is not None:
+            dropped = GroupDropped(epoch=self.epoch, version=self.version, group_id=group_id, reason=causes[-1])
+            self.emit(Dest.reply(buffer.identity), dropped)
+        if self.work.complete:
+            self.phase.to(Phase.TRAINING)
+            self.log("epoch_generated", groups=len(self.work.done))
+            if self.rounds is not None:
+                self._close_sampling()
+            self._maybe_open()
+
+    @handles(GroupRefused)
+    def on_group_refused(self, now: float, inbound: Inbound[GroupRefused]) -> None:
+        """The buffer refused a group for its content (or the trainer could not train it): requeue it
+        for another worker; an expelled worker leaves the run and may not come back."""
+        msg = inbound.msg
+        if msg.epoch == self.epoch and self.phase.epoch_open and self.work.give_back(msg.group_id):
+            self.assigned_at.pop(msg.group_id, None)
+            if self.phase.is_(Phase.TRAINING):
+                self.phase.to(Phase.RUNNING)
+            self.log("group_refused", group_id=msg.group_id, worker=msg.worker, reason=msg.reason, detail=msg.detail)
+        if msg.expel:
+            self._expel(msg.worker, f"{msg.reason}: {msg.detail}")
+        self._nudge()
+
+    def _expel(self, name: str, why: str) -> None:
+        self.expelled.add(name)
+        if self.keys_of.get(name) == name:  # its own key (a role-wide key would expel its peers too)
+            self.expelled_keys.add(name)
+        member = self.members.get(name)
+        self.log("member_expelled", member=name, reason=why)
+        self.notice(f"expelled {name} for the rest of the run: its groups were refused ({why})")
+        if member is not None:
+            self._to_member(name, Shutdown(reason=f"expelled: {why}", epoch=self.epoch, version=self.version))
+            self._remove(member, "expelled")
+
+    def _nudge(self) -> None:
+        if self.work.queue:
+            for name in self.work.take_waiting():
+                self._to_member(name, self._epoch_start())
+
+    # --- evaluation (prl_actors/evaluation.py) -----------------------------------------------------
+
+    def _start_eval(self, epoch: int, final: bool) -> bool:
+        """Queue the evaluation of v_epoch when it is due; True when one was started."""
+        plan = self.eval_plan
+        if plan is None or not plan.due(epoch, self.s.epochs):
+            return False
+        if self.eval_epoch == epoch:  # already under way (an epoch_open retried)
+            return True
+        self.eval_epoch, self.final_eval = epoch, final
+        self.eval_work = EpochWork([p.group_id for p in plan.prompts()])
+        self.eval_results, self.eval_started = {}, self.now
+        self.log("eval_start", eval_epoch=epoch, eval_version=version_for(epoch), prompts=self.eval_work.total)
+        return True
+
+    def _eval_blocks(self) -> bool:
+        """An evaluation is under way (the workers must keep its weights until it is done)."""
+        return self.eval_epoch >= 0 and not self.eval_work.complete
+
+    def _finish_run(self, epoch: int) -> None:
+        """The last step is done: evaluate the final weights first when due, then end the run."""
+        self.final_epoch = epoch
+        if self._eval_blocks():  # the last epoch's own evaluation: the final one waits for it
+            return
+        if not self.final_eval and self._start_eval(epoch, final=True):
+            for m in self.members.of_role(Role.WORKER):
+                self._to_member(m.name, self._eval_start())  # fetch the final weights
+            return
+        self._shutdown("completed")
+
+    def _eval_start(self) -> EpochStart:
+        return EpochStart(epoch=self.eval_epoch, version=version_for(self.eval_epoch), groups=0)
+
+    def _assign_eval(self, inbound: Inbound[WorkRequest], member: Member) -> bool:
+        """Hand eval prompts to an idle worker holding the evaluated weights, when any are queued."""
+        msg, plan = inbound.msg, self.eval_plan
+        if plan is None or not msg.eval_ok or not self._eval_blocks() or not self.eval_work.queue:
+            return False
+        if msg.version != version_for(self.eval_epoch):
+            return False
+        workers = len(self.members.of_role(Role.WORKER))
+        share = self.eval_work.fair_share(member.name, workers)
+        if share == 0:
+            return False
+        ids = self.eval_work.assign(member.name, min(max(1, msg.max_groups), self.s.max_groups_per_request, share))
+        by_id = {p.group_id: p for p in plan.prompts()}
+        reply = EvalAssign(
+            reply_to=msg.id,
+            epoch=self.eval_epoch,
+            version=version_for(self.eval_epoch),
+            prompts=[by_id[i] for i in ids],
+            samples=plan.samples,
+        )
+        self.reply(inbound, reply)
+        self.log("eval_assign", worker=member.name, prompts=ids, msg_id=reply.id, request_id=msg.id)
+        return True
+
+    @handles(EvalResult)
+    def on_eval_result(self, now: float, inbound: Inbound[EvalResult]) -> None:
+        msg = inbound.msg
+        self.reply(inbound, Ack(reply_to=msg.id))
+        if msg.epoch != self.eval_epoch or msg.version != version_for(self.eval_epoch) or not self._eval_blocks():
+            self.log("eval_result_ignored", worker=msg.sender, msg_epoch=msg.epoch, msg_version=msg.version)
+            return
+        mine = set(self.eval_work.held_by(msg.sender))
+        for g in msg.groups:
+            if g.prompt_id in mine and self.eval_work.accept(g.prompt_id)[0] is Accept.NEW:
+                self.eval_results[g.prompt_id] = g
+        self._release_eval(msg.sender, "not returned")
+        if self.eval_work.complete:
+            self._eval_done(now)
+
+    def _release_eval(self, worker: str, reason: str) -> None:
+        lost = self.eval_work.release(worker)
+        if lost:
+            self.log("eval_requeue", worker=worker, prompts=lost, reason=reason)
+            for name in self.work.take_waiting():
+                self._to_member(name, self._eval_start() if self.final_eval else self._epoch_start())
+
+    def _eval_done(self, now: float) -> None:
+        plan = self.eval_plan
+        assert plan is not None
+        epoch, version = self.eval_epoch, version_for(self.eval_epoch)
+        groups = [self.eval_results[g] for g in sorted(self.eval_results)]
+        summary: dict[str, float] = {"epoch": epoch, "version": version, **summarize(groups, plan.samples)}
+        summary["eval_s"] = round(now - self.eval_started, 6)
+        plan.done.add(epoch)
+        self.eval_last = summary
+        self.log("eval_done", eval_epoch=epoch, eval_version=version, summary=summary)
+        if self.eval_sink is not None:
+            self.eval_sink.eval_result(epoch, version, groups, summary)
+        self.eval_epoch = -1
+        if self.final_epoch >= 0:  # the last step was done while this evaluation ran (or it was the final one)
+            self._finish_run(self.final_epoch)
+        else:
+            self._maybe_open()  # the next epoch may have waited for this evaluation
 
     # --- helpers -----------------------------------------------------------------------------
 

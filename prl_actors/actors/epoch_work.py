@@ -78,6 +78,31 @@ class EpochWork:
         self.waiting.discard(worker)
         return lost
 
+    def give_back(self, group_id: int) -> bool:
+        """Requeue one group (at the front) that its holder gave back or that was refused, even after
+        it was done (the trainer refused it); False when it was neither held nor done."""
+        if self.holder.pop(group_id, None) is None:
+            if group_id not in self.done:
+                return False
+            self.done.discard(group_id)
+        self.queue.appendleft(group_id)
+        return True
+
+    def drop(self, group_id: int) -> None:
+        """Give up on a group (task.on_error skip): done without being trained, never handed out again."""
+        self.holder.pop(group_id, None)
+        if group_id in self.queue:
+            self.queue.remove(group_id)
+        self.done.add(group_id)
+
+    def overdue(self, now: float, since: dict[int, float], deadline_s: float) -> dict[str, list[int]]:
+        """worker -> the groups it has held longer than `deadline_s` (`since`: when each was assigned)."""
+        out: dict[str, list[int]] = {}
+        for g, w in sorted(self.holder.items()):
+            if now - since.get(g, now) > deadline_s:
+                out.setdefault(w, []).append(g)
+        return out
+
     def extend(self, group_ids: list[int]) -> None:
         """Add new groups (dynamic sampling's next round) at the back of the queue."""
         self.total += len(group_ids)

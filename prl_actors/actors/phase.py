@@ -4,6 +4,7 @@
     running --(every group accepted)--> training --(weights v_{e+1})--> opening ...
     opening --(no ack in time, or no buffer)--> waiting_weights
     training --(no buffer when v_{e+1} arrives)--> waiting_weights
+    training --(the trainer refused a group: it is generated again)--> running
     any --(last step done, or a stop)--> done
 
 A transition not in the table is a bug in the coordinator, raised as `IllegalTransition`.
@@ -17,7 +18,7 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.WAITING_WEIGHTS: frozenset({Phase.OPENING, Phase.DONE}),
     Phase.OPENING: frozenset({Phase.RUNNING, Phase.WAITING_WEIGHTS, Phase.DONE}),
     Phase.RUNNING: frozenset({Phase.TRAINING, Phase.DONE}),
-    Phase.TRAINING: frozenset({Phase.OPENING, Phase.WAITING_WEIGHTS, Phase.DONE}),
+    Phase.TRAINING: frozenset({Phase.OPENING, Phase.WAITING_WEIGHTS, Phase.RUNNING, Phase.DONE}),
     Phase.DONE: frozenset(),
 }
 EPOCH_OPEN = frozenset({Phase.RUNNING, Phase.TRAINING})  # an epoch is open (its work was handed out)

@@ -46,6 +46,8 @@ from prl_actors.actors.dispatch import handler_table, missing_handlers
 from prl_actors.actors.dispatch import handles as handles  # re-exported: the actors mark handlers with it
 from prl_actors.actors.lifecycle import Lifecycle
 from prl_actors.actors.member_client import MembershipClient
+from prl_actors.actors.refusals import LOUD_EVERY as LOUD_EVERY  # re-exported (the worker's reward errors)
+from prl_actors.actors.refusals import LOUD_FIRST as LOUD_FIRST
 from prl_actors.actors.refusals import REFUSALS as REFUSALS  # re-exported (the coordinator's Status)
 from prl_actors.actors.refusals import Counters, Trust
 from prl_actors.actors.requests import Requests
@@ -142,6 +144,7 @@ class Core:
     joins: ClassVar[bool] = True  # False: a membership server (the coordinator), no membership client
     handlers: ClassVar[dict[type[Msg], str]] = {}
     join_timeout_s = 60.0  # set from transport.join_timeout_s by topology.start_actor
+    fatal_errors: ClassVar[bool] = False  # a handler exception fails the actor (else: logged, it lives on)
     coordinator_addr = "the coordinator"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -498,7 +501,7 @@ class ActorHost(pykka.ThreadingActor):
         if self.error is not None:  # failed: it only waits for its stop to be processed
             return
         if isinstance(message, Inbound):
-            self._run(lambda now: self.core.handle(now, message))
+            self._run(lambda now: self.core.handle(now, message), what=tag_of(message.msg))
         elif isinstance(message, Tick):
             self._tick_queued.clear()
             self._run(self.core.tick)
@@ -519,7 +522,7 @@ class ActorHost(pykka.ThreadingActor):
         self.error = error
         self._tell(PortCrashed(error))
 
-    def _run(self, fn: Callable[[float], None], failing: str | None = None) -> None:
+    def _run(self, fn: Callable[[float], None], failing: str | None = None, what: str = "") -> None:
         """Call into the core. An exception is logged as `handler_error` and the actor lives on (a
         bug handling one message must not take the actor down), unless `failing` says the call is
         one the actor cannot do without (its start): then the actor fails with that cause."""
@@ -531,8 +534,12 @@ class ActorHost(pykka.ThreadingActor):
                 self.core.log("start_failed", error=one_line(exc), trace=traceback.format_exc())
                 self.core.fail(f"{failing}: {one_line(exc)}")
             else:
-                self.core.count("handler_error")
-                self.core.log("handler_error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+                n = self.core.count("handler_error")
+                if n <= LOUD_FIRST or n % LOUD_EVERY == 0:  # one repeated failure cannot fill the disk
+                    error = f"{type(exc).__name__}: {exc}"
+                    self.core.log("handler_error", error=error, count=n, trace=traceback.format_exc())
+                if self.core.fatal_errors:  # its epoch would wait forever: end the run, loudly, at once
+                    self.core.fail(f"{self.core.name} failed handling {what or 'an inbox item'}: {one_line(exc)}")
         self._flush()
         hb = self.core.heartbeat()
         if hb is not None:

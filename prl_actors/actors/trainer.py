@@ -13,6 +13,14 @@ publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoi
 an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
 on-policy invariant is enforced here a second time, not only in the buffer.
+Failure isolation (training/guard.py): when a forward/backward raises, no queued group is lost: each
+group not yet trained is retried alone; one that fails alone is refused (`train_refused`, GroupRefused
+to the buffer, which requeues it through the coordinator) and the rest is trained. Every trained
+group is logged in `groups_trained` with its tokens (replay checks them against what was received).
+A learner without isolation, or one whose every retried group fails, fails the actor loudly.
+Before the step: a non-finite loss or gradient fails the actor (trainer.on_nonfinite fail: nothing
+is stepped, published or checkpointed) or skips the step (skip). Each epoch reports the share of
+groups with equal rewards (zero advantage: no learning signal) and warns when nothing was learned.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.runtime import Core, handles, one_line
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Snapshot, transfer_messages
+from prl_actors.completions import CompletionPicker
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Credit,
@@ -32,6 +41,8 @@ from prl_actors.protocol.messages import (
     EpochOpen,
     EpochStart,
     Error,
+    GroupRefused,
+    RejectReason,
     Role,
     StepDone,
     TrainGroup,
@@ -55,6 +66,9 @@ SLICE_S = 0.25  # a paced flush's work (actors/threads.py): at most this long be
 
 class TrainerCore(Core):
     role = Role.TRAINER
+    # learner failures are isolated (_learn); any other exception would leave the epoch waiting for a
+    # step that never comes: the trainer fails, naming the message and the cause, and `up` ends the run
+    fatal_errors = True
 
     def __init__(
         self,
@@ -69,8 +83,16 @@ class TrainerCore(Core):
         resume: bool = False,
         threads: ThreadPlan | None = None,
         shm: ShmReader | None = None,
+        on_nonfinite: str = "fail",
+        no_signal_epochs: int = 3,
+        log_completions: int = 0,
     ) -> None:
         super().__init__(name, log)
+        self.on_nonfinite, self.no_signal_epochs = on_nonfinite, no_signal_epochs
+        self.untrained: list[TrainGroup] = []  # received, queued in the learner, not trained yet (in order)
+        self.zero_groups = 0  # groups of the epoch whose rewards were all equal (zero advantage)
+        self.no_signal_run = 0  # epochs in a row without any learning signal
+        self.completions = CompletionPicker(log_completions) if log_completions > 0 else None
         self.threads = threads
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
@@ -97,6 +119,9 @@ class TrainerCore(Core):
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
                 self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
+            rollback = getattr(self.sink, "rollback", None)
+            if rollback is not None:  # epochs past the checkpoint (a damaged newer one) are redone
+                rollback(self.learner.version)
         self.version = self.learner.version
         self.register()
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))
@@ -118,6 +143,7 @@ class TrainerCore(Core):
             self.log("train_rejected", reason="epoch version is not the learner's", msg_version=msg.version)
             return
         self.epoch, self.consumed, self.groups = msg.epoch, 0, msg.groups
+        self.untrained, self.zero_groups = [], 0
         self.t_open, self.train_s, self.generated = now, 0.0, False
         if self.threads is not None:
             self.threads.take_share()
@@ -137,9 +163,15 @@ class TrainerCore(Core):
             self.generated = True  # every group left is on its way: no flush before they are all queued
             if self.threads is not None:
                 self.threads.take_all()  # this host's workers now wait for weights
-        stats = self._train(lambda: self.learner.accumulate(msg.group), group_id=msg.group.group_id, seq=msg.seq)
+        if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
+            self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
+        stats: dict[str, float] = {}
         self.reward_means.add(msg.group)
         self.consumed += 1
+        self.untrained.append(msg)
+        rewards = [s.reward for s in msg.group.samples]
+        self.zero_groups += bool(rewards) and max(rewards) == min(rewards)
+        self._learn(lambda: stats.update(self.learner.accumulate(msg.group)), group_id=msg.group.group_id, seq=msg.seq)
         self.log(
             "train_group",
             group_id=msg.group.group_id,
@@ -149,6 +181,7 @@ class TrainerCore(Core):
             msg_epoch=msg.epoch,
             msg_version=msg.version,
             samples=len(msg.group.samples),
+            received_tokens=sum(len(s.token_ids) for s in msg.group.samples),
             **{k: round(v, 6) for k, v in stats.items()},
         )
         if self.learner.pending and not self.flush_queued and not self.generated:
@@ -167,7 +200,7 @@ class TrainerCore(Core):
         paced = self.threads is not None and self.threads.boost_pending
         limit = self._slice_groups() if paced else None
         t0 = time.monotonic()
-        trained = self._train(lambda: self.learner.flush(limit), groups=min(queued, limit or queued))
+        trained = self._learn(lambda: self.learner.flush(limit), groups=min(queued, limit or queued))
         if paced and trained:
             per_group = (time.monotonic() - t0) / trained
             self.group_s = per_group if self.group_s is None else (self.group_s + per_group) / 2
@@ -189,16 +222,118 @@ class TrainerCore(Core):
         self.log("span_end", span="train", seconds=round(dt, 6))
         return out
 
+    # --- failure isolation (training/guard.py) -----------------------------------------------
+
+    def _learn(self, work: Callable[[], Any], **fields: Any) -> int:
+        """Learner work that may train queued groups; returns how many it trained. On an exception
+        the groups not yet trained are isolated (retried alone) instead of lost."""
+        try:
+            self._train(work, **fields)
+        except Exception as exc:
+            self._isolate(exc)
+            return 0
+        return self._settle()
+
+    def _settle(self) -> int:
+        """Log the groups the learner trained since the last call (those no longer pending)."""
+        n = len(self.untrained) - self.learner.pending
+        done, self.untrained = self.untrained[:n], self.untrained[n:]
+        if done:
+            self._trained(done)
+        return n
+
+    def _trained(self, done: list[TrainGroup]) -> None:
+        tokens = [sum(len(s.token_ids) for s in m.group.samples) for m in done]
+        self.log("groups_trained", groups=[m.group.group_id for m in done], tokens=tokens, msg_epoch=self.epoch)
+
+    def _isolate(self, exc: Exception) -> None:
+        suspects, self.untrained = self.untrained, []
+        cause = one_line(exc)
+        self.count("train_failed")
+        self.log("train_failed", error=cause, groups=[m.group.group_id for m in suspects])
+        if not hasattr(self.learner, "train_one"):
+            self.fail(f"training epoch {self.epoch} failed: {cause} (this learner cannot retry groups alone)")
+            return
+        self.learner.drop_pending()  # type: ignore[attr-defined]
+        refused = 0
+        for m in suspects:
+            try:
+                self._train(lambda m=m: self.learner.train_one(m.group), group_id=m.group.group_id)  # type: ignore[misc]
+            except Exception as alone:
+                self.learner.forget(m.group)  # type: ignore[attr-defined]
+                self._refuse(m, one_line(alone))
+                refused += 1
+            else:
+                self._trained([m])
+        if refused > 1 and refused == len(suspects):
+            self.fail(f"training epoch {self.epoch} failed for every group ({refused}), not one bad group: {cause}")
+
+    def _refuse(self, m: TrainGroup, error: str) -> None:
+        """`m` cannot be trained: it is not consumed; the buffer and coordinator have it generated again."""
+        self.consumed -= 1
+        gid = m.group.group_id
+        self.count("train_refused")
+        self.log("train_refused", group_id=gid, msg_id=m.id, msg_epoch=m.epoch, worker=m.group.worker, error=error)
+        refused = GroupRefused(
+            epoch=m.epoch,
+            version=m.version,
+            group_id=gid,
+            worker=m.group.worker,
+            reason=RejectReason.TRAIN_FAILED,
+            detail=error[:300],
+        )
+        self.emit(Dest.peer("buffer"), refused)
+
+    def _guarded_step(self) -> dict[str, float] | None:
+        """The epoch's step, unless the loss or a gradient is non-finite (trainer.on_nonfinite)."""
+        check = getattr(self.learner, "nonfinite_cause", None)
+        cause = check() if check is not None else ""
+        if not cause:
+            return self.learner.step()
+        self.count("nonfinite")
+        self.log("step_nonfinite", cause=cause, policy=self.on_nonfinite)
+        if self.on_nonfinite == "skip":
+            return self.learner.skip_step()  # type: ignore[attr-defined,no-any-return]
+        self.fail(f"epoch {self.epoch}: {cause}; no step taken, no weights published (trainer.on_nonfinite: fail)")
+        return None
+
+    def _signal(self, metrics: dict[str, float]) -> None:
+        """Per-epoch share of zero-advantage groups; a warning when the epoch learned nothing."""
+        share = self.zero_groups / max(self.consumed, 1)
+        metrics["zero_adv_share"] = round(share, 6)
+        if share < 1.0:
+            self.no_signal_run = 0
+            return
+        self.no_signal_run += 1
+        self.log("no_signal", epochs_in_a_row=self.no_signal_run)
+        warn = getattr(self.sink, "warn", None)
+        if warn is None:
+            return
+        if self.no_signal_run == self.no_signal_epochs:
+            warn(
+                f"warning: {self.no_signal_run} epochs in a row without learning signal: every group had equal "
+                "rewards (zero advantage), so nothing is learned; check the reward, the task's difficulty and "
+                "worker.sampling.temperature"
+            )
+        elif self.no_signal_run < self.no_signal_epochs:
+            warn(f"warning: epoch {self.epoch} had no learning signal (every group had equal rewards)")
+
     @handles(EpochComplete)
     def on_epoch_complete(self, now: float, inbound: Inbound[EpochComplete]) -> None:
         msg = inbound.msg
+        if msg.epoch == self.epoch and self.learner.pending:
+            self._learn(lambda: self.learner.flush())
         if msg.epoch != self.epoch or self.consumed != msg.groups:
             self.log("step_refused", reason=f"consumed {self.consumed} of {msg.groups} groups", msg_epoch=msg.epoch)
             return
         before = self.learner.version
         self.log("span_begin", span="optimizer_step")
         t0 = time.monotonic()
-        metrics = self.learner.step()
+        stepped = self._guarded_step()
+        if stepped is None:
+            return
+        metrics = stepped
+        self._signal(metrics)
         step_s = time.monotonic() - t0
         self.train_s += step_s
         self.version = self.learner.version
@@ -287,6 +422,11 @@ class TrainerCore(Core):
         close = getattr(self.learner, "close", None)
         if close is not None:
             close()
+
+    def sink_completions(self, rows: list[dict[str, Any]]) -> None:
+        write = getattr(self.sink, "completions", None)
+        if rows and write is not None:
+            write(rows)
 
     def _checkpoint(self) -> None:
         v = self.learner.version

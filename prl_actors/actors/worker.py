@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import msgspec
 
-from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
@@ -26,7 +27,11 @@ from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
     EpochStart,
     Error,
+    EvalAssign,
+    EvalGroup,
+    EvalResult,
     FetchWeights,
+    GiveBack,
     Group,
     GroupAck,
     GroupResult,
@@ -72,6 +77,7 @@ class WorkerCore(Core):
         prefetch: int = 1,
         shm: ShmReader | None = None,
         threads: ThreadPlan | None = None,
+        eval_sampling: Any = None,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -90,6 +96,11 @@ class WorkerCore(Core):
         self.shm = shm  # same-host snapshots (weights_shm.py); None: chunks only
         self.run_id = ""
         self.threads = threads  # with one local worker: every core until the epoch's first group is sent
+        # evaluation (prl_actors/evaluation.py): eval prompts run alone in the engine, with their own sampling
+        self.eval_sampling = eval_sampling  # None: this run has no evaluation
+        self.evaluating: EvalAssign | None = None
+        self.eval_groups: list[EvalGroup] = []
+        self.train_sampling: Any = None
 
     def start(self, now: float) -> None:
         self.register()
@@ -138,6 +149,8 @@ class WorkerCore(Core):
         batch runs, up to the running batch plus `prefetch` queued groups, so freed rows never wait."""
         if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
             return
+        if self.evaluating is not None:  # eval prompts run alone in the engine: no training work meanwhile
+            return
         if self.fetch_sent:  # a fetch is out: its reply (or its timeout in tick) decides what is next
             return
         if self.engine.version < self.target:
@@ -147,7 +160,8 @@ class WorkerCore(Core):
         want = (self.engine.max_rows + self.prefetch * self.group_size - self.engine.rows) // self.group_size
         if want <= 0 or self.hold is not None:
             return
-        req = WorkRequest(epoch=self.target, version=self.engine.version, max_groups=want)
+        eval_ok = self.eval_sampling is not None and not self.engine.busy
+        req = WorkRequest(epoch=self.target, version=self.engine.version, max_groups=want, eval_ok=eval_ok)
         self.emit(Dest.peer("coordinator"), req)
         self.requesting = True
         self.expect(req, self.request_timeout_s, "work request", self._request_timed_out)
@@ -160,6 +174,8 @@ class WorkerCore(Core):
             self.count("groups_dropped", len(dropped))
             self.log("batch_dropped", reason=reason, groups=sorted(dropped))
         self.assigned.clear()
+        if self.evaluating is not None:  # hand the unfinished eval prompts back (the coordinator requeues them)
+            self._end_eval()
 
     def _request_timed_out(self, now: float) -> None:
         self.requesting = False
@@ -274,6 +290,84 @@ class WorkerCore(Core):
         self.hold = reason
         self.retry_at = now + max(inbound.msg.retry_after_s, 1.0)
 
+    @handles(EvalAssign)
+    def on_eval_assign(self, now: float, inbound: Inbound[EvalAssign]) -> None:
+        """Eval prompts: run alone in the idle engine with the eval sampling settings; never trained."""
+        msg = inbound.msg
+        self.requesting = False
+        runnable = self.eval_sampling is not None and not self.engine.busy and self.evaluating is None
+        if not runnable or msg.version != self.engine.version:
+            self.log("eval_refused", msg_version=msg.version, held=self.engine.version, busy=self.engine.busy)
+            self.emit(Dest.peer("coordinator"), EvalResult(epoch=msg.epoch, version=msg.version, groups=[]))
+            self._next()
+            return
+        self.evaluating, self.eval_groups = msg, []
+        if hasattr(self.engine, "sampling"):  # the torch engine (the sim engine has no sampling settings)
+            engine: Any = self.engine
+            self.train_sampling, engine.sampling = engine.sampling, self.eval_sampling
+        self.log("span_begin", span="eval", prompts=[p.group_id for p in msg.prompts], eval_epoch=msg.epoch)
+        self.engine.admit(msg.prompts, msg.samples)
+        self._kick()
+
+    def _eval_finished(self, finished: list[GeneratedGroup]) -> None:
+        """Score finished eval prompts; when the last is done, send them all and go back to training."""
+        ev = self.evaluating
+        assert ev is not None
+        by_id = {p.group_id: p for p in ev.prompts}
+        for g in finished:
+            p = by_id.get(g.group_id)
+            if p is None:
+                continue
+            texts = [s.text for s in g.samples]
+            try:  # the task's rewards, or the episode's own (multi-turn), exactly as for training groups
+                rewards, error = list(self.task.score_generated(p, g.prompt_ids, g.samples).totals), ""
+            except Exception as exc:  # a failing reward: this prompt's voice in eval/epoch-N.jsonl, not a crash
+                rewards, error = [], f"{type(exc).__name__}: {exc}"
+            self.eval_groups.append(
+                EvalGroup(
+                    prompt_id=p.group_id,
+                    prompt=p.prompt,
+                    answer=p.answer,
+                    completions=texts,
+                    rewards=rewards,
+                    error=error,
+                )
+            )
+        if len(self.eval_groups) >= len(ev.prompts):
+            self._end_eval()
+
+    def _eval_failed(self, exc: Exception) -> None:
+        """The engine raised on eval prompts: each unfinished one is returned with the error (a voice in
+        eval/epoch-N.jsonl, counted as not passed) and the worker goes back to training."""
+        ev = self.evaluating
+        assert ev is not None
+        error = f"{type(exc).__name__}: {exc}"
+        self.count("eval_failed")
+        self.log("eval_failed", error=error)
+        returned = {g.prompt_id for g in self.eval_groups}
+        self.eval_groups += [
+            EvalGroup(prompt_id=p.group_id, prompt=p.prompt, answer=p.answer, completions=[], rewards=[], error=error)
+            for p in ev.prompts
+            if p.group_id not in returned
+        ]
+        self._end_eval()
+
+    def _end_eval(self) -> None:
+        ev, self.evaluating = self.evaluating, None
+        assert ev is not None
+        if self.engine.busy:
+            self.engine.abort()
+        self._restore_sampling()
+        self.emit(Dest.peer("coordinator"), EvalResult(epoch=ev.epoch, version=ev.version, groups=self.eval_groups))
+        self.log("span_end", span="eval", returned=len(self.eval_groups), prompts=len(ev.prompts))
+        self.eval_groups = []
+        self.hold = None
+
+    def _restore_sampling(self) -> None:
+        if self.train_sampling is not None:
+            engine: Any = self.engine
+            engine.sampling, self.train_sampling = self.train_sampling, None
+
     @handles(WorkAssign)
     def on_work_assign(self, now: float, inbound: Inbound[WorkAssign]) -> None:
         msg = inbound.msg
@@ -301,15 +395,22 @@ class WorkerCore(Core):
         try:
             finished = self.engine.step()
         except Exception as exc:  # engine failure: hand the groups back by registering anew
-            self._engine_failed(exc)
+            if self.evaluating is not None:  # eval prompts are not handed back: retrying could loop forever
+                self._eval_failed(exc)
+            else:
+                self._engine_failed(exc)
             finished = []
-        if finished:
+        if finished and self.evaluating is not None:
+            self._eval_finished(finished)
+        elif finished:
             self._finish(finished)
         if self.engine.busy:
             self.defer(self._step)
         else:
             self.stepping = False
             self.log("span_end", span="generate", seconds=round(time.monotonic() - self.busy_since, 6))
+            if self.eval_sampling is not None and self.hold in (NoWorkReason.QUEUE_EMPTY, NoWorkReason.NO_EPOCH):
+                self.hold = None  # idle now: eval prompts may be waiting for an idle engine
         self._next()
 
     def _finish(self, finished: list[GeneratedGroup]) -> None:
@@ -320,7 +421,11 @@ class WorkerCore(Core):
         entries = [(g, self.assigned.pop(g.group_id, None)) for g in finished]
         sent = [(g, e) for g, e in entries if e is not None]
         for i, (g, (msg, prompt)) in enumerate(sent):
-            group = self._score(g, prompt)
+            try:
+                group = self._score(g, prompt)
+            except Exception as exc:  # scoring itself raised (not a reward error handled in _score)
+                self._give_back([g.group_id], "score", exc)
+                continue
             if group is None:  # a reward failed under on_reward_error: fail; the run ends
                 return
             out = GroupResult(epoch=msg.epoch, version=msg.version, group=group, ticket=prompt.ticket)
@@ -329,13 +434,29 @@ class WorkerCore(Core):
         self.log("span_end", span="score")
 
     def _engine_failed(self, exc: Exception) -> None:
+        """The engine raised: everything it ran is lost; give it all back to the coordinator at once."""
         groups = sorted(self.assigned)
-        self.count("generate_failed")
-        self.log("generate_failed", error=f"{type(exc).__name__}: {exc}", groups=groups)
         self.engine.abort()
         self.assigned.clear()
-        self.registered = False
-        self.register()
+        self._give_back(groups, "generate", exc)
+        if self.evaluating is not None:  # re-registering releases its eval prompts at the coordinator
+            self.evaluating, self.eval_groups = None, []
+            self._restore_sampling()
+            self.registered = False
+            self.register()
+
+    def _give_back(self, groups: list[int], stage: str, exc: Exception) -> None:
+        """Tell the coordinator that `groups` failed (it requeues them, and gives up on a group that
+        keeps failing: run.max_group_failures). Logged rate-limited: a failure that repeats every step
+        cannot fill the disk (the count says how many)."""
+        error = f"{stage}: {type(exc).__name__}: {exc}"[:500]
+        n = self.count(f"{stage}_failed")
+        if n <= LOUD_FIRST or n % LOUD_EVERY == 0:
+            self.log(f"{stage}_failed", error=error, groups=groups, count=n)
+        if groups:
+            self.emit(
+                Dest.peer("coordinator"), GiveBack(groups=groups, error=error, epoch=self.epoch, version=self.version)
+            )
 
     def _send_group(self, out: GroupResult, attempt: int) -> None:
         """Send a group; without a GroupAck in time, send it again (the buffer dedups: retry, never skip)."""

@@ -62,7 +62,7 @@ def train_acting(hub: Hub, cfg: Config, emit: Row) -> dict[str, Any]:
         version, updates = next_version(version), updates + 1
         publish(hub, agent, version)
         emit(row(updates, steps, t0, returns, stats) | acting_stats(batch))
-    return result(updates, steps, returns, t0)
+    return result(updates, steps, returns, t0) | {"agent": agent}
 
 
 def acting_stats(batch: RoundBatch) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -189,7 +190,7 @@ def train_vector(envs: Any, p: PPOSection, seed: int, emit: Row, log_every: int 
         stats = update(agent, opt, ro, p, gen)
         update_no += 1
         emit(row(update_no, steps, t0, returns, stats))
-    return result(update_no, steps, returns, t0)
+    return result(update_no, steps, returns, t0) | {"agent": agent}
 
 
 def result(updates: int, steps: int, returns: Returns, t0: float) -> dict[str, Any]:
@@ -211,3 +212,18 @@ def row(update_no: int, steps: int, t0: float, returns: Returns, stats: dict[str
         "solved": returns.solved,
         **{k: round(v, 6) for k, v in stats.items()},
     }
+
+
+POLICY_FILE = "policy.pt"
+
+
+def save_policy(path: Path, agent: Agent, env_id: str, hidden: int) -> Path:
+    """The trained agent (actor and critic) as RUN_DIR/final/policy.pt: its state dict and what rebuilds it
+    (`Agent(obs_dim, n_actions, hidden)`; load with torch.load(..., weights_only=True))."""
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in agent.state_dict().items()}
+    obs_dim = int(state["critic.0.weight"].shape[1]) if "critic.0.weight" in state else -1
+    n_actions = int([v for k, v in state.items() if k.startswith("actor") and k.endswith("weight")][-1].shape[0])
+    meta = {"env_id": env_id, "obs_dim": obs_dim, "n_actions": n_actions, "hidden": hidden}
+    torch.save({"state_dict": state, "meta": meta}, path / POLICY_FILE)
+    return path / POLICY_FILE

@@ -64,6 +64,11 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
         finally:
             hub.close("completed")
     console(final_line(result))
+    if "agent" in result:  # the final policy, for use after the run
+        from prl_actors.envs.ppo import save_policy
+
+        saved = save_policy(rd.root / "final", result["agent"], cfg.env.env_id, cfg.env.ppo.hidden)
+        console(f"final policy: {saved}")
     return 0
 
 
@@ -133,6 +138,15 @@ class EnvRun:
         return name
 
     def run(self) -> int:
+        follower = None
+        if self.cfg.run.report_to:  # run.report_to: one thread follows metrics.jsonl (prl_actors/tracking.py)
+            from prl_actors.tracking import MetricsFollower
+
+            config = self.cfg.model_dump(mode="json")
+            follower = MetricsFollower(
+                Path(self.cfg.run.run_dir), list(self.cfg.run.report_to), self.cfg.run.name, config
+            )
+            follower.start()
         with self.sup.signals.installed():
             try:
                 for m in members(self.cfg):
@@ -147,6 +161,8 @@ class EnvRun:
                 return 128 + sig.signum
             finally:
                 self.sup.reap()
+                if follower is not None:
+                    follower.stop()
 
     def _supervise(self) -> int:
         learner = self.sup.children["learner"]

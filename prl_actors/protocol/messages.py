@@ -76,6 +76,15 @@ class RejectReason(DocEnum):
     BAD_GROUP_SIZE = "bad_group_size", "not exactly G samples"
     DUPLICATE = "duplicate", "(epoch, group id) was already accepted"
     BUFFER_FULL = "buffer_full", "buffer.max_groups groups already wait for the trainer"
+    EXPELLED = "expelled", "the sender was expelled for refused groups (run.max_bad_groups)"
+    NON_FINITE = "non_finite", "a reward or log-prob is NaN or infinite"
+    BAD_TOKENS = "bad_tokens", "a token id outside the vocabulary, or log-probs not one per token"
+    TOO_LONG = "too_long", "a response longer than the run's max_new_tokens"
+    WRONG_PROMPT = "wrong_prompt", "the prompt (text or token ids) is not the one assigned"
+    BAD_TEXT = "bad_text", "a sample's text is not what its token ids decode to"
+    REWARD_MISMATCH = "reward_mismatch", "buffer.verify_rewards: a reported reward differs from the re-scored one"
+    TRAIN_FAILED = "train_failed", "the trainer's forward/backward failed on this group alone"
+    DROPPED = "dropped", "the coordinator gave up on this group (task.on_error skip): the epoch trains without it"
 
 
 class NoWorkReason(DocEnum):
@@ -163,6 +172,15 @@ class Leave(Msg, tag="leave", kw_only=True):
     reason: str = ""
 
 
+class GiveBack(Msg, tag="give_back", kw_only=True):
+    """Worker -> Coordinator: generating or scoring these held groups failed (`error`: the exception
+    in one line); requeue them now. A group given back run.max_group_failures times is given up
+    (task.on_error). Reply: Ack."""
+
+    groups: list[int]
+    error: str = ""
+
+
 class Ack(Msg, tag="ack", kw_only=True):
     """Generic positive reply."""
 
@@ -191,6 +209,7 @@ class WorkRequest(Msg, tag="work_request", kw_only=True):
     holds; work of epoch e is given only to a worker that holds v_e. Reply: WorkAssign or NoWork."""
 
     max_groups: int = 1
+    eval_ok: bool = False  # the engine is idle and may take eval prompts (EvalAssign) if no training work is left
 
 
 class Prompt(msgspec.Struct, kw_only=True):
@@ -217,6 +236,34 @@ class NoWork(Msg, tag="no_work", kw_only=True):
     reply_to: str
     reason: NoWorkReason
     retry_after_s: float = 0.05
+
+
+class EvalAssign(Msg, tag="eval_assign", kw_only=True):
+    """Reply to a WorkRequest with `eval_ok` when the epoch's training queue is empty: generate `samples`
+    completions for each of these eval prompts with weights `version` (the header's `epoch` names the
+    evaluation) and send them back as EvalResult. Never trained (docs/OBSERVE.md)."""
+
+    reply_to: str
+    prompts: list[Prompt]
+    samples: int
+
+
+class EvalGroup(msgspec.Struct, kw_only=True):
+    """One eval prompt's k completions and their rewards (the task's reward)."""
+
+    prompt_id: int
+    prompt: str
+    answer: str
+    completions: list[str]
+    rewards: list[float]
+    error: str = ""  # the engine failed on this prompt (no completions; counted as not passed)
+
+
+class EvalResult(Msg, tag="eval_result", kw_only=True):
+    """Worker -> Coordinator: the finished eval prompts of an EvalAssign of `epoch`/`version`; any eval
+    prompt the sender held for it and did not return goes back to the eval queue. Reply: Ack."""
+
+    groups: list[EvalGroup]
 
 
 class Sample(msgspec.Struct, kw_only=True):
@@ -311,6 +358,28 @@ class EpochClose(Msg, tag="epoch_close", kw_only=True):
 
     groups: int
     generated: int
+
+
+class GroupRefused(Msg, tag="group_refused", kw_only=True):
+    """Trainer -> Buffer (its forward/backward failed on this group alone) and Buffer -> Coordinator
+    (a group refused for its content, or by the trainer): group `group_id` of `epoch` from `worker`
+    is not trained; requeue it for another worker. `expel`: the worker reached run.max_bad_groups
+    refusals and is expelled for the run."""
+
+    group_id: int
+    worker: str
+    reason: RejectReason
+    detail: str = ""
+    expel: bool = False
+
+
+class GroupDropped(Msg, tag="group_dropped", kw_only=True):
+    """Coordinator -> Buffer: group `group_id` of `epoch` failed generation or scoring
+    run.max_group_failures times and task.on_error is skip: the epoch completes without it (the
+    buffer's EpochComplete counts the groups actually sent). Reply: Ack."""
+
+    group_id: int
+    reason: str = ""
 
 
 class Shutdown(Msg, tag="shutdown", kw_only=True):
@@ -530,6 +599,9 @@ class Status(Msg, tag="status", kw_only=True):
     buffer_addr: str = ""
     waiting_for: str = ""  # why the run is stalled, when it is (empty otherwise)
     refused: dict[str, int] = {}  # the coordinator's own refusals by kind (auth, forbidden, malformed, ...)
+    notices: list[str] = []  # the run's last notices (groups given up, workers expelled), oldest first
+    notices_total: int = 0  # notices so far (the list holds the last few): a client prints the new ones
+    eval: dict[str, float] = {}  # the latest finished evaluation: epoch, version, eval_pass@k, eval_mean@k
 
 
 class Scale(Msg, tag="scale", kw_only=True):
@@ -551,16 +623,21 @@ Message = (
     | Heartbeat
     | HeartbeatAck
     | Leave
+    | GiveBack
     | Ack
     | Error
     | EpochStart
     | WorkRequest
     | WorkAssign
     | NoWork
+    | EvalAssign
+    | EvalResult
     | GroupResult
     | GroupAck
     | EpochOpen
     | GroupAccepted
+    | GroupRefused
+    | GroupDropped
     | EpochClose
     | Shutdown
     | Credit

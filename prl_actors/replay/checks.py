@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from prl_actors.replay.coordinator_replay import replay_coordinator
 from prl_actors.replay.events import ReplayError, Run, Violation, run_config
-from prl_actors.replay.invariants import check_exactly_once, check_on_policy, check_one_step
+from prl_actors.replay.invariants import check_exactly_once, check_on_policy, check_one_step, check_trained_tokens
 from prl_actors.replay.replies import check_replies
 
 
@@ -35,6 +35,7 @@ def invariant_checks(run: Run) -> list[CheckResult]:
     return [
         CheckResult("on-policy", on_policy, check_on_policy(run)),
         CheckResult("exactly-once", f"{len(epochs)} stepped epochs, every group trained once", check_exactly_once(run)),
+        CheckResult("trained-tokens", "every received token trained", check_trained_tokens(run)),
         CheckResult("one-step", f"{len(steps)} optimizer steps, versions {versions} by +1", check_one_step(run)),
     ]
 

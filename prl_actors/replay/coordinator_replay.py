@@ -50,6 +50,12 @@ DECISION_EVENTS = frozenset(
         "run_done",
         "scale",
         "handler_error",
+        "group_refused",
+        "given_back",
+        "hold_expired",
+        "group_given_up",
+        "group_dropped",
+        "member_expelled",
     }
 )
 VOLATILE = frozenset({"event", "actor", "role", "t_mono", "t_wall", "t", "where", "_seq", "msg_id", "trace"})
@@ -158,13 +164,18 @@ def new_core(run: Run, settings: Event | None = None) -> Any:
     assert isinstance(core, CoordinatorCore)
     if settings and "epochs" in settings:
         core.s.epochs = int(settings["epochs"])
+    if core.eval_plan is not None:  # evaluation: what the recorded coordinator had done, and no files written
+        from prl_actors.evaluation import MemoryEvalSink
+
+        core.eval_plan.done = {int(e) for e in (settings or {}).get("eval_done", [])}
+        core.eval_sink = MemoryEvalSink()
     return core
 
 
 def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     """The recorded message as the typed message the coordinator got, reply_to mapped to replay ids."""
     try:
-        msg: Msg = msgspec.convert(e["msg"], Message)  # type: ignore[arg-type]
+        msg: Msg = msgspec.convert(_nan_floats(e["msg"]), Message)  # type: ignore[arg-type]
     except (msgspec.ValidationError, KeyError, TypeError) as exc:
         raise ReplayError(f"{e.get('where')}: coord_input message does not decode: {exc}") from None
     reply_to = getattr(msg, "reply_to", "")
@@ -173,6 +184,15 @@ def decode_input(e: Event, ids: dict[str, str]) -> Inbound:
     identity = bytes.fromhex(str(e.get("identity", "")))
     principal = str(e.get("principal", ""))  # the authenticated sender, so refusals replay as refusals
     return Inbound(msg, [], None, identity, principal=principal)  # type: ignore[arg-type]
+
+
+def _nan_floats(raw: Any) -> Any:
+    """JSON has no NaN: the log wrote a non-finite metric as null; read it back as NaN (a step_done's
+    metrics are the only floats of a coordinator input that can be non-finite)."""
+    if isinstance(raw, dict) and isinstance(raw.get("metrics"), dict):
+        metrics = {k: float("nan") if v is None else v for k, v in raw["metrics"].items()}
+        return {**raw, "metrics": metrics}
+    return raw
 
 
 def feed(core: Any, step: Step, ids: dict[str, str]) -> None:

@@ -35,19 +35,57 @@ def epoch_versions(run: Run) -> dict[int, int]:
 
 
 def _trained(run: Run) -> list[Event]:
-    return [e for e in run.of("train_group") if e.get("role") == "trainer"]
+    """The trainer's received groups, less those it refused (`train_refused`: generated again)."""
+    refused = {e.get("msg_id") for e in run.of("train_refused")}
+    return [e for e in run.of("train_group") if e.get("role") == "trainer" and e.get("msg_id") not in refused]
 
 
-def _kept(run: Run, events: list[Event]) -> list[Event]:
+def check_trained_tokens(run: Run) -> list[Violation]:
+    """Exactly-once in tokens: every stepped epoch trained (`groups_trained`) the tokens of every group it
+    kept (`train_group`): a forward that failed and silently dropped its micro-batch shows up here.
+    Runs whose trainer logs no `groups_trained` (older logs) are not checked."""
+    if not run.of("groups_trained"):
+        return []
+    received: dict[int, dict[int, int]] = defaultdict(dict)
+    for t in _kept(run, _trained(run)):
+        received[int(t.get("msg_epoch", -1))][int(t.get("group_id", -1))] = int(t.get("received_tokens", 0) or 0)
+    trained: dict[int, dict[int, int]] = defaultdict(dict)
+    for e in run.of("groups_trained"):
+        for g, n in zip(e.get("groups", []), e.get("tokens", []), strict=False):
+            trained[int(e.get("msg_epoch") or e.get("epoch") or 0)][int(g)] = int(n)
+    out = []
+    for s in run.of("optimizer_step"):
+        epoch = int(s.get("epoch", -1))
+        want, got = received.get(epoch, {}), trained.get(epoch, {})
+        lost = sorted(set(want) - set(got))
+        if lost or sum(want.values()) != sum(got[g] for g in want if g in got):
+            msg = (
+                f"epoch {epoch} stepped ({at(s)}) after training {sum(got.values())} of {sum(want.values())} "
+                f"received tokens (groups never trained: {lost})"
+            )
+            out.append(Violation("exactly-once", msg))
+    return out
+
+
+def _kept(run: Run, events: list[Event], key: str = "msg_epoch") -> list[Event]:
     """Drop the events of epochs a run was stopped in before their step (a `--resume` redoes them:
-    the accumulated gradients died with the process). A run segment starts at each coordinator start."""
+    the accumulated gradients died with the process), and of epochs a later `--resume` rolled back
+    (it resumed from an older checkpoint than the last, e.g. past a damaged one: those epochs are
+    legitimately redone). A run segment starts at each coordinator start."""
     starts = [e["t"] for e in run.of("actor_start", actor="coordinator")]
     if len(starts) <= 1:
         return events
     segment = lambda e: bisect_right(starts, e["t"]) - 1  # noqa: E731
     stepped = {(segment(s), s.get("epoch")) for s in run.of("optimizer_step") if s.get("role") == "trainer"}
+    resumed = [(segment(r), int(r.get("new_version", 0))) for r in run.of("resumed") if r.get("role") == "trainer"]
     last = len(starts) - 1
-    return [e for e in events if segment(e) == last or (segment(e), e.get("msg_epoch")) in stepped]
+
+    def rolled_back(e: Event) -> bool:
+        epoch = e.get(key)
+        return isinstance(epoch, int) and any(seg > segment(e) and epoch >= v for seg, v in resumed)
+
+    kept = [e for e in events if segment(e) == last or (segment(e), e.get(key)) in stepped]
+    return [e for e in kept if not rolled_back(e)]
 
 
 def check_on_policy(run: Run) -> list[Violation]:
@@ -104,13 +142,16 @@ def check_exactly_once(run: Run) -> list[Violation]:
     for t in trained_events:
         trained[t.get("msg_epoch", -1)].add(t.get("group_id", -1))
     sizes = _epoch_sizes(run)
+    dropped: dict[int, set[int]] = defaultdict(set)  # given up by the coordinator (task.on_error skip)
+    for e in run.of("group_dropped", actor="coordinator"):
+        dropped[int(e.get("msg_epoch", -1))].add(int(e.get("group_id", -1)))
     dynamic = _dynamic_epochs(run, accepted)
     out += _dynamic_violations(dynamic, trained, sizes)
     stepped = set()
     for s in run.of("optimizer_step"):
         epoch = s.get("epoch", -1)
         stepped.add(epoch)
-        every = set(range(sizes.get(epoch, int(s.get("groups") or 0))))
+        every = set(range(sizes.get(epoch, int(s.get("groups") or 0)))) - dropped.get(epoch, set())
         wanted = dynamic[epoch][0] - dynamic[epoch][1] if epoch in dynamic else every
         missing = sorted(wanted - trained[epoch])
         if missing:
@@ -181,7 +222,7 @@ def _epoch_sizes(run: Run) -> dict[int, int]:
 
 
 def check_one_step(run: Run) -> list[Violation]:
-    steps = [s for s in run.of("optimizer_step") if s.get("role") == "trainer"]
+    steps = _kept(run, [s for s in run.of("optimizer_step") if s.get("role") == "trainer"], key="epoch")
     per_epoch: dict[int, list[Event]] = defaultdict(list)
     for s in steps:
         per_epoch[s.get("epoch", -1)].append(s)

@@ -51,6 +51,7 @@ from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
+from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
     batch_reward_std,
     cispo_loss,
@@ -192,7 +193,7 @@ def loss_mask(groups: list[Group]) -> torch.Tensor:
     return torch.tensor([m for g in groups for s in g.samples for m in s.model_mask()], dtype=torch.float64)
 
 
-class GRPOLearner:
+class GRPOLearner(GuardedGRPO):
     """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
 
     def __init__(self, cfg: Config, model_dir: Path | str | None) -> None:

@@ -38,10 +38,12 @@ class SimLearner:
         rewards = np.array([s.reward for s in group.samples], dtype=np.float64)
         adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
         probs = softmax(self.theta[k].astype(np.float64))
+        grad = np.zeros_like(probs)  # added only once every sample is read: a bad one adds nothing
         for a_i, s in zip(adv, group.samples, strict=True):
             onehot = np.zeros_like(probs)
             onehot[int(s.text)] = 1.0
-            self.grad[k] += a_i * (onehot - probs)
+            grad += a_i * (onehot - probs)
+        self.grad[k] += grad
         self.samples += len(group.samples)
         self.rewards.extend(rewards.tolist())
         time.sleep(self.cfg.train_s_per_sample * len(group.samples))
@@ -49,6 +51,25 @@ class SimLearner:
 
     def flush(self, max_groups: int | None = None) -> int:
         return 0  # accumulate trains at once
+
+    # --- failure isolation (training/guard.py): accumulate trains at once and adds nothing on failure
+    def drop_pending(self) -> None:
+        pass
+
+    def train_one(self, group: Group) -> None:
+        self.accumulate(group)
+
+    def forget(self, group: Group) -> None:
+        pass  # a failed accumulate counted nothing
+
+    def nonfinite_cause(self) -> str:
+        return "" if np.isfinite(self.grad).all() else "non-finite gradient in theta"
+
+    def skip_step(self) -> dict[str, float]:
+        self.version += 1
+        reward = float(np.mean(self.rewards)) if self.rewards else 0.0
+        self._reset()
+        return {"reward_mean": reward, "samples": 0.0, "skipped": 1.0}
 
     @property
     def pending(self) -> int:
