@@ -34,7 +34,7 @@ from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
-from prl_actors.supervisor import Interrupted, Signals
+from prl_actors.supervisor import STOP_SIGNALS, Interrupted, Signals
 from prl_actors.transport.auth import PUBLIC, SECRET, KeyStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +168,8 @@ class ComposeRun:
                 return self.supervise()
             except Interrupted as sig:
                 console(f"\n{sig}: stopping the run ...")
-                self.stop_run(f"{sig} to prl-actors up --compose")
+                with contextlib.suppress(Interrupted):  # a second signal: stop waiting for the coordinator
+                    self.stop_run(f"{sig} to prl-actors up --compose")
                 return 128 + sig.signum
             except ComposeError as exc:
                 console(f"error: {exc}")
@@ -325,8 +326,8 @@ class ComposeRun:
         )
 
     def teardown(self) -> None:
-        """Remove the containers and the network (not the volume); Ctrl-C cannot cut this short."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        """Remove the containers and the network (not the volume); no stop signal cuts this short."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
             done = self.compose("down", "--remove-orphans", "-t", "15")
             if done.returncode != 0:
@@ -334,4 +335,5 @@ class ComposeRun:
             for t in self.followers:
                 t.join(5.0)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

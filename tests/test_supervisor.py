@@ -238,3 +238,39 @@ def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> 
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert out.read_text() == "gone"
+
+
+# --- compose: the supervisor's signal handling around containers ------------------------------
+
+
+def test_compose_up_a_signal_cuts_a_blocking_step_short_and_a_second_one_does_not_escape(tmp_path: Path) -> None:
+    """`up --compose`: a stop signal interrupts the image build at once; a second one while the
+    coordinator is asked to stop ends that wait, never a traceback; teardown always runs."""
+    from prl_actors.compose import ComposeRun
+    from prl_actors.config import load_config
+
+    done: list[str] = []
+
+    class Scripted(ComposeRun):
+        def build(self) -> None:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            time.sleep(30.0)  # a long image build
+            done.append("built")
+
+        def stop_run(self, reason: str) -> None:
+            done.append(reason)
+            os.kill(os.getpid(), signal.SIGHUP)  # impatient: a second signal
+            time.sleep(30.0)
+
+        def teardown(self) -> None:
+            done.append("teardown")
+
+    run = Scripted(["docker-compose"], load_config(None, {}), tmp_path / "c.yml", tmp_path / "s", 27500)
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        t0 = time.monotonic()
+        assert run.run() == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 10.0
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert done == ["SIGTERM to prl-actors up --compose", "teardown"]
