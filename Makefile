@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-fast test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,12 +26,18 @@ cartpole: $(STAMP)
 	$(BIN)/prl-actors up --config configs/cartpole.yaml --run-dir runs/cartpole-$$(date +%Y%m%d-%H%M%S)
 
 lint: $(STAMP)
-	$(BIN)/ruff check prl_actors cli tests bench
-	$(BIN)/ruff format --check prl_actors cli tests bench
+	$(BIN)/ruff check prl_actors cli tests bench tools/import_cycles.py
+	$(BIN)/ruff format --check prl_actors cli tests bench tools/import_cycles.py
 	$(BIN)/mypy
+	$(BIN)/python tools/import_cycles.py  # no module or package import circles but the listed ones
 
 test: lint
 	$(BIN)/pytest -q
+
+# The inner loop: the unit and socket-free core tests (the `fast` tier, tests/conftest.py), < 90 s on
+# 2 cores. `make test` stays the full gate (lint, then every tier but the opt-in ones below).
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m 'fast and not slow and not vllm and not compose and not dist'
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

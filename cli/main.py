@@ -349,7 +349,9 @@ def actor(
     import socket
 
     name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
-    if name.split("-", 1)[0] != role:
+    from prl_actors.protocol.messages import role_prefix
+
+    if role_prefix(name) != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator, name)
@@ -383,7 +385,9 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
     if cfg.env is None:
         fail("the learner and env roles need a config with an `env` section (see configs/cartpole.yaml)")
     name = name or (f"env-{socket.gethostname()}-{os.getpid()}" if role == "env" else role)
-    if name.split("-", 1)[0] != role:
+    from prl_actors.protocol.messages import role_prefix
+
+    if role_prefix(name) != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
     from prl_actors.envs.hub import EnvUnavailable
     from prl_actors.envs.run import run_env_actor, run_learner

@@ -17,9 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from prl_actors.envs.settings import EnvSection
+from prl_actors.protocol.messages import ADDRESSED_ROLES, BINDING_ROLES, Role
 
-ROLES = ("coordinator", "publisher", "buffer", "trainer", "worker", "learner")  # index = tcp port offset
-BINDS = ("coordinator", "publisher", "buffer", "learner")  # the roles that bind a socket (learner: classic RL)
+ROLES = tuple(r.value for r in ADDRESSED_ROLES)  # the roles with an address; index = tcp port offset (Role.port_offset)
+BINDS = tuple(r.value for r in BINDING_ROLES)  # the roles that bind a socket (learner: classic RL only)
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 VLLM_DTYPES = ("float32", "bfloat16")
 DEFAULT_BASE_PORT = 27500
@@ -849,7 +850,7 @@ class Config(_Section):
         """The address `role` binds (and others connect to)."""
         if role in self.transport.addresses:
             return self.transport.addresses[role]
-        index = ROLES.index(role)
+        index = _port_offset(role)
         kind = self.transport.kind
         if kind == "tcp":
             base = DEFAULT_BASE_PORT if self.transport.base_port is None else self.transport.base_port
@@ -867,6 +868,14 @@ class Config(_Section):
 
     def dump(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _port_offset(role: str) -> int:
+    """`role`'s tcp port offset; a ValueError names the roles that have an address."""
+    offset = Role(role).port_offset if role in ROLES else None
+    if offset is None:
+        raise ValueError(f"{role!r} has no address of its own (roles with one: {', '.join(ROLES)})")
+    return offset
 
 
 def is_local(address: str) -> bool:

@@ -31,7 +31,9 @@ from prl_actors.actors.trainer import TrainerCore
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.config import Config
 from prl_actors.logs import EventLog
+from prl_actors.protocol.messages import BINDING_ROLES, role_prefix
 from prl_actors.rundir import RunDir
+from prl_actors.threads import local_workers, set_torch_threads, threads_for
 from prl_actors.transport.auth import KeyStore, Security, create_keys
 from prl_actors.transport.port import ROUTER, Limits
 
@@ -42,11 +44,12 @@ PEERS = {
     "trainer": ("coordinator", "buffer", "publisher"),
     "worker": ("coordinator", "publisher", "buffer"),
 }
-BINDS = {"coordinator", "publisher", "buffer"}
+BINDS = {r.value for r in BINDING_ROLES if r in PEERS}  # the GRPO roles that bind (the learner is classic RL's)
 
 
 def role_of(name: str) -> str:
-    return name.split("-", 1)[0]
+    """The role part of an actor name (one parser: protocol.messages.role_prefix)."""
+    return role_prefix(name)
 
 
 def model_dir(cfg: Config) -> Path | None:
@@ -248,8 +251,6 @@ def _trainer_threads(cfg: Config, learner: object) -> ThreadPlan | None:
     and every core once the epoch is generated (actors/threads.py); sync mode trains only while the
     workers wait, so on every core. None: a fixed setting, the sim learner, no local workers, a
     trainer group (its ranks split the cores) or a model below BOOST_MIN_PARAMS."""
-    from prl_actors.process import local_workers
-
     local = local_workers()
     if cfg.trainer.threads != "auto" or cfg.trainer.learner == "sim" or not local:
         return None
@@ -265,8 +266,6 @@ def _worker_threads(cfg: Config, engine: object) -> ThreadPlan | None:
     from the epoch's weights until its first group is sent, then its share (actors/threads.py); in
     sync mode every core (the trainer waits while it generates). None otherwise: a fixed setting,
     several local workers (they split the cores), another engine, a model below BOOST_MIN_PARAMS."""
-    from prl_actors.process import local_workers
-
     if cfg.worker.threads != "auto" or cfg.worker.engine != "torch" or local_workers() != 1:
         return None
     if _params(getattr(engine, "model", None)) < BOOST_MIN_PARAMS:
@@ -280,10 +279,6 @@ def _params(model: object) -> int:
 
 
 def _plan(cfg: Config, role: str, local: int) -> ThreadPlan:
-    import torch
-
-    from prl_actors.process import threads_for
-
     full = threads_for(cfg, role, None)
     share = full if cfg.run.mode == "sync" else threads_for(cfg, role, local)
-    return ThreadPlan(share, full, torch.set_num_threads)
+    return ThreadPlan(share, full, set_torch_threads)

@@ -132,3 +132,62 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from prl_actors.model.tiny import build_all
 
     return build_all(tmp_path_factory.mktemp("families"))
+
+
+# --- test tiers ------------------------------------------------------------------------------------
+# Every test module is in exactly one tier, by its name (no per-file edits):
+#   fast         the unit and socket-free core tests (in-process, inproc:// at most; no OS process, no
+#                tcp/ipc socket, no HTTP server): `make test-fast`, the inner loop, < 90 s on 2 cores
+#   integration  everything else (real processes, sockets, the CLI's `up`, ranks): only in `make test`
+# A module not listed here is integration (a new module is safe by default: `make test` runs it); move
+# it here once it is quick and socket-free. tests/test_tiers.py keeps the list honest.
+FAST_MODULES = frozenset(
+    {
+        "test_batching",
+        "test_block_attention",
+        "test_checkpoints",
+        "test_core_parts",
+        "test_cores",
+        "test_data",
+        "test_dynamic_sampling",
+        "test_env",
+        "test_grpo_equivalence",
+        "test_import_cycles",
+        "test_liveness",
+        "test_lora",
+        "test_losses",
+        "test_math_task",
+        "test_memory",
+        "test_model",
+        "test_model_families",
+        "test_multiturn",
+        "test_overlong",
+        "test_packing",
+        "test_prompt_limits",
+        "test_protocol",
+        "test_protocol_doc",
+        "test_recipes",
+        "test_recipes_equivalence",
+        "test_replay_units",
+        "test_reward_model",
+        "test_rewards",
+        "test_roles",
+        "test_sampling_controls",
+        "test_tasks",
+        "test_threads",
+        "test_tiers",
+        "test_torch_engine",
+        "test_transfer",
+    }
+)
+
+
+def tier_of(module: str) -> str:
+    """`fast` or `integration` (see FAST_MODULES)."""
+    return "fast" if module in FAST_MODULES else "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its module's tier (`-m fast` is `make test-fast`)."""
+    for item in items:
+        item.add_marker(tier_of(Path(str(item.fspath)).stem))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prl_actors.config import ConfigError, load_config
-from prl_actors.process import threads_for
+from prl_actors.threads import rank_threads, threads_for
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,14 @@ def test_a_standalone_actor_takes_every_core_and_numbers_win() -> None:
     assert threads_for(cfg, "worker", None, cores=12) == 12
     fixed = load_config(None, {"worker.threads": 3, "trainer.threads": 5})
     assert threads_for(fixed, "worker", 2, cores=2) == 3 and threads_for(fixed, "trainer", 2, cores=2) == 5
+
+
+@pytest.mark.parametrize(("cores", "world", "threads"), [(2, 2, 1), (16, 2, 8), (16, 3, 5), (1, 4, 1)])
+def test_auto_rank_threads_split_the_cores_across_ranks(cores: int, world: int, threads: int) -> None:
+    cfg = load_config(None, {"trainer.world_size": world, "trainer.strategy": "ddp"})
+    assert rank_threads(cfg, cores) == threads
+    fixed = load_config(None, {"trainer.world_size": world, "trainer.strategy": "ddp", "trainer.threads": 3})
+    assert rank_threads(fixed, cores) == 3
 
 
 def test_threads_must_be_positive_or_auto() -> None:
@@ -54,7 +62,7 @@ def test_hand_over_plans_only_where_one_side_can_use_the_others_cores(monkeypatc
     (several split the cores) and the torch engine; both need a model worth more threads; sync
     mode gives both every core throughout (the other side waits)."""
     from prl_actors import topology
-    from prl_actors.process import LOCAL_WORKERS_ENV
+    from prl_actors.threads import LOCAL_WORKERS_ENV
 
     cfg = load_config(None, {"worker.engine": "torch"})
     big, small = _Holder(topology.BOOST_MIN_PARAMS), _Holder(1000)

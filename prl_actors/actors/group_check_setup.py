@@ -59,7 +59,7 @@ def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
         reward_tolerance=cfg.buffer.reward_tolerance,
     )
     if cfg.worker.engine == "sim":
-        from prl_actors.engines.sim import context_of
+        from prl_actors.training.sim import context_of
 
         checker.vocab_size, checker.max_response_tokens = cfg.sim.arms, cfg.sim.tokens_per_sample
         checker.encode = lambda text: [context_of(text)]

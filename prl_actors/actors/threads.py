@@ -14,6 +14,8 @@ training slice), so the hand-over is as quick as those units are short: a worker
 milliseconds, and the trainer cuts its flushes into slices while a hand-over is to come
 (trainer.SLICE_S). OpenMP threads that are not running cost nothing; two sides both at every core
 would oversubscribe, which the order above never does with one local worker.
+
+The numbers (`share`, `full`) come from the one thread policy, prl_actors/threads.py.
 """
 
 from __future__ import annotations

@@ -18,12 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prl_actors.protocol.messages import Prompt
-
-
-class IncompatibleWeights(ValueError):
-    """Weights that cannot be this engine's next version (names, shapes, or a LoRA adapter trained on
-    another base model): `load_weights` raises it before changing anything, and the worker stops with
-    it as its one-line error (retrying the same fetch could never succeed)."""
+from prl_actors.weight_errors import IncompatibleWeights as IncompatibleWeights  # re-exported: engines raise it
 
 
 @dataclass

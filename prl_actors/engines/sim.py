@@ -22,15 +22,7 @@ import numpy as np
 from prl_actors.config import Config
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
 from prl_actors.protocol.messages import Prompt
-
-
-def context_of(prompt: str) -> int:
-    return int(prompt.split()[-1])
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
+from prl_actors.training.sim import context_of, softmax  # the sim learner's policy: one definition
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 
+from prl_actors.data.builtin import IGNORE
 from prl_actors.envs_llm.base import Message
 from prl_actors.protocol.messages import Prompt
 
@@ -76,8 +77,6 @@ def warm_start_examples(
     tok: object, top: int, max_turns: int, count: int, seed: int
 ) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) of `count` transcripts; labels only on the model's tokens (guesses, <eos>)."""
-    from prl_actors.model.warmstart import IGNORE
-
     rng = random.Random(seed)
     out = []
     for _ in range(count):

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.engines.base import IncompatibleWeights
+from prl_actors.weight_errors import IncompatibleWeights
 
 META = "prl_lora.meta"
 PREFIX = "base_model.model."

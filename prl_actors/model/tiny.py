@@ -40,6 +40,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from prl_actors.data.builtin import sample_file
 from prl_actors.model.builtin import quiet_progress
 
 FAMILIES = ("qwen2", "llama", "gpt2", "mistral")
@@ -151,9 +152,10 @@ SPECS = {
 
 def corpus() -> list[str]:
     """The shipped math problems plus a few chat turns: enough text for a few hundred merges."""
-    from prl_actors.tasks.math_task import sample_path
 
-    rows = [json.loads(line) for line in Path(sample_path()).read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in Path(sample_file("math_sample.jsonl")).read_text().splitlines() if line.strip()
+    ]
     texts = [r["question"] + "\n" + r["answer"] for r in rows]
     return texts + ["system: Answer with the number after ####.", "assistant: #### 42", "The answer is \\boxed{7}."]
 

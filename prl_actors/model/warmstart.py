@@ -13,9 +13,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from prl_actors.tasks.arith import add_items
-
-IGNORE = -100
+from prl_actors.data.builtin import IGNORE, add_items
 
 
 def encode_example(tok: PreTrainedTokenizerBase, prompt: str, answer: str) -> tuple[list[int], list[int]]:

@@ -53,6 +53,38 @@ class Role(DocEnum):
     LEARNER = "learner", "classic RL: owns a vector env's slots on env actors, trains (PPO), serves its policy"
     OPERATOR = "operator", "the CLI: status, scale, stop"
 
+    @property
+    def port_offset(self) -> int | None:
+        """The tcp port `base_port + offset` this role's address uses; None: it has no address of its own
+        (an env actor connects to the learner; the operator connects to the coordinator)."""
+        return _PORT_OFFSETS.get(self)
+
+    @property
+    def binds(self) -> bool:
+        """Does this role bind a socket (the others connect)? The learner binds only in a classic-RL run."""
+        return self in _BINDING
+
+    @classmethod
+    def of_name(cls, name: str) -> Role | None:
+        """The role an actor or key name belongs to ("worker-3" -> WORKER), or None if its prefix is no role."""
+        return _BY_VALUE.get(role_prefix(name))
+
+
+def role_prefix(name: str) -> str:
+    """The role part of an actor or key name: everything before the first '-' ("worker-h-12" -> "worker").
+    The one place that parses names; `Role.of_name` turns it into a role."""
+    return name.split("-", 1)[0]
+
+
+# index = tcp port offset: fixed forever (a run's addresses are derived from base_port and these).
+_PORT_OFFSETS = {
+    r: i for i, r in enumerate((Role.COORDINATOR, Role.PUBLISHER, Role.BUFFER, Role.TRAINER, Role.WORKER, Role.LEARNER))
+}
+_BINDING = frozenset({Role.COORDINATOR, Role.PUBLISHER, Role.BUFFER, Role.LEARNER})
+_BY_VALUE = {r.value: r for r in Role}
+ADDRESSED_ROLES = tuple(sorted(_PORT_OFFSETS, key=_PORT_OFFSETS.__getitem__))  # the roles with an address, by offset
+BINDING_ROLES = tuple(r for r in ADDRESSED_ROLES if r.binds)  # the roles that bind a socket, by port offset
+
 
 class ErrorCode(DocEnum):
     """`error.code`: why a message was not handled."""

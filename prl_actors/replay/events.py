@@ -21,6 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prl_actors.protocol.messages import role_prefix
+
 if TYPE_CHECKING:
     from prl_actors.config import Config
 
@@ -56,7 +58,7 @@ class Run:
         return [e for e in self.events if e["event"] in wanted and (actor is None or e["actor"] == actor)]
 
     def role(self, actor: str) -> str:
-        return self.roles.get(actor, actor.split("-", 1)[0])
+        return self.roles.get(actor, role_prefix(actor))
 
     @cached_property
     def roles(self) -> dict[str, str]:
@@ -169,7 +171,7 @@ def choose_clock(events: list[Event]) -> str:
 
 def order_actors(events: list[Event]) -> list[str]:
     """coordinator, publisher, buffer, trainer, then workers by name (and anything else last)."""
-    roles = {e["actor"]: str(e.get("role") or e["actor"].split("-", 1)[0]) for e in events}
+    roles = {e["actor"]: str(e.get("role") or role_prefix(e["actor"])) for e in events}
 
     def key(actor: str) -> tuple[int, str]:
         role = roles[actor]

@@ -1,6 +1,6 @@
 r"""Built-in rewards, by name in `task.rewards: [{fn: NAME}]`. Each takes one RewardInput.
 
-- `math`: 1.0 when the completion's final number equals the answer's (tasks/math_answer.py), else 0.0.
+- `math`: 1.0 when the completion's final number equals the answer's (rewards/math_answer.py), else 0.0.
 - `format`: 1.0 when the completion marks its final answer with `\boxed{...}` or `#### x`, else 0.0.
 - `length`: 1 - min(n, max_tokens) / max_tokens for n completion tokens (args: max_tokens, default
   256): shorter is better; 0.0 for a truncated completion.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prl_actors.rewards.math_answer import extract_answer, has_final_answer_form, numbers
 from prl_actors.rewards.record import RewardInput
-from prl_actors.tasks.math_answer import extract_answer, has_final_answer_form, numbers
 
 
 def math_answer(record: RewardInput) -> float:

@@ -11,7 +11,6 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from prl_actors.config import ConfigError, RewardSpec, TaskSection
@@ -78,10 +77,3 @@ def _bind(fn: Callable[..., Any], args: dict[str, Any], option: str) -> Callable
     except ValueError:
         pass  # no signature to check (a builtin of C)
     return functools.partial(fn, **args)  # an async fn's partial returns a coroutine: awaited alike
-
-
-def check_model_dir(path: str, option: str) -> Path:
-    p = Path(path).expanduser()
-    if not (p / "config.json").is_file():
-        raise ConfigError(f"{option}.model {path!r}: not a Hugging Face checkpoint directory (no config.json)")
-    return p

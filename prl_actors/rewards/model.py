@@ -34,8 +34,6 @@ class ModelReward:
 
     @classmethod
     def from_spec(cls, spec: RewardSpec, option: str) -> ModelReward:
-        from prl_actors.rewards.load import check_model_dir
-
         assert spec.model is not None
         path = check_model_dir(spec.model, option)
         return cls(path, spec.device, spec.threads, spec.batch_size, spec.max_length, spec.label)
@@ -103,3 +101,10 @@ def _torch_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def check_model_dir(path: str, option: str) -> Path:
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"{option}.model {path!r}: not a Hugging Face checkpoint directory (no config.json)")
+    return p

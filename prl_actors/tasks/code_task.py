@@ -19,6 +19,7 @@ from importlib import resources
 from prl_actors.config import Config, ConfigError
 from prl_actors.data.items import Item
 from prl_actors.data.rows import Row, read_rows
+from prl_actors.rewards.builtins import code
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
 from prl_actors.tasks.base import Task
@@ -32,8 +33,6 @@ def sample_path() -> str:
 
 
 def code_task(cfg: Config) -> Task:
-    from prl_actors.rewards.builtins import code  # here: rewards.builtins imports tasks.math_answer
-
     t = cfg.task
     path = t.prompts_file or sample_path()
     prompt_field = t.prompt_field or "prompt"

@@ -5,7 +5,7 @@ Prompts: `task.prompts_file` (JSONL, parquet or a `datasets` directory; prompt f
 The reference answer may be a bare number or a worked solution ending in `#### x` (GSM8K's answer
 column as is); it is reduced to its final number at load time, and a row without one is an error.
 
-Reward: 1.0 when the response's final answer (see math_answer.py) equals the reference exactly, else
+Reward: 1.0 when the response's final answer (see rewards/math_answer.py) equals the reference exactly, else
 0.0, plus `task.format_reward` when the response marks its answer with `\\boxed{}` or `####`. The
 bonus is < 1, so `accuracy` (reward >= 1) still counts exactly the correct responses.
 """
@@ -13,19 +13,19 @@ bonus is < 1, so `accuracy` (reward >= 1) still counts exactly the correct respo
 from __future__ import annotations
 
 from functools import partial
-from importlib import resources
 
 from prl_actors.config import Config
+from prl_actors.data.builtin import sample_file
+from prl_actors.rewards.math_answer import canonical, extract_answer, has_final_answer_form, numbers
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import load_items_and_rows
-from prl_actors.tasks.math_answer import canonical, extract_answer, has_final_answer_form, numbers
 
 SAMPLE = "math_sample.jsonl"
 
 
 def sample_path() -> str:
     """The shipped sample file (package data)."""
-    return str(resources.files("prl_actors.tasks").joinpath("data", SAMPLE))
+    return sample_file(SAMPLE)
 
 
 def reference_answer(raw: str) -> str:

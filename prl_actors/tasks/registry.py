@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from prl_actors.config import Config, ConfigError
+from prl_actors.rewards.load import configure
 from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.code_task import code_task
@@ -40,8 +41,6 @@ def load_task(cfg: Config) -> Task:
         loaded = task.items
         task.items, task.note = limit_prompts(untemplated(cfg), task.items)
         task.rows = kept_rows(loaded, task.items, task.rows)
-    from prl_actors.rewards.load import configure  # here: rewards.builtins imports tasks.math_answer
-
     if cfg.task.reward:
         task.reward, task.rewards = load_reward(cfg.task.reward), None
     task.rewards = configure(cfg.task, task.reward_set())

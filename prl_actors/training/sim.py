@@ -12,8 +12,16 @@ from pathlib import Path
 import numpy as np
 
 from prl_actors.config import Config
-from prl_actors.engines.sim import context_of, softmax
 from prl_actors.protocol.messages import Group
+
+
+def context_of(prompt: str) -> int:
+    return int(prompt.split()[-1])
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
 
 
 class SimLearner:

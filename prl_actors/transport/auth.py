@@ -38,11 +38,10 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from prl_actors.files import write_private
-from prl_actors.protocol.messages import Role
+from prl_actors.protocol.messages import Role, role_prefix
 
 PUBLIC, SECRET = ".key", ".key_secret"
 ZAP_DOMAIN = "prl-actors"
-_ROLES = {r.value: r for r in Role}
 
 
 class KeysError(Exception):
@@ -51,7 +50,7 @@ class KeysError(Exception):
 
 def role_of_name(name: str) -> Role | None:
     """The role a name (or key name) belongs to: the part before the first '-', if it is a role."""
-    return _ROLES.get(name.split("-", 1)[0])
+    return Role.of_name(name)
 
 
 def speaks_for(principal: str, name: str) -> bool:
@@ -90,7 +89,7 @@ def create_keys(directory: Path, names: Iterable[str], overwrite: bool = False) 
     made = []
     for name in names:
         if role_of_name(name) is None or "/" in name or name.startswith("."):
-            raise KeysError(f"key name {name!r} must start with a role ({', '.join(_ROLES)})")
+            raise KeysError(f"key name {name!r} must start with a role ({', '.join(Role)})")
         if (directory / f"{name}{SECRET}").exists() and not overwrite:
             continue
         public, secret = zmq.curve_keypair()
@@ -160,7 +159,7 @@ class KeyStore:
                     return key_name, public, secret
         raise KeysError(
             f"no secret key for {name!r} in {self.directory}: create one with `prl-actors keys create` "
-            f"or copy an exported {parts[0]}{SECRET} there"
+            f"or copy an exported {role_prefix(name)}{SECRET} there"
         )
 
     def name_of(self, public_z85: bytes) -> str | None:
