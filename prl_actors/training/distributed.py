@@ -188,10 +188,8 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
 def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
     """A rank other than 0: join the group, then do what rank 0 says until `close`. Returns 0, or
     raises with the cause (the caller logs it and exits 1)."""
-    from prl_actors.topology import model_dir
-
     joined = join_group(cfg, env)
-    learner = RankLearner(cfg, model_dir(cfg), joined)
+    learner = RankLearner(cfg, _model_dir(cfg), joined)
     channel = joined.channel
     log("rank_ready", rank=env.rank, world_size=env.world_size, pid=os.getpid())
     while True:
@@ -204,6 +202,16 @@ def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
         log("rank_command", op=cmd.op, rank=env.rank, seconds=seconds, new_version=learner.version)
     _destroy_group()
     return 0
+
+
+def _model_dir(cfg: Config) -> Path | None:
+    """The model directory rank 0's `up` built (topology.model_dir's rule, read here so a rank needs
+    nothing above the training layer: a rank runs no actor)."""
+    if cfg.worker.engine == "sim":
+        return None
+    from prl_actors.model import prepare_model
+
+    return prepare_model(cfg, Path(cfg.run.run_dir))
 
 
 def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:
