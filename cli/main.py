@@ -241,13 +241,24 @@ def _check_task(cfg: Any) -> None:
 
 def _up_env(cfg: Any) -> None:
     """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
-    from prl_actors.envs.run import EnvLauncher
-    from prl_actors.rundir import RunDir
+    from prl_actors.rundir import RunDir, RunDirBusy
 
     rd = Path(cfg.run.run_dir)
     if RunDir(rd).has_run():
         fail(f"run dir {rd} already holds a run; use another --run-dir")
+    try:
+        with RunDir(rd).lock():  # as GRPO's `up`: a second `up` on this run dir fails at once
+            code = _launch_env(cfg, rd)
+    except RunDirBusy as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _launch_env(cfg: Any, rd: Path) -> int:
+    """Pick or check the ports, write RUN_DIR/config.yaml and the keys, run the env runtime."""
+    from prl_actors.envs.run import EnvRun
     from prl_actors.launcher import RunFailed, check_ports, pick_ports
+    from prl_actors.rundir import RunDir
 
     try:
         pick_ports(cfg)
@@ -265,9 +276,9 @@ def _up_env(cfg: Any) -> None:
         err=True,
     )
     t0 = time.monotonic()
-    code = EnvLauncher(cfg, RunDir(rd).config).run()
+    code = EnvRun(cfg, RunDir(rd).config).run()
     typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {RunDir(rd).metrics}", err=True)
-    raise typer.Exit(code)
+    return code
 
 
 def _prepare_model(cfg: Any) -> None:

@@ -12,7 +12,8 @@ What `up --compose` does, with `docker compose` (v2) or `docker-compose` (v1), w
 3. follows the coordinator's Status through its published port (127.0.0.1:PORT): `prl-actors scale`
    asks the coordinator, and this loop scales the `inference` service to match;
 4. ends with the coordinator's exit status (not the first service's to exit); a core service that dies
-   ends the run with an error; Ctrl-C (or SIGTERM) asks the coordinator to stop, then tears down.
+   ends the run with an error; Ctrl-C (SIGTERM, SIGHUP) asks the coordinator to stop, then tears down
+   (`up` exits 128 + the signal).
 The volume (the run directory) is kept; `compose down` removes the containers and the network.
 """
 
@@ -33,6 +34,7 @@ from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
+from prl_actors.supervisor import STOP_SIGNALS, Interrupted, Signals
 from prl_actors.transport.auth import PUBLIC, SECRET, KeyStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,21 +159,23 @@ class ComposeRun:
         return subprocess.run([*self.base, *args], env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
     def run(self) -> int:
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            self.build()
-            self.start()
-            return self.supervise()
-        except KeyboardInterrupt:
-            console("\ninterrupted: stopping the run ...")
-            self.stop_run("interrupted by user")
-            return 130
-        except ComposeError as exc:
-            console(f"error: {exc}")
-            return 1
-        finally:
-            self.teardown()
-            signal.signal(signal.SIGTERM, previous)
+        """The supervisor's signal handling (supervisor.Signals; a signal cuts a blocking step, the
+        image build, short); its members are containers, started and stopped by compose."""
+        with Signals(immediate=True).installed():
+            try:
+                self.build()
+                self.start()
+                return self.supervise()
+            except Interrupted as sig:
+                console(f"\n{sig}: stopping the run ...")
+                with contextlib.suppress(Interrupted):  # a second signal: stop waiting for the coordinator
+                    self.stop_run(f"{sig} to prl-actors up --compose")
+                return 128 + sig.signum
+            except ComposeError as exc:
+                console(f"error: {exc}")
+                return 1
+            finally:
+                self.teardown()
 
     def build(self) -> None:
         console(f"compose: building the image with {shlex.join(self.base[: self.base.index('-f')])} ...")
@@ -322,8 +326,8 @@ class ComposeRun:
         )
 
     def teardown(self) -> None:
-        """Remove the containers and the network (not the volume); Ctrl-C cannot cut this short."""
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        """Remove the containers and the network (not the volume); no stop signal cuts this short."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
             done = self.compose("down", "--remove-orphans", "-t", "15")
             if done.returncode != 0:
@@ -331,8 +335,5 @@ class ComposeRun:
             for t in self.followers:
                 t.join(5.0)
         finally:
-            signal.signal(signal.SIGINT, previous)
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

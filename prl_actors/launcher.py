@@ -1,6 +1,6 @@
 """`prl-actors up`: every actor as a local OS process, supervised.
 
-The whole topology, in start order (`Launcher._start`):
+The whole topology, in start order (wiring.members, started by `Launcher._start`):
 
     trainer, worker-0..N-1   start first and load their model, then wait for the start gate
     coordinator              binds first; `up` waits until it is bound (its `actor_ready` event)
@@ -41,75 +41,49 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
 from prl_actors.logs import console
-from prl_actors.process import LOCAL_WORKERS_ENV, START_GATE_ENV, SUPERVISOR_ENV
+from prl_actors.process import LOCAL_WORKERS_ENV, START_GATE_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
 from prl_actors.rundir import RunDir
+from prl_actors.supervisor import FAILED_STOP_S, Interrupted, Supervisor, restart_delay, spawn, wait_exit
+from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-exported for its users
+from prl_actors.supervisor import Child as Child
+from prl_actors.supervisor import RunFailed as RunFailed
 from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
+from prl_actors.wiring import Member, OnExit, members
 
-START_ORDER = (("coordinator",), ("publisher", "buffer"))  # each tier bound before the next starts
-CORE = ("coordinator", "publisher", "buffer", "trainer")
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
 EXIT_STOPPED = 3
 PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
 START_GATE = ".start-gate"
 WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 
 
-class RunFailed(Exception):
-    pass
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@dataclass
-class Child:
-    """One actor process. A resumed run appends to the same log files: this process's lines start
-    at `log_from`. `restarts`: the start-up crashes in a row of the workers it replaces."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_from: int
-    restarts: int = 0
-    ready: bool = False  # it bound its port: requests to its address reach this process
-
-
-FAILED_STOP_S = 0.5  # a failed run (a core actor died): each stop stage waits at most this long
-
-
 class Launcher:
+    """The GRPO run as a plug-in of the supervisor: which actors start in which order, what an
+    actor's exit means (a core actor's ends the run, a worker's is restarted), scaling, start-up notes."""
+
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
         self.run_dir = RunDir(cfg.run.run_dir)
-        self.children: dict[str, Child] = {}
-        self.retired: list[Child] = []  # scaled down: still reaped at the end
+        self.plan: list[Member] = members(cfg)  # what runs (the composition root)
+        self.sup = Supervisor(cfg.run.stop_grace_s)
+        self.children = self.sup.children  # name -> running actor process
         self.pending: list[tuple[float, int]] = []  # (when, restarts) of workers to start
         self.next_worker = 0
         self.desired = cfg.run.workers
         self.t0 = time.monotonic()
         self.last_stall = ""
         self.notices_seen = 0
-        self.signalled = 0
-        self.hurry = False
-        self.failed = False
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
@@ -119,26 +93,24 @@ class Launcher:
 
     def run(self) -> int:
         """Start the topology and supervise it until the coordinator exits; the exit code."""
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
         follower = self._trackers()
-        try:
-            self._start()
-            self._supervise()
-            return self._outcome()
-        except Interrupted as sig:
-            console(f"\n{sig}: stopping every actor ...")
-            self._stop_all(f"{sig} to prl-actors up")
-            return 128 + sig.signum
-        except RunFailed as exc:
-            self.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
-            self._stop_all(f"the run failed: {exc}")
-            raise
-        finally:
-            self._reap()
-            if follower is not None:
-                follower.stop()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        with self.sup.signals.installed():
+            try:
+                self._start()
+                self._supervise()
+                return self._outcome()
+            except Interrupted as sig:
+                console(f"\n{sig}: stopping every actor ...")
+                self._stop_all(f"{sig} to prl-actors up")
+                return 128 + sig.signum
+            except RunFailed as exc:
+                self.sup.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
+                self._stop_all(f"the run failed: {exc}")
+                raise
+            finally:
+                self.sup.reap()
+                if follower is not None:
+                    follower.stop()
 
     def _trackers(self) -> Any:
         """run.report_to: one thread of this process follows metrics.jsonl (prl_actors/tracking.py)."""
@@ -150,26 +122,31 @@ class Launcher:
         return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
-        """Trainer and workers first (they load while the servers start, behind the gate); then the
-        servers, each tier bound before the next starts; then the gate opens."""
+        """The plan's members in start order: the gated ones first (trainer and workers load while
+        the servers start, behind the gate); then the servers, each tier bound before the next
+        starts; then the gate opens."""
         self.gate.unlink(missing_ok=True)
-        self._spawn("trainer")
-        for _ in range(self.desired):
-            self._add_worker()
-        for tier in START_ORDER:
-            for name in tier:
+        for m in self.plan:
+            if m.gated and m.role == "worker":
+                self._add_worker()  # its key first
+            elif m.gated:
+                self._spawn(m.name)
+        for tier in sorted({m.tier for m in self.plan if not m.gated}):
+            names = [m.name for m in self.plan if m.tier == tier and not m.gated]
+            for name in names:
                 self._spawn(name)
-            for name in tier:
+            for name in names:
                 self._await_ready(self.children[name])
-            console(f"up: {', '.join(tier)} ready ({time.monotonic() - self.t0:.1f}s)")
+            console(f"up: {', '.join(names)} ready ({time.monotonic() - self.t0:.1f}s)")
         self.gate.touch()
 
     def _supervise(self) -> None:
         last_poll = 0.0
         coordinator = self.children["coordinator"]
+        core = [m.name for m in self.plan if m.on_exit is OnExit.FAILS_RUN]
         while coordinator.proc.poll() is None:
             self._check_signal()
-            for name in CORE[1:]:
+            for name in core:
                 if self.children[name].proc.poll():  # 0: a clean exit on Shutdown, which may beat the coordinator's
                     raise RunFailed(self._failure(self.children[name]))
             self._check_workers()
@@ -204,11 +181,10 @@ class Launcher:
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
         log = self.run_dir.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
-        env = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
+        env = {LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
         if role in ("trainer", "worker"):
             env[START_GATE_ENV] = str(self.gate)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own process group
-        self.children[name] = Child(name, proc, offset, restarts)
+        self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts))
 
     def _add_worker(self, restarts: int = 0) -> str:
         name = f"worker-{self.next_worker}"
@@ -261,7 +237,7 @@ class Launcher:
                 f"{child.name} failed before registering, {restarts} times in a row "
                 f"(run.worker_restarts = {self.cfg.run.worker_restarts}): {cause}"
             )
-        delay = RESTART_BACKOFF_S * 2 ** (restarts - 1) if restarts else 0.0
+        delay = restart_delay(restarts)
         if delay:
             console(f"restarting it in {delay:g}s (start-up failure {restarts} of {self.cfg.run.worker_restarts})")
         self.pending.append((time.monotonic() + delay, restarts))
@@ -359,66 +335,29 @@ class Launcher:
         while self.pending and len(self._workers()) + len(self.pending) > n:
             self.pending.pop()
         for name in self._workers()[n:]:
-            child = self.children.pop(name)
-            child.proc.send_signal(signal.SIGTERM)  # graceful: Leave, work is requeued
-            self.retired.append(child)
+            self.sup.retire(name)  # SIGTERM: graceful, it says Leave and its work is requeued
         while len(self._workers()) + len(self.pending) < n:
             self._add_worker()
 
     # --- stopping ----------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        if self.signalled:
-            self.hurry = True  # a second signal: no more grace periods
-        self.signalled = self.signalled or signum
-
     def _check_signal(self) -> None:
-        if self.signalled:
-            raise Interrupted(self.signalled)
+        self.sup.signals.check()
 
     def _stop_all(self, reason: str) -> None:
         """RequestStop: the coordinator sends every member Shutdown; then wait for them a while.
         Before the gate opened, the trainer and workers hold nothing: they are stopped at once."""
         if not self.gate.exists():
-            for child in self._all():
-                if child.name.split("-", 1)[0] in ("trainer", "worker") and child.proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(child.proc.pid, signal.SIGTERM)
+            for child in self.sup.all():
+                if child.name.split("-", 1)[0] in ("trainer", "worker") and child.alive():
+                    child.signal(signal.SIGTERM)
         coordinator = self.children.get("coordinator")
         live = coordinator is not None and coordinator.ready and coordinator.proc.poll() is None  # else: not ours
         if live:
             with contextlib.suppress(RequestFailed):
-                timeout = FAILED_STOP_S if self.failed else 2.0
+                timeout = FAILED_STOP_S if self.sup.failed else 2.0
                 request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=timeout, keys=self.keys)
-        self._wait_exit(self._all(), self._grace(carried=live))
-
-    def _grace(self, carried: bool = True) -> float:
-        """How long to wait for actors to exit on their own: none after a second signal, none when no
-        live coordinator carries the stop (it was the one that died), a short one when the run failed."""
-        if self.hurry or not carried:
-            return 0.0
-        return FAILED_STOP_S if self.failed else self.cfg.run.stop_grace_s
-
-    def _reap(self) -> None:
-        """Every actor still running: SIGTERM to its process group, then SIGKILL (bounded waits)."""
-        grace = self._grace()
-        self._wait_exit(self._all(), grace)
-        waits = (FAILED_STOP_S, FAILED_STOP_S) if self.failed else (grace + 2.0, 2.0)
-        for sig, wait_s in zip((signal.SIGTERM, signal.SIGKILL), waits, strict=True):
-            alive = [c for c in self._all() if c.proc.poll() is None]
-            for c in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(c.proc.pid, sig)
-            self._wait_exit(alive, wait_s)
-
-    def _all(self) -> list[Child]:
-        return [*self.children.values(), *self.retired]
-
-    @staticmethod
-    def _wait_exit(children: list[Child], wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(c.proc.poll() is None for c in children):
-            time.sleep(0.05)
+        wait_exit(self.sup.all(), self.sup.grace(carried=live))
 
 
 # --- ports -------------------------------------------------------------------------------------

@@ -16,16 +16,14 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
+from prl_actors.supervisor import STOP_SIGNALS
+from prl_actors.supervisor import SUPERVISOR_ENV as SUPERVISOR_ENV  # set by `up` for the actors it starts
 from prl_actors.topology import ensure_key, role_of, start_actor
 from prl_actors.transport.auth import KeysError, close_context, create_keys, run_key_names
 
 
 class ActorFailed(Exception):
     pass
-
-
-SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # set by `up` (launcher.py): the pid whose exit stops the actor
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
@@ -42,9 +40,8 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     except (StartFailed, KeysError) as exc:  # KeysError: its own or a peer's key file is missing
         close_context(ctx)
         raise ActorFailed(f"{name}: {exc}") from None
-    signalled = _catch_stop_signals()
-    reason = _wait(host, signalled)
-    if reason and not host.done.wait(cfg.run.stop_grace_s):
+    reason = serve_until_stopped(host, cfg.run.stop_grace_s)
+    if reason:
         raise ActorFailed(f"{name}: did not stop within {cfg.run.stop_grace_s:g}s of {reason} (a stuck thread?)")
     close_context(ctx)
     if host.error:
@@ -78,6 +75,14 @@ def start_gate(cfg: Config) -> Callable[[], None] | None:
     return wait
 
 
+def serve_until_stopped(host: ActorHost, grace_s: float) -> str:
+    """This process's actor (any runtime's ActorHost) until it stops: by itself, or asked to by a
+    stop signal, its port's crash or its supervisor's exit (SUPERVISOR_ENV). '' when it stopped;
+    else why it was asked to and did not stop within `grace_s` (the caller exits anyway)."""
+    reason = _wait(host, _catch_stop_signals())
+    return reason if reason and not host.done.wait(grace_s) else ""
+
+
 def _wait(host: ActorHost, signalled: threading.Event) -> str:
     """Wait until the actor stops by itself ("") or is asked to (the reason, after asking it)."""
     supervisor = int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
@@ -88,7 +93,7 @@ def _wait(host: ActorHost, signalled: threading.Event) -> str:
         if supervisor and os.getppid() != supervisor:
             reason = "its supervisor's exit"
         if reason:
-            _request_stop(host, reason)
+            request_stop(host, reason)
             return reason
     return ""
 
@@ -147,7 +152,7 @@ def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | 
     return trainer if role == "trainer" else max(1, (cores - trainer) // max(1, local_workers))
 
 
-def _request_stop(host: ActorHost, reason: str) -> None:
+def request_stop(host: ActorHost, reason: str) -> None:
     """Ask the actor to stop from outside its thread (a worker says Leave first)."""
     with contextlib.suppress(pykka.ActorDeadError):  # already gone: nothing to stop
         host.actor_ref.tell(StopRequest(reason))
@@ -182,7 +187,7 @@ class LocalCluster:
     def remove_worker(self, name: str, graceful: bool = True) -> None:
         host = self.hosts.pop(name)
         if graceful:
-            _request_stop(host, "removed")
+            request_stop(host, "removed")
         else:  # like SIGKILL: no Leave, the coordinator must notice the silence
             host.port.stop()
             host.actor_ref.stop(block=False)

@@ -66,7 +66,7 @@ def test_a_hung_rank_fails_the_step_within_the_timeout(tmp_path: Path) -> None:
     fatal: list[str] = []
     two = group_of(cfg, model_dir, "fsdp2", dist_timeout_s=3.0)
     two.on_fatal = fatal.append
-    victim = two.procs[0]
+    victim = two.procs[0].proc  # a supervisor.Child: its process
     try:
         two.begin_epoch(0, len(groups))
         os.kill(victim.pid, signal.SIGSTOP)  # alive, sockets open, silent: only a timeout can tell

@@ -109,6 +109,7 @@ GROUP_TIMES_KEPT = 256
 
 class CoordinatorCore(Core):
     role = Role.COORDINATOR
+    joins = False  # the membership server: no membership client part
 
     def __init__(
         self,
@@ -175,7 +176,7 @@ class CoordinatorCore(Core):
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
         overdue = self.work.overdue(now, self.assigned_at, self.hold_deadline_s()) if self.phase.epoch_open else {}
-        if silent or overdue or any(p.deadline <= now for p in self._pending.values()):  # it decides something
+        if silent or overdue or self.requests.any_due(now):  # it decides something
             self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
         super().tick(now)
         for m in silent:

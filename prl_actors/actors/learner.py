@@ -50,6 +50,7 @@ SUMMARY_EVERY = 1000  # vector steps between `env_steps` accounting events
 
 class LearnerCore(ActingRounds):
     role = Role.LEARNER
+    joins = False  # the env actors' membership server: no membership client part
 
     def __init__(self, name: str, log: EventLog, settings: LearnerSettings) -> None:
         super().__init__(name, log)

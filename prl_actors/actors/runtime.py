@@ -7,6 +7,9 @@ flushes after every call. Cores are therefore unit-testable without sockets and 
 replayable from logs. A request that expects a reply is registered with `expect`, and the core's
 `tick` turns an overdue one into a logged `request_timeout` and a callback: nothing waits forever.
 
+`Core` is composed of small parts, each with its own unit tests (tests/test_core_split.py):
+dispatch.py, refusals.py (trust, refusal counts), requests.py, member_client.py, lifecycle.py.
+
 Dispatch is typed: a handler is a method marked `@handles(SomeMessage)` taking `Inbound[SomeMessage]`,
 so mypy checks every field it reads. Each core's table (message class -> method name) is collected
 from its class and bases; a core that lacks a handler for a message its role can receive (per
@@ -39,6 +42,15 @@ import msgspec
 import pykka
 import zmq
 
+from prl_actors.actors.dispatch import handler_table, missing_handlers
+from prl_actors.actors.dispatch import handles as handles  # re-exported: the actors mark handlers with it
+from prl_actors.actors.lifecycle import Lifecycle
+from prl_actors.actors.member_client import MembershipClient
+from prl_actors.actors.refusals import LOUD_EVERY as LOUD_EVERY  # re-exported (the worker's reward errors)
+from prl_actors.actors.refusals import LOUD_FIRST as LOUD_FIRST
+from prl_actors.actors.refusals import REFUSALS as REFUSALS  # re-exported (the coordinator's Status)
+from prl_actors.actors.refusals import Counters, Trust
+from prl_actors.actors.requests import Requests
 from prl_actors.logs import EventLog
 from prl_actors.protocol.codec import Frame, encode
 from prl_actors.protocol.messages import (
@@ -56,41 +68,16 @@ from prl_actors.protocol.messages import (
     tag_of,
 )
 from prl_actors.protocol.routes import receivable, senders_of
-from prl_actors.transport.auth import Security, role_of_name, speaks_for
-from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port, name_of_id
+from prl_actors.transport.auth import Security
+from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port
 
 M = TypeVar("M", bound=Msg)
-C = TypeVar("C", bound="Core")
-HandlerFn = Callable[[C, float, Inbound[M]], None]
 
 # Messages too frequent to log one event each (heartbeats are counted, chunks are logged per transfer).
 # env_step/env_step_result: one per vector step; the learner logs their accounting as `env_steps` instead.
 QUIET_TYPES = frozenset({"heartbeat", "heartbeat_ack", "weight_chunk", "credit", "env_step", "env_step_result"})
-REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
-LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
-VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
-
-
-def handles(msg_type: type[M]) -> Callable[[HandlerFn[C, M]], HandlerFn[C, M]]:
-    """Mark a Core method as the handler of `msg_type` (it receives `Inbound[msg_type]`)."""
-
-    def mark(fn: HandlerFn[C, M]) -> HandlerFn[C, M]:
-        fn.__handles__ = msg_type  # type: ignore[attr-defined]
-        return fn
-
-    return mark
-
-
-def _handler_table(cls: type) -> dict[type[Msg], str]:
-    """message class -> handler method name, over the class and its bases (subclasses win; a method
-    overridden by name keeps its base's message type)."""
-    table: dict[type[Msg], str] = {}
-    for klass in reversed(cls.__mro__):
-        for name, fn in vars(klass).items():
-            msg_type = getattr(fn, "__handles__", None)
-            if msg_type is not None:
-                table[msg_type] = name
-    return table
+STOP_FLUSH_S = 1.0  # at stop: the longest wait for the port thread to route the last messages
+STOP_LINGER_MS = 200  # ... and for libzmq to send them (a peer gone: dropped after this)
 
 
 class StartFailed(Exception):
@@ -141,15 +128,12 @@ class StopRequest:
     reason: str
 
 
-@dataclass
-class _Pending:
-    deadline: float
-    what: str
-    on_timeout: Callable[[float], None] | None
-
-
 class Core:
-    """Base of every actor's logic: membership and the reply contract shared by every role.
+    """Base of every actor's logic, composed of small parts (each unit-tested on its own):
+    dispatch (`dispatch.py`: the handler table), trust and refusal counts (`refusals.py`), requests
+    with timeouts (`requests.py`), the membership client (`member_client.py`; not in a role that
+    is a membership server: `joins = False`) and the lifecycle (`lifecycle.py`). The methods here
+    are the actors' vocabulary over those parts (emit, reply, refuse, expect, count, fail ...).
 
     No member waits for its coordinator forever: a Register unanswered for `join_timeout_s`, a
     refused Register, or `join_timeout_s` without a word from the coordinator once registered (its
@@ -157,6 +141,7 @@ class Core:
 
     role: ClassVar[Role]
     membership_peer: ClassVar[str] = "coordinator"  # the peer this role registers and heartbeats with
+    joins: ClassVar[bool] = True  # False: a membership server (the coordinator), no membership client
     handlers: ClassVar[dict[type[Msg], str]] = {}
     join_timeout_s = 60.0  # set from transport.join_timeout_s by topology.start_actor
     fatal_errors: ClassVar[bool] = False  # a handler exception fails the actor (else: logged, it lives on)
@@ -164,27 +149,22 @@ class Core:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.handlers = _handler_table(cls)
+        cls.handlers = handler_table(cls)
 
     def __init__(self, name: str, log: EventLog) -> None:
         self.receives = receivable(self.role)
-        missing = sorted(tag_of(t) for t in self.receives - self.handlers.keys())
+        missing = sorted(tag_of(t) for t in missing_handlers(self.handlers, self.receives))
         if missing:
             raise TypeError(f"{type(self).__name__} ({self.role}) has no handler for: {', '.join(missing)}")
         self.name, self.log = name, log
         self.outbox: list[tuple[Dest, Msg, Sequence[Frame]]] = []
-        self.stopped = False
-        self.failure: str | None = None  # set by `fail`: the actor stops and its process exits non-zero
-        self.registered = False
         self.deferred: list[Callable[[float], None]] = []
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
-        self.counters: dict[str, int] = {}
-        self.refused = 0  # the sum of the REFUSALS counters (sent in heartbeats)
-        self._pending: dict[str, _Pending] = {}
-        self._senders = {t: senders_of(t, self.role) for t in self.receives}
-        self._verdicts: dict[tuple[object, ...], str] = {}
-        self._register_id = ""
-        self._coordinator_heard = 0.0  # when the coordinator last said anything to this member
+        self.life = Lifecycle()
+        self.tally = Counters()
+        self.trust = Trust(self.role, {t: senders_of(t, self.role) for t in self.receives})
+        self.requests = Requests()
+        self.membership_client = MembershipClient(self.membership_peer) if self.joins else None
 
     # epoch/version live on the log so every event carries them
     @property
@@ -203,16 +183,43 @@ class Core:
     def version(self, value: int) -> None:
         self.log.version = value
 
+    # --- the parts' state, as the actors read it ---------------------------------------------
+
+    @property
+    def stopped(self) -> bool:
+        return self.life.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self.life.stopped = value
+
+    @property
+    def failure(self) -> str | None:
+        return self.life.failure
+
+    @property
+    def registered(self) -> bool:
+        return self.membership_client is not None and self.membership_client.registered
+
+    @registered.setter
+    def registered(self, value: bool) -> None:
+        if self.membership_client is not None:
+            self.membership_client.registered = value
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.tally.counts
+
+    @property
+    def refused(self) -> int:
+        return self.tally.refused
+
     def count(self, key: str, n: int = 1) -> int:
-        total = self.counters[key] = self.counters.get(key, 0) + n
-        if key.startswith(REFUSALS):
-            self.refused += n
-        return total
+        return self.tally.count(key, n)
 
     def count_loud(self, key: str) -> bool:
         """Count one refusal of kind `key`; True when it should also be logged (rate limit)."""
-        n = self.count(key)
-        return n <= LOUD_FIRST or n % LOUD_EVERY == 0
+        return self.tally.loud(key)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -264,34 +271,8 @@ class Core:
         self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud)
 
     def forbidden(self, inbound: Inbound[Msg]) -> str:
-        """Why the authenticated sender may not send this message here ("" when it may). The verdict
-        depends only on the key below, so it is remembered (bounded: a flood of new names clears it)."""
-        msg = inbound.msg
-        if type(msg) is Register:  # its verdict also depends on the role it claims (and it is rare)
-            return self._judge(inbound)
-        key = (type(msg), inbound.principal, inbound.peer, inbound.identity, msg.sender)
-        why = self._verdicts.get(key)
-        if why is None:
-            if len(self._verdicts) >= VERDICTS_KEPT:
-                self._verdicts.clear()
-            why = self._verdicts[key] = self._judge(inbound)
-        return why
-
-    def _judge(self, inbound: Inbound[Msg]) -> str:
-        msg, who = inbound.msg, inbound.who
-        role = role_of_name(who)
-        allowed = self._senders.get(type(msg), frozenset())
-        if role is None or role not in allowed:
-            roles = ", ".join(sorted(allowed))
-            return f"{tag_of(msg)!r} to a {self.role} is accepted only from {roles}, not from {who!r}"
-        if inbound.peer is None:  # on our bound socket: names must be ones the sender's key covers
-            if not speaks_for(who, msg.sender):
-                return f"sender {msg.sender!r} is not a name the key {who!r} may use"
-            if inbound.identity and not speaks_for(who, name_of_id(inbound.identity)):
-                return f"routing id {name_of_id(inbound.identity)!r} is not a name the key {who!r} may use"
-        if isinstance(msg, Register) and msg.role != role:
-            return f"the key {who!r} may register only as a {role}, not as a {msg.role}"
-        return ""
+        """Why the authenticated sender may not send this message here ("" when it may)."""
+        return self.trust.forbidden(inbound)
 
     def defer(self, fn: Callable[[float], None]) -> None:
         """Run `fn(now)` as a later inbox item: what was emitted so far is sent first, and messages
@@ -300,7 +281,7 @@ class Core:
 
     def expect(self, msg: Msg, timeout_s: float, what: str, on_timeout: Callable[[float], None] | None) -> None:
         """Register that `msg` wants a reply within `timeout_s`."""
-        self._pending[msg.id] = _Pending(self.now + timeout_s, what, on_timeout)
+        self.requests.expect(msg.id, self.now + timeout_s, what, on_timeout)
 
     # --- entry points, called by the host -------------------------------------------------------
 
@@ -323,9 +304,9 @@ class Core:
         self.admitted(now, inbound)
         reply_to = getattr(msg, "reply_to", "")
         if reply_to:
-            self._pending.pop(reply_to, None)
-        if inbound.peer == "coordinator":
-            self._coordinator_heard = now
+            self.requests.answered(reply_to)
+        if self.membership_client is not None and inbound.peer == self.membership_client.peer:
+            self.membership_client.heard_from(now)
         if tag not in QUIET_TYPES:
             self.log(
                 "recv",
@@ -366,26 +347,26 @@ class Core:
             self.fail(f"the {failed.where} refused our key ({failed.why}): {hint}")
 
     def tick(self, now: float) -> None:
-        overdue = [(mid, p) for mid, p in self._pending.items() if p.deadline <= now]
-        for msg_id, p in overdue:
-            del self._pending[msg_id]
+        for msg_id, p in self.requests.overdue(now):
             self.count("request_timeout")
             self.log("request_timeout", msg_id=msg_id, what=p.what)
             if p.on_timeout is not None:
                 p.on_timeout(now)
-        silent = now - self._coordinator_heard
-        if self.registered and self.role != Role.COORDINATOR and silent > self.join_timeout_s:
+        client = self.membership_client
+        silent = client.silent_for(now, self.join_timeout_s) if client is not None else None
+        if silent is not None:
             self.fail(f"lost the coordinator at {self.coordinator_addr}: nothing heard for {silent:.0f}s")
 
     def send_failed(self, now: float, failed: SendFailed) -> None:
         self.count("send_failed")
         self.log("send_failed", to=failed.dest, why=failed.why)
 
-    # --- membership, shared by every role but the coordinator ------------------------------------
+    # --- membership (the membership client's messages) ----------------------------------------
 
     def register(self) -> None:
+        assert self.membership_client is not None, f"a {self.role} is a membership server: it does not register"
         msg = Register(role=self.role, pid=os.getpid(), host=socket.gethostname())
-        self._register_id = self.emit(Dest.peer(self.membership_peer), msg).id
+        self.membership_client.registering(self.emit(Dest.peer(self.membership_peer), msg).id)
         self.expect(msg, self.join_timeout_s, "welcome", self._register_timed_out)
 
     def _register_timed_out(self, now: float) -> None:
@@ -396,15 +377,14 @@ class Core:
 
     @handles(Welcome)
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
-        self.registered = True
-        self._coordinator_heard = now
+        if self.membership_client is not None:
+            self.membership_client.welcomed(now)
         self.log("registered", run_id=inbound.msg.run_id)
 
     @handles(HeartbeatAck)
     def on_heartbeat_ack(self, now: float, inbound: Inbound[HeartbeatAck]) -> None:
-        if not inbound.msg.known and self.registered:
+        if not inbound.msg.known and self.membership_client is not None and self.membership_client.forgotten():
             self.log("re_register", reason="the coordinator does not know us (timed out?)")
-            self.registered = False
             self.register()
 
     @handles(Ack)
@@ -416,24 +396,23 @@ class Core:
         msg = inbound.msg
         self.count("peer_error")
         self.log("peer_error", code=msg.code, detail=msg.detail, reply_to=msg.reply_to, sender=msg.sender)
-        if msg.reply_to and msg.reply_to == self._register_id:
+        if self.membership_client is not None and self.membership_client.refused(msg.reply_to):
             self.fail(f"the coordinator refused to register {self.name}: {msg.detail}")
 
     @handles(Shutdown)
     def on_shutdown(self, now: float, inbound: Inbound[Shutdown]) -> None:
         """The run is over (or stopping). A member that joins a finished run is told so this way."""
         self.log("shutdown", reason=inbound.msg.reason, joined=self.registered)
-        self.stopped = True
+        self.life.stop()
 
     def request_stop(self, reason: str) -> None:
         self.log("stop_requested", reason=reason)
-        self.stopped = True
+        self.life.stop()
 
     def fail(self, reason: str) -> None:
         """The actor cannot do its job (refused, lost its coordinator ...): stop, and make the process
         exit non-zero with `reason` as its one-line error."""
-        self.failure = reason
-        self.stopped = True
+        self.life.fail(reason)
 
     def heartbeat(self) -> Heartbeat | None:
         """What this member's heartbeats say now (None: send none). The host asks after every input
@@ -581,8 +560,8 @@ class ActorHost(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._flush()
-        time.sleep(0.05)  # let the port thread route the last messages (e.g. Shutdown, Leave)
-        self.port.stop()
+        self.port.flush(STOP_FLUSH_S)  # the port thread acknowledges it routed the last messages (Shutdown, Leave)
+        self.port.stop(linger_ms=STOP_LINGER_MS)  # ... and libzmq may still put them on the wire
         self.core.close()
         self.core.log("actor_stopped", counters=self.core.counters)
         self.core.log.close()

@@ -4,16 +4,16 @@
         -> prl-actors actor learner  (binds the learner address; PPO loop + the learner core)
         -> prl-actors actor env --name env-i   x env.actors  (connect to it; more may join any time)
 
-The launcher replaces an env actor that crashed or was killed (its slots were already moved by the
-learner) and ends when the learner exits; Ctrl-C stops the learner, which shuts every env actor down.
+`EnvRun` is the env runtime's plug-in of the one supervisor (supervisor.py): it replaces an env actor
+that crashed or was killed (its slots were already moved by the learner) and ends when the learner
+exits; Ctrl-C (SIGTERM, SIGHUP) stops the learner, which shuts every env actor down.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,12 @@ import zmq
 from prl_actors.config import Config
 from prl_actors.logs import console
 from prl_actors.rundir import RunDir
+from prl_actors.supervisor import Interrupted, Supervisor, spawn, watch_supervisor
 from prl_actors.transport.auth import close_context, create_keys
+from prl_actors.wiring import members
 
 ENV_ROLES = ("learner", "env")
+ENV_STOP_GRACE_S = 5.0  # an env actor's clean stop (Leave), the learner's after a stop signal
 
 
 def _threads(cfg: Config) -> None:
@@ -39,6 +42,7 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
     """The learner process: PPO against remote env actors until solved or out of steps."""
     assert cfg.env is not None
     _threads(cfg)
+    watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGINT))  # `up` killed outright: stop as on Ctrl-C
     rd = RunDir(Path(cfg.run.run_dir))
     emit = _emitter(rd, quiet)
     if cfg.env.mode == "remote":
@@ -92,45 +96,45 @@ def _emitter(rd: RunDir, quiet: bool) -> Any:
 def run_env_actor(name: str, cfg: Config) -> int:
     """One env actor until the learner shuts it down; SIGTERM/SIGINT: leave gracefully first."""
     from prl_actors.envs.hub import start_env_actor
-    from prl_actors.process import _request_stop
+    from prl_actors.process import serve_until_stopped
 
     if cfg.env is not None and cfg.env.mode == "acting":
         _threads(cfg)
     ctx = zmq.Context()
     host = start_env_actor(name, cfg, ctx, RunDir(Path(cfg.run.run_dir)).logs)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        while not host.done.wait(0.1):
-            if stop.is_set():
-                _request_stop(host, "signal")
-                host.done.wait(5.0)
-                break
+        stuck = serve_until_stopped(host, ENV_STOP_GRACE_S)
     finally:
         close_context(ctx)
-    return 1 if host.error else 0
+    return 1 if host.error or stuck else 0
 
 
-class EnvLauncher:
-    """`prl-actors up` for a config with an `env` section."""
+class EnvRun:
+    """`prl-actors up` for a config with an `env` section: the env runtime as a plug-in of the one
+    supervisor (process groups, stop signals, grace then SIGTERM then SIGKILL). It starts what the
+    composition root says runs (wiring.members: the learner, then the env actors) and says what an
+    exit means: the learner's ends the run with its exit code; an env
+    actor that crashed or was killed is replaced at once under a new name (its slots were already
+    moved by the learner); one that exits 0 was shut down. A stop signal: SIGINT to the learner, which
+    shuts every env actor down; `up` exits 128 + the signal."""
 
     def __init__(self, cfg: Config, config_path: Path) -> None:
         assert cfg.env is not None
         self.cfg, self.config_path = cfg, config_path
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.sup = Supervisor(ENV_STOP_GRACE_S)
         self.next_env = 0
 
-    def spawn(self, role: str, name: str) -> None:
+    def spawn(self, name: str) -> None:
+        role = name.split("-", 1)[0]
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
-        self.procs[name] = subprocess.Popen(cmd)
+        self.sup.start(spawn(name, cmd))
 
     def add_env(self) -> str:
         name = f"env-{self.next_env}"
         self.next_env += 1
         if self.cfg.authenticated():  # its own key (RUN_DIR/keys, made by `up`): no env actor speaks as another
             create_keys(self.cfg.keys_path(), [name])
-        self.spawn("env", name)
+        self.spawn(name)
         return name
 
     def run(self) -> int:
@@ -143,40 +147,34 @@ class EnvLauncher:
                 Path(self.cfg.run.run_dir), list(self.cfg.run.report_to), self.cfg.run.name, config
             )
             follower.start()
-        self.spawn("learner", "learner")
-        assert self.cfg.env is not None
-        for _ in range(self.cfg.env.actors):
-            self.add_env()
-        try:
-            return self._supervise()
-        except KeyboardInterrupt:
-            console("\ninterrupted: stopping the learner and the env actors ...")
-            self.procs["learner"].send_signal(signal.SIGINT)
-            return 130
-        finally:
-            self._reap()
-            if follower is not None:
-                follower.stop()
+        with self.sup.signals.installed():
+            try:
+                for m in members(self.cfg):
+                    if m.role == "env":
+                        self.add_env()  # its key first
+                    else:
+                        self.spawn(m.name)
+                return self._supervise()
+            except Interrupted as sig:
+                console(f"\n{sig}: stopping the learner and the env actors ...")
+                self.sup.children["learner"].proc.send_signal(signal.SIGINT)
+                return 128 + sig.signum
+            finally:
+                self.sup.reap()
+                if follower is not None:
+                    follower.stop()
 
     def _supervise(self) -> int:
-        while True:
-            rc = self.procs["learner"].poll()
-            if rc is not None:
-                return rc
-            for name in [n for n in self.procs if n.startswith("env-")]:
-                code = self.procs[name].poll()
+        learner = self.sup.children["learner"]
+        while (rc := learner.proc.poll()) is None:
+            self.sup.signals.check()
+            for name in [n for n in self.sup.children if n.startswith("env-")]:
+                code = self.sup.children[name].proc.poll()
                 if code is None:
                     continue
-                del self.procs[name]
+                del self.sup.children[name]
                 if code != 0:
                     how = f"signal {-code}" if code < 0 else f"code {code}"
                     console(f"{name} exited ({how}); started {self.add_env()}")
             time.sleep(0.1)
-
-    def _reap(self) -> None:
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
-            time.sleep(0.05)
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
+        return rc

@@ -24,7 +24,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 from prl_actors.config import Config, ConfigError, load_config
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import Group
+from prl_actors.supervisor import Child, stop_children, watch_supervisor
 from prl_actors.training.rank_group import (
     RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
@@ -55,9 +55,7 @@ def _no_fatal(reason: str) -> None:
 class DistributedLearner:
     """Learner protocol on rank 0 of the trainer group (strategy ddp or fsdp2)."""
 
-    def __init__(
-        self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[subprocess.Popen[bytes]]
-    ) -> None:
+    def __init__(self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[Child]) -> None:
         self.env, self.procs, self.channel = joined.env, procs, joined.channel
         self.logs = rank_log_dir(cfg)
         self.closed = False
@@ -144,10 +142,10 @@ class DistributedLearner:
         deadline = time.monotonic() + 1.0
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.0, deadline - time.monotonic()))
-        gone = [(r, p) for r, p in enumerate(self.procs, start=1) if p.poll() is not None]
+                p.proc.wait(max(0.0, deadline - time.monotonic()))
+        gone = [(r, p) for r, p in enumerate(self.procs, start=1) if not p.alive()]
         return "".join(
-            f"rank {r} (pid {p.pid}) exited with {_exit_text(p.returncode)}{_last_error(self.logs, r)}; "
+            f"rank {r} (pid {p.pid}) exited with {_exit_text(p.proc.returncode)}{_last_error(self.logs, r)}; "
             for r, p in gone
         )
 
@@ -161,15 +159,14 @@ class DistributedLearner:
                 self.channel.send(Command(op="close"))
             except (RuntimeError, OSError):
                 graceful = False
-        for p in self.procs:
-            _reap(p, 10.0 if graceful else 0.0)
+        stop_children(self.procs, 10.0 if graceful else 0.0)
         _destroy_group()
 
 
 def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner:
     """Rank 0: join the torchrun launch this process is part of, or start ranks 1..N-1 here."""
     env = RankEnv.from_environ()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Child] = []
     if env is None:
         joined, procs = start_local_group(cfg)
     else:
@@ -180,8 +177,7 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
     try:
         return DistributedLearner(cfg, model_dir, joined, procs)
     except BaseException:
-        for p in procs:
-            _reap(p, 0.0)
+        stop_children(procs, 0.0)
         _destroy_group()
         raise
 
@@ -192,10 +188,8 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
 def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
     """A rank other than 0: join the group, then do what rank 0 says until `close`. Returns 0, or
     raises with the cause (the caller logs it and exits 1)."""
-    from prl_actors.topology import model_dir
-
     joined = join_group(cfg, env)
-    learner = RankLearner(cfg, model_dir(cfg), joined)
+    learner = RankLearner(cfg, _model_dir(cfg), joined)
     channel = joined.channel
     log("rank_ready", rank=env.rank, world_size=env.world_size, pid=os.getpid())
     while True:
@@ -208,6 +202,16 @@ def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
         log("rank_command", op=cmd.op, rank=env.rank, seconds=seconds, new_version=learner.version)
     _destroy_group()
     return 0
+
+
+def _model_dir(cfg: Config) -> Path | None:
+    """The model directory rank 0's `up` built (topology.model_dir's rule, read here so a rank needs
+    nothing above the training layer: a rank runs no actor)."""
+    if cfg.worker.engine == "sim":
+        return None
+    from prl_actors.model import prepare_model
+
+    return prepare_model(cfg, Path(cfg.run.run_dir))
 
 
 def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:
@@ -257,15 +261,8 @@ def _limit_threads(cfg: Config) -> None:
 def _exit_with_parent() -> None:
     """A rank that rank 0 started ends with it (even one stuck in a collective)."""
     parent = int(os.environ.get(RANK_PARENT_ENV, "0") or 0)
-    if not parent:
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rank-parent-watch", daemon=True).start()
+    if parent:
+        watch_supervisor(lambda: os._exit(1), parent)
 
 
 def _destroy_group() -> None:
@@ -273,14 +270,6 @@ def _destroy_group() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _reap(p: subprocess.Popen[bytes], wait_s: float) -> None:
-    try:
-        p.wait(wait_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(5.0)
 
 
 def _last_error(logs: Path, rank: int) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ import torch
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.protocol.messages import Group
+from prl_actors.supervisor import Child, spawn, stop_children
 
 RANK_CONFIG_ENV = "PRL_RANK_CONFIG"  # the resolved config (YAML) for ranks rank 0 starts itself
 RANK_PARENT_ENV = "PRL_RANK_PARENT"  # rank 0's pid: a rank it started exits when that process is gone
@@ -102,7 +102,7 @@ class Joined:
     listener: socket.socket | None = None  # rank 0 of a local group: the store's socket
 
 
-def start_local_group(cfg: Config) -> tuple[Joined, list[subprocess.Popen[bytes]]]:
+def start_local_group(cfg: Config) -> tuple[Joined, list[Child]]:
     """Rank 0 of a group on this host: serve the rendezvous store (a loopback port the OS picks), start
     ranks 1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is
     gone), wait until each has joined (one that exits first is reported at once), join. Everything
@@ -122,19 +122,19 @@ def start_local_group(cfg: Config) -> tuple[Joined, list[subprocess.Popen[bytes]
         joined.listener = listener  # the store serves on this socket: keep it open
         return joined, procs
     except BaseException:
-        for p in procs:
-            p.kill()
-            p.wait()
+        stop_children(procs, 0.0)
         raise
 
 
-def _spawn_rank(cfg: Config, env: RankEnv) -> subprocess.Popen[bytes]:
+def _spawn_rank(cfg: Config, env: RankEnv) -> Child:
+    """Rank `env.rank`, supervised by this process (supervisor.py) and in its process group: `up`'s
+    stop of the trainer's group reaches every rank too."""
     logs = rank_log_dir(cfg)
     logs.mkdir(parents=True, exist_ok=True)
-    variables = {**os.environ, **env.variables(), RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())}
+    variables = {**env.variables(), RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())}
     with open(logs / f"rank{env.rank}.log", "ab") as out:
         cmd = [sys.executable, "-m", "prl_actors.training.distributed"]
-        return subprocess.Popen(cmd, env=variables, stdout=out, stderr=subprocess.STDOUT)
+        return spawn(f"rank{env.rank}", cmd, variables, output=out, own_group=False)
 
 
 def join_group(cfg: Config, env: RankEnv) -> Joined:
@@ -153,7 +153,7 @@ def _startup(cfg: Config) -> datetime.timedelta:
     return datetime.timedelta(seconds=cfg.transport.join_timeout_s)
 
 
-def _join(cfg: Config, env: RankEnv, store: Any, procs: list[subprocess.Popen[bytes]], logs: Path) -> Joined:
+def _join(cfg: Config, env: RankEnv, store: Any, procs: list[Child], logs: Path) -> Joined:
     """Count in through the store (rank 0 waits for the others, watching the ones it started), then
     form the command group (the default one, gloo) and the compute group."""
     import torch.distributed as dist
@@ -170,14 +170,13 @@ def _join(cfg: Config, env: RankEnv, store: Any, procs: list[subprocess.Popen[by
     return Joined(env, Channel(dist.group.WORLD, cfg.trainer.dist_timeout_s), compute)
 
 
-def _wait_joined(store: Any, others: int, procs: list[subprocess.Popen[bytes]], timeout_s: float, logs: Path) -> None:
+def _wait_joined(store: Any, others: int, procs: list[Child], timeout_s: float, logs: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while (joined := int(store.add("joined", 0))) < others:
         for r, p in enumerate(procs, start=1):
-            if p.poll() is not None:
-                raise RankGroupError(
-                    f"trainer rank {r} exited with code {p.returncode} before joining (see {logs / f'rank{r}.log'})"
-                )
+            if not p.alive():
+                code, log = p.proc.returncode, logs / f"rank{r}.log"
+                raise RankGroupError(f"trainer rank {r} exited with code {code} before joining (see {log})")
         if time.monotonic() > deadline:
             raise RankGroupError(f"{joined} of {others} trainer ranks joined within {timeout_s:g}s")
         time.sleep(0.05)

@@ -23,7 +23,9 @@ Hazards, and what this module does about them:
   connection, which pushes back on the sender's own high-water mark; and while more than
   `max_backlog` messages wait in the actor's inbox (`backlog`), the port reads no peer socket at all,
   so a flood fills the sockets' bounded queues, never the process's memory.
-- Sockets close with linger 0 in a `finally`, so a dead peer never keeps a process alive.
+- Sockets close with linger 0 in a `finally`, so a dead peer never keeps a process alive; a stop
+  after `flush` (an actor's last messages: Shutdown, Leave) gives libzmq a bounded linger
+  (`stop(linger_ms=...)`) to put what the port thread routed on the wire.
 - Message size: every socket has ZMQ_MAXMSGSIZE (`Limits.max_msg_bytes`, or `bulk_msg_bytes` for the
   sockets that carry weight chunks), so a peer that sends a bigger frame is disconnected by ZeroMQ
   before the frame is buffered; frame 0 is checked against the same bound when decoded.
@@ -57,6 +59,7 @@ from prl_actors.protocol.messages import ErrorCode, Msg
 from prl_actors.transport.auth import Security, pop_denial
 
 _outbox_ids = itertools.count()
+_flush_ids = itertools.count()
 M_co = TypeVar("M_co", bound=Msg, covariant=True)
 
 
@@ -183,6 +186,8 @@ class Port:
         self._parked: dict[bytes, _Parked] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
+        self._flushes: dict[int, threading.Event] = {}  # flush token -> set when the port thread routed it
+        self._linger_ms = 0  # of the peer sockets when the port thread closes them
         self._error: BaseException | None = None  # opening the sockets failed (start() raises it)
         self._thread = threading.Thread(target=self._run, name=f"port-{name}", daemon=True)
 
@@ -200,7 +205,12 @@ class Port:
         self.send_frames(dest, encode(msg, payloads))
 
     def send_frames(self, dest: Dest, frames: Sequence[Frame]) -> None:
-        sock = getattr(self._local, "push", None)
+        head = [b"p", dest.name.encode()] if dest.name else [b"r", dest.identity]
+        self._push().send_multipart([*head, *frames], copy=False)
+
+    def _push(self) -> zmq.Socket:  # type: ignore[type-arg]
+        """This thread's end of the handover queue (the port thread reads each one in order)."""
+        sock: zmq.Socket | None = getattr(self._local, "push", None)  # type: ignore[type-arg]
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
@@ -208,10 +218,26 @@ class Port:
             sock.connect(self._outbox_addr)
             self._local.push = sock
             self._pushers.append(sock)
-        head = [b"p", dest.name.encode()] if dest.name else [b"r", dest.identity]
-        sock.send_multipart([*head, *frames], copy=False)
+        return sock
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def flush(self, timeout_s: float = 1.0) -> bool:
+        """Wait until the port thread has routed every message this thread sent before (handed to
+        its socket, or parked): True, or False after `timeout_s` (or with no port thread running).
+        The port thread acknowledges a marker queued behind them; nothing is slept on."""
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return False
+        token = next(_flush_ids)
+        done = self._flushes[token] = threading.Event()
+        try:
+            self._push().send_multipart([b"f", str(token).encode()])
+            return done.wait(timeout_s)
+        finally:
+            self._flushes.pop(token, None)
+
+    def stop(self, timeout_s: float = 5.0, linger_ms: int = 0) -> None:
+        """End the port thread and close its sockets. `linger_ms` (after a `flush`): how long libzmq
+        may still send what was routed to a peer; 0 drops it (a dead peer keeps nothing alive)."""
+        self._linger_ms = linger_ms
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
@@ -276,11 +302,12 @@ class Port:
         except Exception as exc:  # a bug here must not leave a deaf actor behind: the actor crashes
             self.on_crash(f"port thread: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         finally:
-            self._close([*socks, *self._monitors])
+            self._close([*socks[1:]], self._linger_ms)  # the peer sockets: what was routed may still go out
+            self._close([*socks[:1], *self._monitors])
 
-    def _close(self, socks: Sequence[zmq.Socket]) -> None:  # type: ignore[type-arg]
+    def _close(self, socks: Sequence[zmq.Socket], linger_ms: int = 0) -> None:  # type: ignore[type-arg]
         for s in socks:
-            s.close(linger=0)
+            s.close(linger=linger_ms)
 
     def _loop(self, outbox: zmq.Socket, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
         full, lean = zmq.Poller(), zmq.Poller()  # lean: while the actor is behind, read no peer
@@ -352,6 +379,11 @@ class Port:
 
     def _route_out(self, frames: list[zmq.Frame], router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
         kind, target, body = frames[0].bytes, frames[1].bytes, frames[2:]
+        if kind == b"f":  # a flush marker: every message queued before it by that thread is routed
+            done = self._flushes.get(int(target))
+            if done is not None:
+                done.set()
+            return
         if kind == b"p":
             sock = dealers.get(target.decode())
             head: list[Frame] = []

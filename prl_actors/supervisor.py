@@ -1,0 +1,215 @@
+"""The one process supervisor every kind of run uses: start, watch, stop (grace, SIGTERM, SIGKILL),
+restart back-off, and the supervisor's own stop signals.
+
+Users: `up` for GRPO (launcher.Launcher), `up` for a classic-RL config (envs.run.EnvRun), the
+trainer's rank group (training.rank_group), and `up --compose` (compose.ComposeRun: its members are
+containers, stopped by compose; it takes only the signal handling from here). Each of them decides
+*what* runs and what a member's exit means; this module only does *how*.
+
+Invariants:
+- every child runs in its own process group (with any subprocess it starts: an engine, a rank) and
+  knows its supervisor's pid (SUPERVISOR_ENV): if the supervisor is killed outright, an actor stops
+  by itself;
+- `reap` never returns with a child alive: a grace period for a clean exit, then SIGTERM to each
+  child's group, then SIGKILL, every wait bounded;
+- the first stop signal asks for a graceful stop (`Signals.signum`), a second one skips the grace
+  periods (`Signals.hurry`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO
+
+SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # the pid whose exit stops an actor (process.py reads it)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
+POLL_S = 0.05
+KILL_WAIT_S = 2.0  # after SIGKILL, or after SIGTERM on top of the grace period
+FAILED_STOP_S = 0.5  # a failed run (a core member died): each stop stage waits at most this long
+
+
+class RunFailed(Exception):
+    """The run cannot go on; the message is the one line the user sees."""
+
+
+class Interrupted(Exception):
+    """The supervisor got stop signal `signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class Child:
+    """One supervised process. A resumed run appends to the same log files: this process's lines
+    start at `log_from`. `restarts`: the start-up crashes in a row of the members it replaces."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_from: int = 0
+    restarts: int = 0
+    ready: bool = False  # it bound its port: requests to its address reach this process
+    own_group: bool = True  # False: it shares its supervisor's process group (a trainer rank)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """`sig` to the child's whole process group, or to the child alone when it shares ours (a
+        child that already exited: nothing)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.own_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+
+
+def spawn(
+    name: str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    *,
+    log_from: int = 0,
+    restarts: int = 0,
+    output: IO[bytes] | None = None,
+    own_group: bool = True,
+) -> Child:
+    """Start `argv` with this process as its supervisor (SUPERVISOR_ENV), in a new process group
+    (`own_group`; else in ours: a stop of our group reaches it too). `env` adds to this process's
+    environment; `output`: where its stdout and stderr go (None: ours)."""
+    variables = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), **(env or {})}
+    stderr = subprocess.STDOUT if output is not None else None
+    proc = subprocess.Popen(argv, env=variables, start_new_session=own_group, stdout=output, stderr=stderr)
+    return Child(name, proc, log_from, restarts, own_group=own_group)
+
+
+def restart_delay(restarts: int) -> float:
+    """The back-off before the `restarts`-th start-up crash in a row is restarted (0: at once)."""
+    return RESTART_BACKOFF_S * 2 ** (restarts - 1) if restarts else 0.0
+
+
+@dataclass
+class Signals:
+    """The supervisor's stop signals while installed (`with signals.installed():`). The first sets
+    `signum` (a graceful stop: `check` raises Interrupted); a second sets `hurry` (no grace periods).
+    `immediate`: the handler raises Interrupted itself, at every signal, cutting a blocking call
+    short (compose's image build); otherwise the supervisor's loop calls `check`."""
+
+    immediate: bool = False
+    signum: int = 0
+    hurry: bool = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Signals]:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum:
+            self.hurry = True
+        self.signum = self.signum or signum
+        if self.immediate:
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        if self.signum:
+            raise Interrupted(self.signum)
+
+
+@dataclass
+class Supervisor:
+    """The children of one run, by name, and their end. `grace_s`: how long a clean stop may take
+    (run.stop_grace_s) before SIGTERM, then SIGKILL."""
+
+    grace_s: float
+    signals: Signals = field(default_factory=Signals)
+    children: dict[str, Child] = field(default_factory=dict)
+    retired: list[Child] = field(default_factory=list)  # no longer a member (scaled down): still reaped
+    failed: bool = False  # a core member died: nobody waits on a grace period it cannot use
+
+    def start(self, child: Child) -> Child:
+        self.children[child.name] = child
+        return child
+
+    def retire(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop member `name` (SIGTERM: gracefully, it leaves) and stop watching it; `reap` still ends it."""
+        child = self.children.pop(name)
+        child.proc.send_signal(sig)
+        self.retired.append(child)
+
+    def all(self) -> list[Child]:
+        return [*self.children.values(), *self.retired]
+
+    def grace(self, carried: bool = True) -> float:
+        """How long to wait for children to exit on their own: none after a second signal, none when
+        nothing carries the stop to them (`carried` False: the member that would is the one that
+        died), a short one when the run failed."""
+        if self.signals.hurry or not carried:
+            return 0.0
+        return FAILED_STOP_S if self.failed else self.grace_s
+
+    def reap(self) -> None:
+        """Every child still running: a grace period, then SIGTERM to its group, then SIGKILL."""
+        grace = self.grace()
+        wait_exit(self.all(), grace)
+        waits = (FAILED_STOP_S, FAILED_STOP_S) if self.failed else (grace + KILL_WAIT_S, KILL_WAIT_S)
+        for sig, wait_s in zip((signal.SIGTERM, signal.SIGKILL), waits, strict=True):
+            alive = [c for c in self.all() if c.alive()]
+            for c in alive:
+                c.signal(sig)
+            wait_exit(alive, wait_s)
+
+
+def wait_exit(children: list[Child], wait_s: float) -> bool:
+    """Until every one of `children` has exited, at most `wait_s`; True when they all have."""
+    deadline = time.monotonic() + wait_s
+    while any(c.alive() for c in children):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def stop_children(children: list[Child], grace_s: float) -> None:
+    """Each child that has not exited within `grace_s`: SIGKILL, and a bounded wait for it (a child
+    that ignores SIGTERM or hangs in a collective). 0: kill at once (a start that failed half-way)."""
+    wait_exit(children, grace_s)
+    alive = [c for c in children if c.alive()]
+    for c in alive:
+        c.signal(signal.SIGKILL)
+    wait_exit(alive, KILL_WAIT_S + 3.0)
+
+
+def watch_supervisor(on_gone: Callable[[], None], pid: int | None = None, poll_s: float = 0.5) -> bool:
+    """The child's side: call `on_gone` (once, from a daemon thread) when the process that started
+    this one (`pid`, else SUPERVISOR_ENV's) is not its parent (any more): it was killed outright, so
+    no one will stop this child. False (no watch) when this process was not started by a supervisor."""
+    parent = pid if pid is not None else int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+    if not parent:
+        return False
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        on_gone()
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+    return True
