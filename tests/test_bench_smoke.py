@@ -1,6 +1,8 @@
 """Every benchmark at a tiny size, so the suite keeps working. Structure only: no timing is asserted
 (the numbers of a smoke run mean nothing; the suite's own report says whether goals are met).
-The suite is the `prl_bench` package (bench/prl_bench), installed beside prl_actors."""
+The suite is the `prl_bench` package (bench/prl_bench), installed beside prl_actors.
+Running every benchmark, even at smoke size, takes ~4 minutes on 2 cores: those tests are in the slow
+tier (`make test-slow`); the CLI and report tests without the suite run stay in `make test`."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:  # typ
     return out, run_suite(out, smoke=True, keep_work=True, say=lambda line: None)
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_every_benchmark_ran(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
     _, results = smoke
     assert [b["name"] for b in results["benchmarks"]] == list(BENCHMARKS)
@@ -41,6 +44,7 @@ def test_every_benchmark_ran(smoke: tuple[Path, dict]) -> None:  # type: ignore[
     assert {e["benchmark"] for e in results["entries"]} == set(BENCHMARKS)
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_entries_have_the_documented_fields(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
     _, results = smoke
     for e in results["entries"]:
@@ -54,6 +58,7 @@ def test_entries_have_the_documented_fields(smoke: tuple[Path, dict]) -> None:  
         assert e["passed"] in (True, False, None)
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_raw_numbers_are_finite(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
     _, results = smoke
     by = {e["name"]: e["raw"] for e in results["entries"]}
@@ -72,6 +77,7 @@ def test_raw_numbers_are_finite(smoke: tuple[Path, dict]) -> None:  # type: igno
     assert all(_finite_positive(x) for a in ("curve", "none") for x in auth[f"{a}_cpu_us_per_msg"])
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_report_files(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
     out, results = smoke
     assert json.loads((out / "results.json").read_text())["entries"] == results["entries"]
@@ -79,6 +85,17 @@ def test_report_files(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-ar
     assert "| benchmark | case |" in md and results["machine"]["date"] in md
     for name in BENCHMARKS:
         assert (out / f"{name}.png").stat().st_size > 1000
+
+
+def test_one_cheap_benchmark_runs_through_the_suite_into_a_report_and_a_plot(tmp_path: Path) -> None:
+    """The default tier's check of the suite's plumbing (run, results.json, results.md, a PNG); the
+    slow tier runs every benchmark."""
+    results = run_suite(tmp_path, smoke=True, only=["group_checks"], say=lambda line: None)
+    assert [b["name"] for b in results["benchmarks"]] == ["group_checks"]
+    assert all(b["error"] is None for b in results["benchmarks"])
+    assert results["entries"] and all(_finite_positive(e["measured"]) for e in results["entries"])
+    assert json.loads((tmp_path / "results.json").read_text())["entries"] == results["entries"]
+    assert (tmp_path / "group_checks.png").stat().st_size > 1000
 
 
 def test_only_resolves_names_and_aliases() -> None:
@@ -94,6 +111,7 @@ def test_cli_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
     assert "unknown benchmark" in result.output
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_an_epoch_is_replays_epoch_window(smoke: tuple[Path, dict]) -> None:  # type: ignore[type-arg]
     """The bench's epochs are replay's windows (epoch_open of e -> epoch_open of e+1, the last one to
     its epoch_done): per-epoch times and the measured span are built from them."""
@@ -118,6 +136,7 @@ def _without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "prl_bench.plots", raising=False)
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_without_matplotlib_the_report_is_written_and_one_line_says_why_no_plots(
     smoke: tuple[Path, dict],  # type: ignore[type-arg]
     tmp_path: Path,
@@ -132,6 +151,7 @@ def test_without_matplotlib_the_report_is_written_and_one_line_says_why_no_plots
     assert len(said) == 1 and "prl-actors[plots]" in said[0]
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_the_report_module_rebuilds_a_saved_run(
     smoke: tuple[Path, dict],  # type: ignore[type-arg]
     tmp_path: Path,
@@ -155,6 +175,7 @@ def test_cli_without_the_bench_package_says_so(tmp_path: Path, monkeypatch: pyte
     assert "not installed" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow  # the whole suite at smoke size: ~3-4 min on 2 cores (make test-slow)
 def test_replay_timeline_without_matplotlib_is_one_error_line(
     smoke: tuple[Path, dict],  # type: ignore[type-arg]
     tmp_path: Path,
