@@ -77,6 +77,42 @@ def test_logprobs_are_those_of_the_loaded_weights_under_the_sampling_transform(
         assert raw > 10 * TOL
 
 
+@pytest.mark.parametrize(
+    "controls",
+    [
+        {"top_k": 5},
+        {"min_p": 0.05},
+        {"repetition_penalty": 1.8},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.02, "repetition_penalty": 1.3},
+    ],
+)
+def test_logprobs_under_the_new_sampling_controls_are_the_trainers_transform(
+    engine: VllmEngine, weights: tuple[torch.nn.Module, torch.nn.Module], controls: dict[str, float]
+) -> None:
+    """top_k, min_p and repetition_penalty reach vLLM's SamplingParams, and vLLM's processed log-probs
+    equal the trainer's one transform (training/behaviour.py) on a torch forward of the same weights,
+    token by token, each token scored with its own context for the penalty."""
+    from prl_actors.training.behaviour import Behaviour, behaviour_logprobs, context_matrix
+
+    a, _ = weights
+    engine.load_weights(1, a.state_dict())
+    settings = {"temperature": 1.0, **controls}
+    engine.sampling = SamplingSection(max_new_tokens=6, **settings)
+    behaviour = Behaviour.of(engine.sampling)
+    worst, count = 0.0, 0
+    with torch.no_grad():
+        for g in engine.generate(prompts(TEXTS), 4):
+            for s in g.samples:
+                ids = torch.tensor([g.prompt_ids + s.token_ids])  # [1, P + R]
+                logits = a(input_ids=ids).logits[0, len(g.prompt_ids) - 1 : -1].double()  # [R, V]
+                contexts = [g.prompt_ids + s.token_ids[:i] for i in range(len(s.token_ids))]
+                ref = behaviour_logprobs(logits, torch.tensor(s.token_ids), behaviour, context=context_matrix(contexts))
+                got = torch.tensor(s.logprobs, dtype=torch.float64)
+                worst, count = max(worst, (ref - got).abs().max().item()), count + len(s.token_ids)
+    print(f"{controls}: max |vLLM - trainer transform| = {worst:.2e} over {count} tokens")
+    assert count >= 16 and worst < TOL
+
+
 def test_a_weight_update_replaces_the_weights_in_place(
     engine: VllmEngine, weights: tuple[torch.nn.Module, torch.nn.Module]
 ) -> None:
