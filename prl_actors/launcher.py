@@ -49,15 +49,16 @@ from pathlib import Path
 from typing import Any
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.config import DEFAULT_BASE_PORT, ROLES, Config
+from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
-from prl_actors.process import LOCAL_WORKERS_ENV, START_GATE_ENV
-from prl_actors.protocol.messages import Phase, RequestStop, Status, StatusRequest
+from prl_actors.process import START_GATE_ENV
+from prl_actors.protocol.messages import Phase, RequestStop, Role, Status, StatusRequest, role_prefix
 from prl_actors.rundir import RunDir
 from prl_actors.supervisor import FAILED_STOP_S, Interrupted, Supervisor, restart_delay, spawn, wait_exit
 from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-exported for its users
 from prl_actors.supervisor import Child as Child
 from prl_actors.supervisor import RunFailed as RunFailed
+from prl_actors.threads import LOCAL_WORKERS_ENV
 from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
 from prl_actors.wiring import Member, OnExit, members
@@ -177,7 +178,7 @@ class Launcher:
     # --- processes ---------------------------------------------------------------------------
 
     def _spawn(self, name: str, restarts: int = 0) -> None:
-        role = name.split("-", 1)[0]
+        role = role_prefix(name)
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
         log = self.run_dir.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
@@ -194,7 +195,7 @@ class Launcher:
         return name
 
     def _workers(self) -> list[str]:
-        return sorted(n for n in self.children if n.startswith("worker-"))
+        return sorted(n for n in self.children if Role.of_name(n) is Role.WORKER)
 
     def _await_ready(self, child: Child) -> None:
         """Until `child` has bound its port (or fail with its error: e.g. the address is in use)."""
@@ -326,7 +327,7 @@ class Launcher:
         if self._find(child, "actor_ready") is not None:
             return "registering"
         if self._find(child, "actor_start") is not None:
-            return "loading its model" if child.name.split("-", 1)[0] in ("trainer", "worker") else "starting"
+            return "loading its model" if role_prefix(child.name) in ("trainer", "worker") else "starting"
         return "importing"
 
     def _scale_to(self, n: int) -> None:
@@ -349,7 +350,7 @@ class Launcher:
         Before the gate opened, the trainer and workers hold nothing: they are stopped at once."""
         if not self.gate.exists():
             for child in self.sup.all():
-                if child.name.split("-", 1)[0] in ("trainer", "worker") and child.alive():
+                if role_prefix(child.name) in ("trainer", "worker") and child.alive():
                     child.signal(signal.SIGTERM)
         coordinator = self.children.get("coordinator")
         live = coordinator is not None and coordinator.ready and coordinator.proc.poll() is None  # else: not ours
@@ -365,10 +366,8 @@ class Launcher:
 
 def bound_ports(cfg: Config) -> dict[str, tuple[str, int]]:
     """role -> (host, port) of every tcp port this run's actors bind."""
-    from prl_actors.topology import BINDS
-
     out = {}
-    for role in (r for r in ROLES if r in BINDS):
+    for role in cfg.bound_roles():
         addr = cfg.bind_address(role)
         if addr.startswith("tcp://"):
             host, port = addr.removeprefix("tcp://").rsplit(":", 1)
@@ -393,7 +392,9 @@ def pick_ports(cfg: Config) -> None:
     if cfg.transport.kind != "tcp" or cfg.transport.base_port is not None or cfg.transport.addresses:
         return
     host = "0.0.0.0" if cfg.transport.bind_all else cfg.transport.host
-    offsets = [ROLES.index(r) for r in cfg.bound_roles()]  # the learner of a classic-RL run binds base + 5
+    offsets = [
+        o for r in cfg.bound_roles() if (o := Role(r).port_offset) is not None
+    ]  # the learner of a classic-RL run binds base + 5
     for base in range(DEFAULT_BASE_PORT, DEFAULT_BASE_PORT + PORT_STEP * PORT_TRIES, PORT_STEP):
         if not any(port_in_use(host, base + i) for i in offsets):
             cfg.transport.base_port = base

@@ -18,6 +18,8 @@ from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
 from prl_actors.supervisor import STOP_SIGNALS
 from prl_actors.supervisor import SUPERVISOR_ENV as SUPERVISOR_ENV  # set by `up` for the actors it starts
+from prl_actors.threads import LOCAL_WORKERS_ENV as LOCAL_WORKERS_ENV  # set by `up` for its local actors
+from prl_actors.threads import limit_actor_threads
 from prl_actors.topology import ensure_key, role_of, start_actor
 from prl_actors.transport.auth import KeysError, close_context, create_keys, run_key_names
 
@@ -33,7 +35,7 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     stopped `run.stop_grace_s` later (a thread stuck in a handler or an engine) is given up on: the
     caller exits the process anyway (`exit_now`), as on a second signal. Started by `up`, an actor
     whose supervisor has gone (SIGKILLed) stops by itself."""
-    _limit_threads(name, cfg)
+    limit_actor_threads(role_of(name), cfg)
     ctx = zmq.Context()
     try:
         host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet, gate=start_gate(cfg))
@@ -49,7 +51,6 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     return 0
 
 
-LOCAL_WORKERS_ENV = "PRL_LOCAL_WORKERS"  # set by `up` for the actors it starts on this host
 START_GATE_ENV = "PRL_START_GATE"  # set by `up` for the trainer and workers: exists once the servers are bound
 GATE_POLL_S = 0.02
 
@@ -119,37 +120,6 @@ def exit_now(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
-
-
-def _limit_threads(name: str, cfg: Config) -> None:
-    """One process per actor: give torch the configured threads, not every core (oversubscription)."""
-    role = role_of(name)
-    if cfg.worker.engine == "sim" or role not in ("worker", "trainer"):
-        return
-    import torch
-
-    torch.set_num_threads(threads_for(cfg, role, local_workers()))
-
-
-def local_workers() -> int | None:
-    """How many workers `up` starts on this host (LOCAL_WORKERS_ENV), or None for an actor started
-    on its own."""
-    local = os.environ.get(LOCAL_WORKERS_ENV, "")
-    return int(local) if local.isdigit() else None
-
-
-def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | None = None) -> int:
-    """The torch threads of `role`: the configured number, or `auto`: with `up` on this host the
-    trainer takes half the cores and the local workers share the rest (at least 1 each); an actor
-    started on its own (local_workers None) takes every core."""
-    setting = cfg.worker.threads if role == "worker" else cfg.trainer.threads
-    if setting != "auto":
-        return int(setting)
-    cores = cores or len(os.sched_getaffinity(0))
-    if local_workers is None:
-        return cores
-    trainer = max(1, cores // 2) if local_workers else cores
-    return trainer if role == "trainer" else max(1, (cores - trainer) // max(1, local_workers))
 
 
 def request_stop(host: ActorHost, reason: str) -> None:

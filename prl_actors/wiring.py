@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from prl_actors.config import Config
+from prl_actors.protocol.messages import role_prefix
 
 
 class OnExit(Enum):
@@ -37,7 +38,7 @@ class Member:
 
     @property
     def role(self) -> str:
-        return self.name.split("-", 1)[0]
+        return role_prefix(self.name)
 
 
 def members(cfg: Config) -> list[Member]:

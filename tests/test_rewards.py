@@ -145,7 +145,7 @@ def test_a_prompt_whose_row_differs_from_this_workers_data_is_an_error(tmp_path:
 @pytest.mark.parametrize(
     ("rewards", "message"),
     [
-        ([{"fn": "poetry"}], "use a builtin .* or 'module:function'"),
+        ([{"fn": "poetry"}], "must look like a builtin .* or 'module:function'"),
         ([{"fn": "no_such_module:f"}], "cannot import module 'no_such_module'"),
         ([{"fn": "tests.reward_plugins:missing"}], "has no attribute 'missing'"),
         ([{"fn": "length", "args": {"max_token": 3}}], r"task.rewards\[0\].args"),

@@ -22,8 +22,10 @@ import zmq
 
 from prl_actors.config import Config
 from prl_actors.logs import console
+from prl_actors.protocol.messages import role_prefix
 from prl_actors.rundir import RunDir
 from prl_actors.supervisor import Interrupted, Supervisor, spawn, watch_supervisor
+from prl_actors.threads import env_threads, set_torch_threads
 from prl_actors.transport.auth import close_context, create_keys
 from prl_actors.wiring import members
 
@@ -31,17 +33,10 @@ ENV_ROLES = ("learner", "env")
 ENV_STOP_GRACE_S = 5.0  # an env actor's clean stop (Leave), the learner's after a stop signal
 
 
-def _threads(cfg: Config) -> None:
-    import torch
-
-    assert cfg.env is not None
-    torch.set_num_threads(cfg.env.threads)
-
-
 def run_learner(cfg: Config, quiet: bool = False) -> int:
     """The learner process: PPO against remote env actors until solved or out of steps."""
     assert cfg.env is not None
-    _threads(cfg)
+    set_torch_threads(env_threads(cfg))
     watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGINT))  # `up` killed outright: stop as on Ctrl-C
     rd = RunDir(Path(cfg.run.run_dir))
     emit = _emitter(rd, quiet)
@@ -99,7 +94,7 @@ def run_env_actor(name: str, cfg: Config) -> int:
     from prl_actors.process import serve_until_stopped
 
     if cfg.env is not None and cfg.env.mode == "acting":
-        _threads(cfg)
+        set_torch_threads(env_threads(cfg))
     ctx = zmq.Context()
     host = start_env_actor(name, cfg, ctx, RunDir(Path(cfg.run.run_dir)).logs)
     try:
@@ -125,7 +120,7 @@ class EnvRun:
         self.next_env = 0
 
     def spawn(self, name: str) -> None:
-        role = name.split("-", 1)[0]
+        role = role_prefix(name)
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
         self.sup.start(spawn(name, cmd))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -11,21 +10,12 @@ from prl_actors.envs_llm.base import EnvFactory
 from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
 from prl_actors.envs_llm.guess import GuessEnv
 from prl_actors.envs_llm.tools import Tool, ToolEnv, tool
+from prl_actors.plugins import load_callable
 
 
 def load_object(spec: str, option: str) -> Any:
     """Import `module:name`; any failure is a one-line ConfigError naming `option`."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{option} {spec!r} must look like 'module:name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{option} {spec!r}: cannot import module {module_name!r} ({exc})") from None
-    obj = getattr(module, attr, None)
-    if obj is None or not callable(obj):
-        raise ConfigError(f"{option} {spec!r}: module {module_name!r} has no callable {attr!r}")
-    return obj
+    return load_callable(spec, option, "'module:name'")
 
 
 def load_tools(specs: list[str]) -> list[Tool]:

@@ -8,12 +8,12 @@ Reward models load lazily, on first use, so the coordinator never loads one.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from prl_actors.config import ConfigError, RewardSpec, TaskSection
+from prl_actors.plugins import load_callable
 from prl_actors.rewards.builtins import BUILTINS
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
@@ -51,19 +51,7 @@ def load_function(spec: str, option: str) -> Callable[..., Any]:
     """A builtin name or `module:function`; any failure is a one-line ConfigError naming `option`."""
     if spec in BUILTINS:
         return BUILTINS[spec]
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{option} {spec!r}: use a builtin ({', '.join(BUILTINS)}) or 'module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{option} {spec!r}: cannot import module {module_name!r} ({exc})") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise ConfigError(f"{option} {spec!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(fn):
-        raise ConfigError(f"{option} {spec!r}: {attr!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return load_callable(spec, option, f"a builtin ({', '.join(BUILTINS)}) or 'module:function'")
 
 
 def _bind(fn: Callable[..., Any], args: dict[str, Any], option: str) -> Callable[..., Any]:

@@ -33,6 +33,7 @@ from prl_actors.config import Config, ConfigError, load_config
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import Group
 from prl_actors.supervisor import Child, stop_children, watch_supervisor
+from prl_actors.threads import rank_threads, set_torch_threads
 from prl_actors.training.rank_group import (
     RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
@@ -234,7 +235,7 @@ def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:
 def run_rank(cfg: Config, env: RankEnv) -> int:
     """Process body of a rank other than 0: log to RUN_DIR/logs/ranks/trainer-rank<r>.jsonl."""
     check_world(cfg, env)
-    _limit_threads(cfg)
+    set_torch_threads(rank_threads(cfg))
     _exit_with_parent()
     log = EventLog(f"trainer-rank{env.rank}", "trainer", rank_log_dir(cfg) / f"trainer-rank{env.rank}.jsonl")
     try:
@@ -245,17 +246,6 @@ def run_rank(cfg: Config, env: RankEnv) -> int:
         return 1
     finally:
         log.close()
-
-
-def _limit_threads(cfg: Config) -> None:
-    """A rank's torch threads: trainer.threads, or auto: this host's cores split across the ranks."""
-    import os
-
-    import torch
-
-    setting = cfg.trainer.threads
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(max(1, cores // cfg.trainer.world_size) if setting == "auto" else int(setting))
 
 
 def _exit_with_parent() -> None:
