@@ -289,6 +289,13 @@ class WorkerSection(_Section):
         description="Take weights from the publisher's /dev/shm snapshot when on its host (proved by reading "
         "its host file), else chunked ZeroMQ (docs/PROTOCOL.md).",
     )
+    sync_kl_threshold: float | None = Field(
+        None,
+        ge=0,
+        description="run.mode bounded (k >= 1): a worker loads newer weights before the floor forces it once "
+        "its estimated KL(held || newest published) exceeds this (AAPS applied to LLM workers; 0 = every new "
+        "version; None = only when its weights fall below the epoch's floor). docs/LEARNING.md.",
+    )
 
 
 class BufferSection(_Section):
@@ -777,6 +784,18 @@ class Config(_Section):
             raise ValueError(f"run.mode bounded {unsupported}")
         if self.run.max_staleness and self.run.mode != "bounded":
             raise ValueError(f"run.max_staleness ({self.run.max_staleness}) applies to run.mode bounded only")
+        return self
+
+    @model_validator(mode="after")
+    def _sync_kl_bounded(self) -> Config:
+        """worker.sync_kl_threshold decides when a worker may skip versions: only bounded mode with
+        k >= 1 lets it hold older weights (periodic, sync and k = 0 load every version, periodic == sync)."""
+        if self.worker.sync_kl_threshold is not None and self.run.staleness_bound() == 0:
+            where = "run.max_staleness 0" if self.run.mode == "bounded" else f"run.mode {self.run.mode}"
+            raise ValueError(
+                f"worker.sync_kl_threshold applies to run.mode bounded with run.max_staleness >= 1 only "
+                f"(with {where} every worker loads each version at once): leave it out"
+            )
         return self
 
     @model_validator(mode="after")

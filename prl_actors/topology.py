@@ -130,6 +130,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             no_signal_epochs=cfg.trainer.no_signal_epochs,
             log_completions=cfg.run.log_completions,
             max_staleness=cfg.run.staleness_bound(),
+            drift_probe=cfg.worker.sync_kl_threshold is not None,
         )
         if hasattr(learner, "on_fatal"):  # a trainer group (training/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
@@ -153,6 +154,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             threads=_worker_threads(cfg, engine),
             eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
             max_staleness=cfg.run.staleness_bound(),
+            sync_kl_threshold=cfg.worker.sync_kl_threshold,
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

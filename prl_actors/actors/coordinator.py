@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -31,6 +32,7 @@ from prl_actors.actors.dynamic_sampling import Rounds, epoch_stride
 from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
+from prl_actors.actors.pulls import to_wire
 from prl_actors.actors.runtime import REFUSALS, Core, handles
 from prl_actors.evaluation import EvalPlan, EvalSink, summarize
 from prl_actors.logs import EventLog
@@ -104,6 +106,7 @@ class CoordinatorSettings:
 
 
 NOTICES_KEPT = 20
+News = TypeVar("News", EpochStart, HeartbeatAck)  # the messages that carry bounded mode's weights news
 GROUP_TIMES_KEPT = 256
 
 
@@ -128,6 +131,7 @@ class CoordinatorCore(Core):
         self.prompts: dict[int, Prompt] = {}
         self.rounds: Rounds | None = None  # dynamic sampling: the open epoch's rounds
         self.available_version = -1
+        self.step_kls: dict[int, float] = {}  # bounded mode: version i -> the trainer's KL(v_i || v_{i+1})
         self.epochs_completed = 0
         self.done_reason = ""
         self._progress: tuple[Phase, int, int, int] = (Phase.DONE, -1, -1, -1)
@@ -305,9 +309,8 @@ class CoordinatorCore(Core):
             member.version, member.refused = inbound.msg.version, inbound.msg.refused
         epoch = self._open_epoch()
         version = self._floor(epoch) if epoch >= 0 else -1
-        self.reply(
-            inbound, HeartbeatAck(reply_to=inbound.msg.id, known=member is not None, epoch=epoch, version=version)
-        )
+        ack = HeartbeatAck(reply_to=inbound.msg.id, known=member is not None, epoch=epoch, version=version)
+        self.reply(inbound, self._with_news(ack))
 
     @handles(Leave)
     def on_leave(self, now: float, inbound: Inbound[Leave]) -> None:
@@ -414,6 +417,8 @@ class CoordinatorCore(Core):
     def on_step_done(self, now: float, inbound: Inbound[StepDone]) -> None:
         msg = inbound.msg
         self.epochs_completed = max(self.epochs_completed, msg.epoch + 1)
+        if self.s.max_staleness and "step_kl" in msg.metrics:  # bounded mode: the step's drift (actors/pulls.py)
+            self.step_kls[msg.version - 1] = float(msg.metrics["step_kl"])
         self.log("epoch_done", done_epoch=msg.epoch, new_version=msg.version, metrics=msg.metrics)
         self.reply(inbound, Ack(reply_to=msg.id))
         if epoch_for(msg.version) >= self.s.epochs:
@@ -823,7 +828,19 @@ class CoordinatorCore(Core):
         return self.epoch if self.phase.epoch_open else -1
 
     def _epoch_start(self) -> EpochStart:
-        return EpochStart(epoch=self.epoch, version=self._floor(self.epoch), groups=self.s.groups_per_epoch)
+        start = EpochStart(epoch=self.epoch, version=self._floor(self.epoch), groups=self.s.groups_per_epoch)
+        return self._with_news(start)
+
+    def _with_news(self, msg: News) -> News:
+        """Bounded mode (k >= 1): `msg` with the weights news a worker's pull policy needs
+        (actors/pulls.py): the newest published version and the KLs of the steps from the open epoch's
+        floor (of the last epoch opened) up to it. Periodic, sync and k = 0: `msg` unchanged."""
+        if not self.s.max_staleness or self.available_version < 0:
+            return msg
+        floor = self._floor(self.epoch) if self.epoch >= 0 else 0
+        msg.newest = self.available_version
+        msg.step_kls = to_wire(self.available_version, floor, self.step_kls)
+        return msg
 
     def _floor(self, epoch: int) -> int:
         """The version a worker must hold at least to generate `epoch` (v_e; v_{e-k} in bounded mode):

@@ -44,6 +44,7 @@ from prl_actors.protocol.messages import (
     EpochOpen,
     EpochStart,
     Error,
+    Group,
     GroupRefused,
     RejectReason,
     Role,
@@ -58,6 +59,7 @@ from prl_actors.protocol.versions import on_policy, staleness, version_for, with
 from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.rundir import TrainerSink
 from prl_actors.training.base import Learner
+from prl_actors.training.drift import PROBE_GROUPS, epoch_start_model, probe_logprobs, step_kl
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import pack
 from prl_actors.weights_shm import ShmReader, ShmUnavailable, write_snapshot
@@ -90,6 +92,7 @@ class TrainerCore(Core):
         no_signal_epochs: int = 3,
         log_completions: int = 0,
         max_staleness: int = 0,
+        drift_probe: bool = False,
     ) -> None:
         super().__init__(name, log)
         self.on_nonfinite, self.no_signal_epochs = on_nonfinite, no_signal_epochs
@@ -100,6 +103,9 @@ class TrainerCore(Core):
         self.threads = threads
         self.max_staleness = max_staleness  # k (run.mode bounded); 0 = strict on-policy
         self.stale: dict[int, int] = {}  # staleness j -> groups of the open epoch (bounded mode)
+        # worker.sync_kl_threshold (bounded mode): each step's KL(v_e || v_{e+1}) on a probe (training/drift.py)
+        self.drift_probe = drift_probe
+        self.probe: list[Group] = []  # the open epoch's first PROBE_GROUPS groups
         self.learner, self.sink = learner, sink
         self.credits, self.chunk_bytes = credits, chunk_bytes
         self.request_timeout_s, self.checkpoint_every = request_timeout_s, checkpoint_every
@@ -155,7 +161,7 @@ class TrainerCore(Core):
             self.threads.take_share()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.reward_means.reset()
-        self.stale = {}
+        self.stale, self.probe = {}, []
         self.log("train_epoch_begin", groups=msg.groups)
 
     @handles(TrainGroup)
@@ -172,6 +178,8 @@ class TrainerCore(Core):
                 self.threads.take_all()  # this host's workers now wait for weights
         j = staleness(msg.epoch, msg.version)
         self.stale[j] = self.stale.get(j, 0) + 1
+        if self.drift_probe and len(self.probe) < PROBE_GROUPS:
+            self.probe.append(msg.group)
         if self.completions is not None:  # run.log_completions (prl_actors/completions.py)
             self.sink_completions(self.completions.rows(msg.epoch, msg.version, self.groups, msg.group))
         stats: dict[str, float] = {}
@@ -344,10 +352,14 @@ class TrainerCore(Core):
         before = self.learner.version
         self.log("span_begin", span="optimizer_step")
         t0 = time.monotonic()
+        probed = self._probe(before=True)
         stepped = self._guarded_step()
         if stepped is None:
             return
         metrics = stepped
+        if probed is not None:  # bounded mode's drift signal (actors/pulls.py): announced by the coordinator
+            after = self._probe(before=False)
+            metrics["step_kl"] = round(step_kl(probed, after), 9) if after is not None else -1.0
         self._signal(metrics)
         step_s = time.monotonic() - t0
         self.train_s += step_s
@@ -372,6 +384,14 @@ class TrainerCore(Core):
         # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
         self.finished[self.learner.version] = (self.epoch, self.t_open, metrics)
         self._upload()
+
+    def _probe(self, before: bool) -> Any:
+        """[N] log-probs of the probe's tokens under the epoch-start policy (before the step) or the
+        new one (after); None without a drift probe (training/drift.py)."""
+        if not self.drift_probe or not self.probe:
+            return None
+        model = epoch_start_model(self.learner) if before else None
+        return probe_logprobs(self.learner, self.probe, model)
 
     # --- weights out -------------------------------------------------------------------------
 

@@ -11,7 +11,11 @@ epoch drops what is still running (those groups belong to an epoch that is compl
 A worker that is behind never gets work: it is told `stale_version` and fetches.
 Bounded mode (run.mode bounded, k = run.max_staleness): the coordinator's target is the epoch's floor
 v_{e-k}, so a worker keeps generating with the weights it holds while they are at most k versions
-behind the open epoch, and fetches (the newest published) once they fall below the floor.
+behind the open epoch, and fetches (the newest published) once they fall below the floor (a `floor`
+pull); with `worker.sync_kl_threshold` it also pulls earlier, once the estimated divergence of its
+weights from the newest published ones crosses the threshold (a `drift` pull: it stops asking for work,
+lets its running groups finish with the weights they started with, then fetches; actors/pulls.py).
+Every load is logged as `weights_pulled` (reason, versions skipped).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from prl_actors.actors.pulls import announced, drift_estimate, should_pull
 from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
@@ -82,6 +87,7 @@ class WorkerCore(Core):
         threads: ThreadPlan | None = None,
         eval_sampling: Any = None,
         max_staleness: int = 0,
+        sync_kl_threshold: float | None = None,
     ) -> None:
         super().__init__(name, log)
         self.engine, self.task, self.group_size = engine, task, group_size
@@ -106,6 +112,12 @@ class WorkerCore(Core):
         self.eval_groups: list[EvalGroup] = []
         self.train_sampling: Any = None
         self.max_staleness = max_staleness  # k (run.mode bounded): the target is then v_{e-k}, the floor
+        # bounded mode's pull policy (actors/pulls.py): what the coordinator announced, and an early pull
+        self.sync_kl_threshold = sync_kl_threshold  # None: floor pulls only
+        self.newest = -1  # the newest published version announced
+        self.step_kls: dict[int, float] = {}  # i -> KL(v_i || v_{i+1}), as announced
+        self.pull_due = False  # a drift pull is wanted: no more work, fetch once the engine is idle
+        self.pull_reason = ""  # why the fetch in flight was sent (floor | drift)
 
     def start(self, now: float) -> None:
         self.register()
@@ -132,14 +144,39 @@ class WorkerCore(Core):
 
     @handles(EpochStart)
     def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:
+        self._learn_news(inbound.msg.newest, inbound.msg.step_kls)
         self._learn_target(inbound.msg.version)
 
     def on_heartbeat_ack(self, now: float, inbound: Inbound[HeartbeatAck]) -> None:
         super().on_heartbeat_ack(now, inbound)
         if not inbound.msg.known:
             return
+        pulling = self.pull_due
+        self._learn_news(inbound.msg.newest, inbound.msg.step_kls)
         if inbound.msg.version != self.target:
             self._learn_target(inbound.msg.version)
+        elif self.pull_due and not pulling:
+            self._next()
+
+    def _learn_news(self, newest: int, step_kls: list[float]) -> None:
+        """Bounded mode: note the newest published version and the steps' KLs; decide a drift pull."""
+        if newest < 0:
+            return
+        self.newest = max(self.newest, newest)
+        self.step_kls.update(announced(newest, step_kls))
+        self._check_drift()
+
+    def _check_drift(self) -> None:
+        """A drift pull is due when the weights held are within the floor (else the floor rule fetches)
+        and their estimated KL from the newest published ones crosses worker.sync_kl_threshold."""
+        held = self.engine.version
+        if self.pull_due or self.sync_kl_threshold is None or held < max(self.target, 0):
+            return
+        estimate = drift_estimate(held, self.newest, self.step_kls)
+        if should_pull(self.sync_kl_threshold, estimate, held, self.newest):
+            self.pull_due = True
+            kl = None if estimate is None else round(estimate, 9)
+            self.log("pull_due", held=held, newest=self.newest, drift_kl=kl, threshold=self.sync_kl_threshold)
 
     def _learn_target(self, version: int) -> None:
         self.target = max(self.target, version)
@@ -160,7 +197,11 @@ class WorkerCore(Core):
             return
         if self.engine.version < self.target:
             self._drop_running("a newer epoch is open")
-            self._fetch()
+            self._fetch("floor")
+            return
+        if self.pull_due:  # drain first: what runs was assigned for these weights and is within the bound
+            if not self.engine.busy:
+                self._fetch("drift")
             return
         want = (self.engine.max_rows + self.prefetch * self.group_size - self.engine.rows) // self.group_size
         if want <= 0 or self.hold is not None:
@@ -201,8 +242,9 @@ class WorkerCore(Core):
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _fetch(self) -> None:
+    def _fetch(self, reason: str) -> None:
         self.log("span_begin", span="weight_sync", target=self.target)
+        self.pull_reason = reason
         self.fetch_sent = self.now
         proof = self.shm.proof(self.run_id) if self.shm is not None else ""
         self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version, host_proof=proof))
@@ -258,8 +300,10 @@ class WorkerCore(Core):
         self.fetch_sent = 0.0
         if snap.version <= self.engine.version:  # a late answer to an earlier fetch: nothing to swap
             self.log("weights_ignored", new_version=snap.version, held=self.engine.version)
+            self.pull_due = False
             self._next()
             return
+        held = self.engine.version
         self._drop_running("weights swap")
         try:
             self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
@@ -271,7 +315,25 @@ class WorkerCore(Core):
             self.threads.take_all()  # a new epoch: the trainer has nothing to train until our first group
         seconds = round(time.monotonic() - started, 6)
         self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes, seconds=seconds, via=via)
+        self._pulled(held, snap.version)
         self._next()
+
+    def _pulled(self, held: int, loaded: int) -> None:
+        """Count a load: why it was paid, and how many published versions were never loaded here."""
+        skipped = max(0, loaded - held - 1) if held >= 0 else 0
+        self.count("weight_loads")
+        self.count("versions_skipped", skipped)
+        self.log(
+            "weights_pulled",
+            held=held,
+            new_version=loaded,
+            newest=self.newest,
+            reason=self.pull_reason,
+            skipped=skipped,
+        )
+        self.pull_due, self.pull_reason = False, ""
+        self.step_kls = {i: kl for i, kl in self.step_kls.items() if i >= loaded}
+        self._check_drift()
 
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)

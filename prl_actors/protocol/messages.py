@@ -192,10 +192,13 @@ class Heartbeat(Msg, tag="heartbeat", kw_only=True):
 
 class HeartbeatAck(Msg, tag="heartbeat_ack", kw_only=True):
     """Reply to Heartbeat; `epoch`/`version` are the open epoch and its version. `known` is False
-    when the coordinator does not know the sender (e.g. it timed out): the sender must Register again."""
+    when the coordinator does not know the sender (e.g. it timed out): the sender must Register again.
+    `newest` / `step_kls`: the weights news of run.mode bounded (as in EpochStart)."""
 
     reply_to: str
     known: bool = True
+    newest: int = NONE
+    step_kls: list[float] = []
 
 
 class Leave(Msg, tag="leave", kw_only=True):
@@ -231,9 +234,15 @@ class Error(Msg, tag="error", kw_only=True):
 
 
 class EpochStart(Msg, tag="epoch_start", kw_only=True):
-    """Coordinator -> every member: epoch `epoch` is open and bound to weights `version`."""
+    """Coordinator -> every member: epoch `epoch` is open and bound to weights `version`.
+    Under run.mode bounded (k >= 1; -1 and [] otherwise): `newest` is the newest published version and
+    `step_kls` the trainer's KL(v_i || v_{i+1}) of the steps that made the versions after the floor up
+    to `newest` (the last one made `newest`; -1.0 where not known yet): a worker's divergence estimate
+    for `worker.sync_kl_threshold` (actors/pulls.py)."""
 
     groups: int
+    newest: int = NONE
+    step_kls: list[float] = []
 
 
 class WorkRequest(Msg, tag="work_request", kw_only=True):

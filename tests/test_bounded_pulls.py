@@ -1,0 +1,283 @@
+"""Bounded mode's pull policy (actors/pulls.py): when a worker pays for a weight load.
+
+- the arithmetic of the drift estimate and the pull rule;
+- the coordinator announces the newest published version and the steps' KLs (bounded k >= 1 only);
+- a worker core holding weights within the floor keeps generating with them (no fetch), fetches when
+  the floor passes it, and with worker.sync_kl_threshold pulls early: it asks for no more work, lets
+  its running groups finish with the weights they started with, then fetches;
+- config: the threshold is refused outside bounded mode with k >= 1;
+- the five actors (inproc transport, tiny model): with k = 2 a worker skips versions, the buffer never
+  refuses a group for staleness, every group is trained exactly once within the bound and
+  `replay --check` passes; with threshold 0 the worker loads every version, as at k = 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prl_actors.actors.pulls import announced, drift_estimate, should_pull, to_wire
+from prl_actors.actors.transfer import Snapshot, transfer_messages
+from prl_actors.config import Config, ConfigError, load_config
+from prl_actors.engines.sim import SimEngine
+from prl_actors.protocol import messages as m
+from prl_actors.replay import load_run
+from prl_actors.replay.checks import run_checks
+from prl_actors.replay.coordinator_replay import CaptureLog
+from prl_actors.replay.staleness import histogram
+from tests.conftest import read_logs
+from tests.test_cores import coordinator, drive, inbound, m_inbound, open_epoch, sim_config_for_cores, worker
+
+# --- the rule -------------------------------------------------------------------------------------
+
+
+def test_drift_estimate_sums_square_roots_of_the_steps_not_loaded() -> None:
+    kls = {3: 0.01, 4: 0.04, 5: 0.09}
+    assert drift_estimate(4, 4, kls) == 0.0
+    assert drift_estimate(5, 6, kls) == pytest.approx(0.09)
+    assert drift_estimate(3, 6, kls) == pytest.approx((0.1 + 0.2 + 0.3) ** 2)  # >= the plain sum 0.14
+    assert drift_estimate(2, 6, kls) is None  # step 2 -> 3 unknown
+    assert drift_estimate(-1, 6, kls) is None
+    assert drift_estimate(3, 5, {3: 0.01, 4: -1.0}) is None
+
+
+def test_should_pull_threshold_none_zero_and_positive() -> None:
+    assert not should_pull(None, 10.0, 1, 3)  # off: the floor rule alone
+    assert should_pull(0.0, None, 1, 2)  # 0: every newer version, whatever the estimate
+    assert not should_pull(0.0, None, 2, 2)  # nothing newer
+    assert should_pull(0.01, 0.02, 1, 2) and not should_pull(0.01, 0.01, 1, 2)
+    assert not should_pull(0.01, None, 1, 2)  # unknown: no early pull
+
+
+def test_wire_form_round_trips() -> None:
+    kls = {1: 0.5, 3: 0.25}
+    wire = to_wire(4, 1, kls)
+    assert wire == [0.5, -1.0, 0.25]
+    assert announced(4, wire) == kls
+    assert to_wire(2, 2, kls) == [] and announced(2, []) == {}
+
+
+# --- the coordinator announces ------------------------------------------------------------------
+
+
+def bounded_coordinator(k: int):  # type: ignore[no-untyped-def]
+    core = coordinator(6)
+    core.s = dataclasses.replace(core.s, mode="bounded" if k else "periodic", max_staleness=k)
+    return core
+
+
+def heartbeat_ack(core: Any, now: float) -> m.HeartbeatAck:
+    (_, ack), *_ = drive(core, now, m.Heartbeat(version=0), "worker-a")
+    assert isinstance(ack, m.HeartbeatAck)
+    return ack
+
+
+def test_coordinator_announces_newest_and_step_kls_in_bounded_mode_only() -> None:
+    core = bounded_coordinator(2)
+    open_epoch(core)
+    ack = heartbeat_ack(core, 0.1)
+    assert (ack.version, ack.newest, ack.step_kls) == (0, 0, [])
+    drive(core, 0.2, m.WeightsAvailable(version=1), "publisher")
+    ack = heartbeat_ack(core, 0.3)
+    assert (ack.newest, ack.step_kls) == (1, [-1.0])  # v1 published, its step's KL not heard yet
+    drive(core, 0.4, m.StepDone(epoch=0, version=1, metrics={"step_kl": 0.125}), "trainer")
+    assert heartbeat_ack(core, 0.5).step_kls == [0.125]
+    periodic = bounded_coordinator(0)
+    open_epoch(periodic)
+    drive(periodic, 0.4, m.StepDone(epoch=0, version=1, metrics={"step_kl": 0.125}), "trainer")
+    ack = heartbeat_ack(periodic, 0.5)
+    assert (ack.newest, ack.step_kls) == (-1, [])  # periodic: the messages are as before
+
+
+# --- the worker's pulls ------------------------------------------------------------------------
+
+
+def loaded_worker(threshold: float | None, k: int = 2):  # type: ignore[no-untyped-def]
+    engine = SimEngine(sim_config_for_cores())
+    engine.load_weights(1, {"theta": np.zeros((8, 8), dtype=np.float32)})
+    core = worker(engine)
+    core.max_staleness, core.sync_kl_threshold = k, threshold
+    core.log = CaptureLog("worker-x")  # the events in memory
+    core.now = 0.0
+    return core, engine
+
+
+def tell(core: Any, msg: m.Msg) -> list[m.Msg]:
+    core.handle(core.now, inbound(msg, "coordinator", peer="coordinator"))
+    out, core.outbox = core.outbox, []
+    return [x for _, x, _ in out]
+
+
+def generate_assigned(core: Any) -> list[m.Msg]:
+    while core.deferred:  # what the host does: generation runs as later inbox items
+        core.deferred.pop(0)(core.now)
+    out, core.outbox = core.outbox, []
+    return [x for _, x, _ in out]
+
+
+def serve(core: Any, version: int) -> None:
+    snap = Snapshot.from_tensors(version, {"theta": np.full((8, 8), version, dtype=np.float32)})
+    for part, payloads in transfer_messages(snap, 1 << 20, epoch=version):
+        core.handle(core.now, m_inbound(part, payloads))
+
+
+def tags(out: list[m.Msg]) -> list[str]:
+    return [m.tag_of(x) for x in out]
+
+
+def test_worker_within_the_floor_keeps_its_weights_and_fetches_when_the_floor_passes() -> None:
+    core, engine = loaded_worker(None)
+    out = tell(core, m.EpochStart(epoch=3, version=1, groups=4, newest=3, step_kls=[0.5, 0.5]))
+    assert "fetch_weights" not in tags(out) and "work_request" in tags(out)  # v1 is the floor of epoch 3
+    tell(core, m.NoWork(reply_to="r", reason=m.NoWorkReason.QUEUE_EMPTY))
+    out = tell(core, m.EpochStart(epoch=4, version=2, groups=4, newest=3, step_kls=[0.5]))
+    assert "fetch_weights" in tags(out)  # the floor passed v1
+    serve(core, 3)  # the publisher's newest
+    assert engine.version == 3 and core.counters["weight_loads"] == 1 and core.counters["versions_skipped"] == 1
+    (pulled,) = [e for e in core.log.events if e["event"] == "weights_pulled"]
+    assert (pulled["reason"], pulled["held"], pulled["skipped"]) == ("floor", 1, 1)
+
+
+def test_worker_pulls_early_on_drift_after_its_running_groups_finish() -> None:
+    core, engine = loaded_worker(0.1)
+    out = tell(core, m.EpochStart(epoch=3, version=1, groups=4, newest=2, step_kls=[0.04]))
+    assert "fetch_weights" not in tags(out)  # 0.04 <= 0.1: keep v1
+    assign = m.WorkAssign(reply_to="r", epoch=3, version=1, prompts=[m.Prompt(group_id=2, prompt="ctx 1", answer="4")])
+    tell(core, assign)
+    assert engine.busy
+    out = tell(core, m.HeartbeatAck(reply_to="h", epoch=3, version=1, newest=3, step_kls=[0.04, 0.05]))
+    assert core.pull_due and "fetch_weights" not in tags(out)  # (0.2 + 0.22)^2 > 0.1, but group 2 runs
+    more = m.WorkAssign(reply_to="r2", epoch=3, version=1, prompts=[m.Prompt(group_id=3, prompt="ctx 1", answer="4")])
+    out = tell(core, more)  # the answer to the request that was out: taken (v1 is within the bound) ...
+    assert "work_request" not in tags(out) and "fetch_weights" not in tags(out)  # ... but no more asked
+    out = generate_assigned(core)
+    sent = [x for x in out if isinstance(x, m.GroupResult)]
+    assert sorted((g.group.group_id, g.version, g.epoch) for g in sent) == [(2, 1, 3), (3, 1, 3)]  # with v1
+    assert "fetch_weights" in tags(out) and "work_request" not in tags(out)  # idle now: fetch, ask nothing
+    serve(core, 3)
+    assert engine.version == 3 and not core.pull_due
+    pulled = [e for e in core.log.events if e["event"] == "weights_pulled"]
+    assert [(e["reason"], e["skipped"]) for e in pulled] == [("drift", 1)]
+    assert core.counters.get("groups_dropped", 0) == 0
+
+
+def test_worker_with_threshold_zero_pulls_every_newer_version_at_once() -> None:
+    core, engine = loaded_worker(0.0)
+    out = tell(core, m.HeartbeatAck(reply_to="h", epoch=2, version=0, newest=2, step_kls=[-1.0, -1.0]))
+    assert "fetch_weights" in tags(out)  # unknown KLs: threshold 0 pulls anyway
+    serve(core, 2)
+    out = tell(core, m.HeartbeatAck(reply_to="h", epoch=2, version=0, newest=2, step_kls=[-1.0, -1.0]))
+    assert engine.version == 2 and "fetch_weights" not in tags(out)  # nothing newer
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "k", "why"),
+    [("periodic", 0, "run.mode periodic"), ("sync", 0, "run.mode sync"), ("bounded", 0, "run.max_staleness 0")],
+)
+def test_threshold_is_refused_where_every_version_is_loaded(mode: str, k: int, why: str) -> None:
+    sets: dict[str, Any] = {"run.mode": mode, "run.max_staleness": k, "worker.sync_kl_threshold": 0.01}
+    sets["trainer.is_correction"] = "tis"
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, sets)
+    line = str(exc.value)
+    assert "\n" not in line and "worker.sync_kl_threshold applies to run.mode bounded" in line and why in line
+    sets.update({"run.mode": "bounded", "run.max_staleness": 2})
+    assert load_config(None, sets).worker.sync_kl_threshold == 0.01
+    with pytest.raises(ConfigError, match="sync_kl_threshold"):
+        load_config(None, {**sets, "worker.sync_kl_threshold": -1.0})
+
+
+# --- the five actors -----------------------------------------------------------------------------
+
+GROUPS = 4
+EPOCHS = 6
+
+
+def config(run_dir: Path, model: Path | None, k: int, threshold: float | None = None) -> Config:
+    return load_config(
+        None,
+        {
+            "run.run_dir": str(run_dir),
+            "run.epochs": EPOCHS,
+            "run.mode": "bounded",
+            "run.max_staleness": k,
+            "transport.kind": "inproc",
+            "coordinator.groups_per_epoch": GROUPS,
+            "worker.group_size": 4,
+            "worker.sync_kl_threshold": threshold,
+            "model.warm_start_steps": 300,
+            "model.path": str(model) if model else None,
+            "trainer.is_correction": "tis",
+        },
+    )
+
+
+def run(cfg: Config, workers: int = 1) -> Path:
+    from prl_actors.process import LocalCluster
+
+    run_dir = Path(cfg.run.run_dir)
+    cluster = LocalCluster(cfg, workers=workers, log_dir=run_dir / "logs")
+    try:
+        assert cluster.wait(240), "the bounded run did not finish"
+    finally:
+        cluster.close()
+    if not (run_dir / "config.yaml").is_file():
+        (run_dir / "config.yaml").write_text(cfg.dump())
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from prl_actors.model import prepare_model
+
+    root = tmp_path_factory.mktemp("model")
+    return prepare_model(config(root, None, 2), root)
+
+
+def pulls_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "weights_pulled"]
+
+
+def invariants(run_dir: Path, k: int) -> list[dict[str, Any]]:
+    """Exactly once, one step per epoch, no group refused, nothing trained beyond k, replay green."""
+    events = read_logs(run_dir)
+    keys = sorted((e["msg_epoch"], e["group_id"]) for e in events if e["event"] == "train_group")
+    assert keys == [(ep, g) for ep in range(EPOCHS) for g in range(GROUPS)]
+    refused = [e for e in events if e["event"] in ("group_rejected", "train_rejected")]
+    assert refused == [], refused  # the buffer (and trainer) never saw a group older than k
+    loaded = load_run(run_dir)
+    hist = histogram(loaded)
+    assert all(set(h) <= set(range(k + 1)) for h in hist.values()), hist
+    checks = {c.name: c for c in run_checks(loaded)}
+    assert all(c.ok for c in checks.values()), {n: (c.summary, c.violations) for n, c in checks.items()}
+    return events
+
+
+@pytest.mark.slow
+def test_k2_worker_skips_versions_and_nothing_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    events = invariants(run(config(tmp_path / "k2", model_dir, k=2)), k=2)
+    pulls = pulls_of(events)
+    assert all(p["reason"] == "floor" for p in pulls)
+    assert sum(p["skipped"] for p in pulls) >= 1, pulls  # some published version was never loaded
+    assert len(pulls) < EPOCHS, pulls  # fewer loads than epochs (periodic loads v0 .. v_{E-1})
+
+
+@pytest.mark.slow
+def test_threshold_zero_loads_every_version_like_k0(tmp_path: Path, model_dir: Path) -> None:
+    eager = pulls_of(invariants(run(config(tmp_path / "eager", model_dir, k=2, threshold=0.0)), k=2))
+    k0 = pulls_of(invariants(run(config(tmp_path / "k0", model_dir, k=0)), k=0))
+    assert [p["new_version"] for p in k0] == list(range(EPOCHS))
+    got = [p["new_version"] for p in eager if p["new_version"] < EPOCHS]  # v_E may be pulled before shutdown
+    assert got == list(range(EPOCHS)), eager
+    assert all(p["skipped"] == 0 for p in eager)
+    rows = [r for r in (tmp_path / "eager" / "metrics.jsonl").read_text().splitlines() if r]
+    assert len(rows) == EPOCHS and all('"step_kl"' in r for r in rows)
+    assert all(math.isfinite(float(r.split('"step_kl": ')[1].split(",")[0].rstrip("}"))) for r in rows)
