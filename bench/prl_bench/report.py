@@ -132,6 +132,20 @@ def details(results: dict[str, Any]) -> list[str]:
             [{**e["raw"], "vs_loop": e["ratio"]} for e in bounded],
             ["case", "mode", "samples_per_s", "loop_samples_per_s", "vs_loop", "stale_groups", "rewards"],
         )
+        lines += ["", "Pull policy (actors/pulls.py): the worker's weight loads per epoch (1.0 = every version)", ""]
+        lines += _table(
+            [e["raw"] for e in bounded],
+            [
+                "case",
+                "mode",
+                "weight_loads_per_epoch",
+                "loads_saved_per_epoch",
+                "versions_skipped",
+                "drift_pulls",
+                "step_kl_mean",
+                "samples_per_s",
+            ],
+        )
     return lines
 
 
