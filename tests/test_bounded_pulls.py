@@ -176,6 +176,75 @@ def test_worker_with_threshold_zero_pulls_every_newer_version_at_once() -> None:
     assert engine.version == 2 and "fetch_weights" not in tags(out)  # nothing newer
 
 
+# --- the trainer's drift probe -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path]:
+    from tests.learning_utils import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny"), trainer__lr=0.05)
+
+
+def groups_for(n: int, vocab: int = 12) -> list[m.Group]:
+    """n groups of 4 samples with mixed 0/1 rewards (non-zero advantages) over tokens 3 .. vocab-1."""
+    out = []
+    for gid in range(n):
+        samples = [
+            m.Sample(text="x", token_ids=[3 + (gid + j + t) % (vocab - 3) for t in range(4)], logprobs=[], reward=j % 2)
+            for j in range(4)
+        ]
+        out.append(m.Group(group_id=gid, prompt="1+1=", prompt_ids=[4, 5, 6], samples=samples, worker="worker-0"))
+    return out
+
+
+def trainer_core(cfg: Config, model_dir: Path) -> Any:
+    from prl_actors.actors.trainer import TrainerCore
+    from prl_actors.logs import EventLog
+    from prl_actors.rundir import MemorySink
+    from prl_actors.training.grpo import GRPOLearner
+
+    learner = GRPOLearner(cfg, model_dir)
+    core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 8, 1 << 20, 5.0)
+    core.drift_probe, core.max_staleness = True, 2
+    core.log = CaptureLog("trainer")
+    return core
+
+
+def train_epoch(core: Any, groups: list[m.Group], spoil_probe: bool = False) -> dict[str, float]:
+    core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=len(groups)), "buffer", peer="buffer"))
+    for seq, g in enumerate(groups):
+        core.handle(0.0, inbound(m.TrainGroup(epoch=0, version=0, seq=seq, group=g), "buffer", peer="buffer"))
+    if spoil_probe:  # a probe the model cannot score (a token outside the vocabulary)
+        bad = m.Sample(text="x", token_ids=[10**6], logprobs=[], reward=1.0)
+        core.probe = [m.Group(group_id=0, prompt="x", prompt_ids=[4], samples=[bad], worker="worker-0")]
+    core.handle(0.0, inbound(m.EpochComplete(epoch=0, groups=len(groups)), "buffer", peer="buffer"))
+    assert core.learner.version == 1  # the step happened either way
+    ((_, _, metrics),) = core.finished.values()
+    return metrics  # type: ignore[no-any-return]
+
+
+def test_trainer_reports_the_steps_kl_on_a_probe(tiny: tuple[Config, Path]) -> None:
+    from prl_actors.training.drift import PROBE_GROUPS, probe_logprobs, step_kl
+
+    cfg, model_dir = tiny
+    core = trainer_core(cfg, model_dir)
+    groups = groups_for(4)
+    before = probe_logprobs(core.learner, groups[:PROBE_GROUPS])
+    assert before is not None and before.numel() == PROBE_GROUPS * 4 * 4
+    assert step_kl(before, before) == 0.0
+    metrics = train_epoch(core, groups)
+    after = probe_logprobs(core.learner, groups[:PROBE_GROUPS])
+    assert after is not None
+    assert metrics["step_kl"] > 0.0 and metrics["step_kl"] == pytest.approx(step_kl(before, after), abs=1e-8)
+
+
+def test_a_probe_that_fails_leaves_the_step_alone(tiny: tuple[Config, Path]) -> None:
+    cfg, model_dir = tiny
+    metrics = train_epoch(core := trainer_core(cfg, model_dir), groups_for(4), spoil_probe=True)
+    assert metrics["step_kl"] == -1.0 and core.counters["drift_probe_failed"] == 1
+
+
 # --- config -------------------------------------------------------------------------------------
 
 

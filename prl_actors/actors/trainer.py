@@ -357,8 +357,8 @@ class TrainerCore(Core):
         if stepped is None:
             return
         metrics = stepped
-        if probed is not None:  # bounded mode's drift signal (actors/pulls.py): announced by the coordinator
-            after = self._probe(before=False)
+        if self.drift_probe and self.probe:  # bounded mode's drift signal (actors/pulls.py), -1: unknown
+            after = self._probe(before=False) if probed is not None else None
             metrics["step_kl"] = round(step_kl(probed, after), 9) if after is not None else -1.0
         self._signal(metrics)
         step_s = time.monotonic() - t0
@@ -387,11 +387,16 @@ class TrainerCore(Core):
 
     def _probe(self, before: bool) -> Any:
         """[N] log-probs of the probe's tokens under the epoch-start policy (before the step) or the
-        new one (after); None without a drift probe (training/drift.py)."""
+        new one (after); None without a drift probe, or when scoring the probe failed (training/drift.py)."""
         if not self.drift_probe or not self.probe:
             return None
-        model = epoch_start_model(self.learner) if before else None
-        return probe_logprobs(self.learner, self.probe, model)
+        try:
+            model = epoch_start_model(self.learner) if before else None
+            return probe_logprobs(self.learner, self.probe, model)
+        except Exception as exc:  # a signal, not training: the step goes on, its KL is unknown (-1)
+            self.count("drift_probe_failed")
+            self.log("drift_probe_failed", error=one_line(exc), before=before)
+            return None
 
     # --- weights out -------------------------------------------------------------------------
 
