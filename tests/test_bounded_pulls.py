@@ -66,8 +66,8 @@ def test_wire_form_round_trips() -> None:
 # --- the coordinator announces ------------------------------------------------------------------
 
 
-def bounded_coordinator(k: int):  # type: ignore[no-untyped-def]
-    core = coordinator(6)
+def bounded_coordinator(k: int, epochs: int = 6):  # type: ignore[no-untyped-def]
+    core = coordinator(epochs)
     core.s = dataclasses.replace(core.s, mode="bounded" if k else "periodic", max_staleness=k)
     return core
 
@@ -93,6 +93,14 @@ def test_coordinator_announces_newest_and_step_kls_in_bounded_mode_only() -> Non
     drive(periodic, 0.4, m.StepDone(epoch=0, version=1, metrics={"step_kl": 0.125}), "trainer")
     ack = heartbeat_ack(periodic, 0.5)
     assert (ack.newest, ack.step_kls) == (-1, [])  # periodic: the messages are as before
+
+
+def test_a_resumed_run_announces_at_most_k_plus_one_steps() -> None:
+    core = bounded_coordinator(2, epochs=50)
+    drive(core, 0.0, m.Register(role=m.Role.WORKER), "worker-a")
+    drive(core, 0.1, m.WeightsAvailable(version=30), "publisher")  # resumed at v30, no epoch open yet
+    ack = heartbeat_ack(core, 0.2)
+    assert ack.newest == 30 and ack.step_kls == [-1.0] * 3
 
 
 # --- the worker's pulls ------------------------------------------------------------------------

@@ -838,8 +838,9 @@ class CoordinatorCore(Core):
         if not self.s.max_staleness or self.available_version < 0:
             return msg
         floor = self._floor(self.epoch) if self.epoch >= 0 else 0
+        oldest = max(floor, self.available_version - self.s.max_staleness - 1)  # at most k + 1 steps (a resume)
         msg.newest = self.available_version
-        msg.step_kls = to_wire(self.available_version, floor, self.step_kls)
+        msg.step_kls = to_wire(self.available_version, oldest, self.step_kls)
         return msg
 
     def _floor(self, epoch: int) -> int:
