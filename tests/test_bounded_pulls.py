@@ -8,7 +8,11 @@
 - config: the threshold is refused outside bounded mode with k >= 1;
 - the five actors (inproc transport, tiny model): with k = 2 a worker skips versions, the buffer never
   refuses a group for staleness, every group is trained exactly once within the bound and
-  `replay --check` passes; with threshold 0 the worker loads every version, as at k = 0.
+  `replay --check` passes; a small threshold pulls on the trainer's announced drift; with threshold 0
+  the worker loads every version as at k = 0 (at most one less: a version the trainer published while
+  the fetch of the one before was under way, since the publisher serves its newest).
+- the trainer's probe: the step's KL matches a recomputation, and a probe that cannot be scored
+  leaves the step alone.
 """
 
 from __future__ import annotations
