@@ -280,6 +280,10 @@ class EvalAssign(Msg, tag="eval_assign", kw_only=True):
     samples: int
 
 
+# eval prompt ids (Prompt.group_id, EvalGroup.prompt_id): EVAL_ID_BASE + index, apart from training group ids
+EVAL_ID_BASE = 1 << 20
+
+
 class EvalGroup(msgspec.Struct, kw_only=True):
     """One eval prompt's k completions and their rewards (the task's reward)."""
 
