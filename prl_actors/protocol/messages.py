@@ -349,8 +349,8 @@ class GroupResult(Msg, tag="group_result", kw_only=True):
     """Worker -> Buffer: a finished, scored group of `epoch` generated with `version`, with the
     assignment's `ticket` (the buffer admits only groups the coordinator assigned to the sender).
     Reply: GroupAck (or Error `forbidden` without a valid ticket). `follows`: how many more groups
-    the sender finished together with this one and sends right after it (a hint, used only to tell
-    the trainer early that the epoch is generated: TrainGroup.generated)."""
+    the sender finished together with this one and sends right after it (a fact about its burst,
+    used only to tell the trainer early that the epoch is generated: TrainGroup.generated)."""
 
     group: Group
     ticket: bytes = b""
@@ -436,8 +436,9 @@ class Credit(Msg, tag="credit", kw_only=True):
 class TrainGroup(Msg, tag="train_group", kw_only=True):
     """Buffer -> Trainer: one accepted group of `epoch`/`version`. `seq` is its arrival index.
     `generated`: when it was sent, every group of the epoch was in the buffer or on its way in a
-    worker's burst (GroupResult.follows): generation is over, so a trainer sharing the host's cores
-    with its workers may take them all (actors/threads.py)."""
+    worker's burst (GroupResult.follows): generation is over, so the trainer trains the rest in
+    micro-batches as large as its budget allows, and one sharing the host's cores with its workers
+    may take them all (the trainer's schedule: actors/scheduling.py; docs/PROTOCOL.md says why)."""
 
     seq: int
     group: Group
