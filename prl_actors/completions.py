@@ -10,16 +10,16 @@ the worker that generated it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from prl_actors.protocol.messages import Group
+from prl_actors.rundir import COMPLETIONS_FILE
 from prl_actors.training.losses import group_advantages
 
-FILE = "completions.jsonl"
+FILE = COMPLETIONS_FILE  # RUN_DIR/completions.jsonl (rundir.py writes it: RunDir.completions)
 
 
 class CompletionPicker:
@@ -52,13 +52,6 @@ class CompletionPicker:
             }
             for i in range(n)
         ]
-
-
-def append(run_dir: Path | str, rows: Iterable[dict[str, Any]]) -> None:
-    lines = "".join(json.dumps(r) + "\n" for r in rows)
-    if lines:
-        with open(Path(run_dir) / FILE, "a") as f:
-            f.write(lines)
 
 
 def read(run_dir: Path | str, epoch: int | None = None) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prl_actors.envs.settings import EnvSection
+from prl_actors.envkit.settings import EnvSection
 from prl_actors.protocol.messages import ADDRESSED_ROLES, BINDING_ROLES, Role
 
 ROLES = tuple(r.value for r in ADDRESSED_ROLES)  # the roles with an address; index = tcp port offset (Role.port_offset)

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from prl_actors.protocol.messages import EVAL_ID_BASE as EVAL_ID_BASE  # eval prompt ids in the engine
 from prl_actors.protocol.messages import EvalGroup, Prompt
 
-EVAL_ID_BASE = 1 << 20  # eval prompt ids in the engine: apart from training group ids (and their seeds)
 PASS_REWARD = 1.0  # a sample "passes" when its reward reaches this (the built-in tasks' exact match)
 
 
@@ -109,32 +109,6 @@ def done_epochs(run_dir: Path | str) -> set[int]:
     if not d.is_dir():
         return set()
     return {int(p.stem.split("-", 1)[1]) for p in d.glob("epoch-*.jsonl") if p.stem.split("-", 1)[1].isdigit()}
-
-
-def write_eval(
-    run_dir: Path | str, epoch: int, version: int, groups: Sequence[EvalGroup], summary: Mapping[str, Any]
-) -> Path:
-    """RUN_DIR/eval/epoch-N.jsonl: one line per prompt (prompt, answer, completions, rewards), written
-    whole then renamed (a file that exists is complete)."""
-    d = Path(run_dir) / "eval"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"epoch-{epoch}.jsonl"
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        for g in sorted(groups, key=lambda g: g.prompt_id):
-            row = {
-                "epoch": epoch,
-                "version": version,
-                "prompt_id": g.prompt_id - EVAL_ID_BASE,
-                "prompt": g.prompt,
-                "answer": g.answer,
-                "completions": g.completions,
-                "rewards": g.rewards,
-                **({"error": g.error} if g.error else {}),
-            }
-            f.write(json.dumps(row) + "\n")
-    tmp.rename(path)
-    return path
 
 
 def read_eval(run_dir: Path | str, epoch: int) -> list[dict[str, Any]]:

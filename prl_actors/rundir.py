@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prl_actors.logs import console
+from prl_actors.protocol.messages import EVAL_ID_BASE, EvalGroup
 
 CONFIG = "config.yaml"
 LOGS = "logs"
@@ -37,6 +38,8 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
 LOCK = ".up.lock"
+COMPLETIONS_FILE = "completions.jsonl"  # run.log_completions rows (prl_actors/completions.py)
+EVAL = "eval"  # eval/epoch-<N>.jsonl: one evaluation each (write_eval)
 EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "zero_adv_share", "samples_per_s", "gen_s", "train_s", "wall_s")
 SkipFn = Callable[[Path, str], None]
 
@@ -154,9 +157,7 @@ class RunDir:
 
     # --- EvalSink (the coordinator's; prl_actors/evaluation.py) ------------------------------------
 
-    def eval_result(self, epoch: int, version: int, groups: Sequence[Any], summary: Mapping[str, Any]) -> None:
-        from prl_actors.evaluation import write_eval
-
+    def eval_result(self, epoch: int, version: int, groups: Sequence[EvalGroup], summary: Mapping[str, Any]) -> None:
         write_eval(self.root, epoch, version, groups, summary)
         row = {"eval": True, **summary}
         if self.echo:
@@ -220,10 +221,11 @@ class RunDir:
         return removed
 
     def completions(self, rows: list[dict[str, Any]]) -> None:
-        """run.log_completions rows (prl_actors/completions.py)."""
-        from prl_actors import completions
-
-        completions.append(self.root, rows)
+        """run.log_completions rows (prl_actors/completions.py picks them) appended to completions.jsonl."""
+        lines = "".join(json.dumps(r) + "\n" for r in rows)
+        if lines:
+            with open(self.root / COMPLETIONS_FILE, "a") as f:
+                f.write(lines)
 
     def latest_checkpoint(self, on_skip: SkipFn | None = None) -> Path | None:
         """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
@@ -245,6 +247,33 @@ class RunDir:
         if problems:
             raise CheckpointError(f"no intact checkpoint in {root}: {'; '.join(problems)}")
         return None
+
+
+def write_eval(
+    run_dir: Path | str, epoch: int, version: int, groups: Sequence[EvalGroup], summary: Mapping[str, Any]
+) -> Path:
+    """RUN_DIR/eval/epoch-N.jsonl: one line per prompt (prompt, answer, completions, rewards), written
+    whole then renamed (a file that exists is complete). `prompt_id` is the prompt's index in the eval
+    set (prl_actors/evaluation.py)."""
+    d = Path(run_dir) / EVAL
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"epoch-{epoch}.jsonl"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for g in sorted(groups, key=lambda g: g.prompt_id):
+            row = {
+                "epoch": epoch,
+                "version": version,
+                "prompt_id": g.prompt_id - EVAL_ID_BASE,
+                "prompt": g.prompt,
+                "answer": g.answer,
+                "completions": g.completions,
+                "rewards": g.rewards,
+                **({"error": g.error} if g.error else {}),
+            }
+            f.write(json.dumps(row) + "\n")
+    tmp.rename(path)
+    return path
 
 
 def checkpoint_damage(path: Path) -> str | None:

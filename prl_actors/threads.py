@@ -8,8 +8,8 @@
 
 `auto` never oversubscribes beyond the one-thread-per-process floor. The hand-over between a trainer
 and its one local worker (every core while the other side waits) is actors/threads.py's ThreadPlan,
-which takes its `share` and `full` from `threads_for`. This module imports nothing of prl_actors at
-run time (a leaf: every layer may use it).
+which takes its `share` and `full` from `threads_for` and is switched by actors/scheduling.py's
+policy. This module imports nothing of prl_actors at run time (a leaf: every layer may use it).
 """
 
 from __future__ import annotations

@@ -173,6 +173,7 @@ FAST_MODULES = frozenset(
         "test_rewards",
         "test_roles",
         "test_sampling_controls",
+        "test_scheduling",
         "test_tasks",
         "test_threads",
         "test_tiers",

@@ -313,7 +313,7 @@ def test_trainer_paces_flushes_while_sharing_cores_so_the_last_group_boosts_at_o
         feed(core, m.TrainGroup(epoch=0, version=0, seq=gid, group=group(gid, [4, 1])), "buffer")
     core.deferred.pop()(0.1)
     assert learner.flushes == [1] and learner.pending == 3 and len(core.deferred) == 1  # the rest: later
-    assert core.group_s is not None
+    assert core.schedule.group_s is not None
     feed(core, m.TrainGroup(epoch=0, version=0, seq=4, group=group(4, [4, 4])), "buffer")  # the last
     assert calls == [1, 2] and not plan.boost_pending
     core.deferred.pop()(0.2)

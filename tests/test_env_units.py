@@ -8,10 +8,10 @@ import pytest
 
 from prl_actors.actors.learner import LearnerCore
 from prl_actors.actors.learner_acting import LearnerSettings
-from prl_actors.envs.arrays import ArrayError, pack, unpack
-from prl_actors.envs.local import SlotEnvs
-from prl_actors.envs.rounds import Received, RoundBook
-from prl_actors.envs.slots import SlotTable
+from prl_actors.envkit.arrays import ArrayError, pack, unpack
+from prl_actors.envkit.local import SlotEnvs
+from prl_actors.envkit.rounds import Received, RoundBook
+from prl_actors.envkit.slots import SlotTable
 from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
 from prl_actors.transport.port import Inbound
@@ -91,7 +91,7 @@ def test_round_book_takes_each_slot_once_received_or_lost() -> None:
 
 
 def test_kl_estimate_averages_per_env_then_over_envs() -> None:
-    from prl_actors.envs.policy import kl_estimate
+    from prl_actors.envkit.policy import kl_estimate
 
     same = np.zeros((6, 2), np.float32)
     assert kl_estimate(same, same, n_envs=2) == 0.0
@@ -106,7 +106,7 @@ def test_kl_estimate_averages_per_env_then_over_envs() -> None:
 
 
 def test_should_fetch_rule() -> None:
-    from prl_actors.envs.acting import should_fetch
+    from prl_actors.envkit.acting import should_fetch
 
     assert should_fetch(0.0, 0.0, held=3, offered=4)  # threshold 0 syncs on every new version
     assert not should_fetch(0.0, 1.0, held=4, offered=4)  # nothing new

@@ -285,8 +285,8 @@ def test_trackers_read_back_with_each_librarys_own_reader(tmp_path: Path, monkey
 
 
 def test_the_classic_rl_policy_is_saved_and_loads_back(tmp_path: Path) -> None:
-    from prl_actors.envs.policy import Agent
-    from prl_actors.envs.ppo import save_policy
+    from prl_actors.envkit.policy import Agent
+    from prl_actors.envkit.ppo import save_policy
 
     agent = Agent(4, 2, 16)
     path = save_policy(tmp_path / "final", agent, "CartPole-v1", 16)

@@ -125,6 +125,13 @@ def details(results: dict[str, Any]) -> list[str]:
             [e["raw"] for e in mini],
             ["shape", "M", "periodic_epoch_s", "sync_epoch_s", "speedup", "periodic_train_s", "sync_train_s"],
         )
+    burst = by.get("burst_batching", [])
+    if burst:
+        lines += ["", "### A burst trained knowing it is generated (train_group.generated): CPU seconds", ""]
+        lines += _table(
+            [e["raw"] for e in burst],
+            ["shape", "together_cpu_s", "first_alone_cpu_s", "saved_cpu_s", "saved_min_s", "saved_max_s", "reps"],
+        )
     bounded = by.get("bounded", [])
     if bounded:
         lines += ["", "### Bounded staleness (run.mode bounded): samples/s against the single-process loop", ""]

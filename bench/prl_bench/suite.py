@@ -35,6 +35,7 @@ BENCHMARKS = {
     "startup": "prl_bench.startup",
     "minibatch": "prl_bench.minibatch",
     "bounded": "prl_bench.bounded",
+    "burst_batching": "prl_bench.burst_batching",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -48,6 +49,7 @@ ALIASES = {
     "tools": "multiturn",
     "minibatches": "minibatch",
     "staleness": "bounded",
+    "generated": "burst_batching",
 }
 
 

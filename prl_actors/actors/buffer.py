@@ -38,6 +38,7 @@ from prl_actors.actors import tickets
 from prl_actors.actors.dynamic_sampling import informative
 from prl_actors.actors.group_check import GroupChecker
 from prl_actors.actors.runtime import Core, handles
+from prl_actors.actors.scheduling import Bursts
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
@@ -92,7 +93,7 @@ class BufferCore(Core):
         self.credits = 0
         self.trainer: bytes = b""
         self.seq = 0
-        self.following: dict[str, int] = {}  # worker -> groups it said follow its last accepted one
+        self.bursts = Bursts()  # groups announced by workers' bursts (GroupResult.follows)
         self.opened_at = 0.0
         self.ticket_keys: list[bytes] = []  # the coordinator's (a restarted coordinator adds one)
         self.id_bound = 0  # dynamic sampling: group ids 0..id_bound-1 (0 = off: 0..groups-1)
@@ -114,7 +115,7 @@ class BufferCore(Core):
             self.epoch, self.version, self.groups = msg.epoch, msg.version, msg.groups
             self.accepted, self.held, self.seq, self.opened_at = set(), [], 0, now
             self.senders, self.dropped = {}, set()
-            self.following = {}
+            self.bursts.reset()
             self.id_bound, self.closed = msg.id_bound, False
             self.stream.append(EpochOpen(epoch=msg.epoch, version=msg.version, groups=msg.groups))
             self._pump()
@@ -145,7 +146,7 @@ class BufferCore(Core):
             return
         self.accepted.add(group.group_id)
         self.senders[group.group_id] = group.worker
-        self.following[msg.sender] = min(max(msg.follows, 0), self.groups)
+        self.bursts.accepted(msg.sender, msg.follows, self.groups)
         self.count("accepted")
         self.log("group_accepted", **fields, accepted=len(self.accepted), groups=self.groups)
         self.reply(inbound, GroupAck(reply_to=msg.id, group_id=group.group_id, accepted=True))
@@ -319,4 +320,4 @@ class BufferCore(Core):
         """Is every group of the epoch in the buffer or on its way (TrainGroup.generated)?"""
         if self.id_bound:
             return self.closed
-        return len(self.accepted) + len(self.dropped) + sum(self.following.values()) >= self.groups
+        return self.bursts.generated(len(self.accepted) + len(self.dropped), self.groups)

@@ -2,7 +2,7 @@
 
 remote  the learner's EnvClient drives it: EnvReset (own these slots, reset some) -> EnvObs;
         EnvStep (actions for its slots) -> EnvStepResult. Per slot exactly SyncVectorEnv's NEXT_STEP
-        autoreset (envs/local.py). torch is never imported.
+        autoreset (envkit/local.py). torch is never imported.
 acting  DETACH: EnvAct gives it slots; it steps them with its own copy of the policy and streams one
         Segment per round, tagged with the round (`epoch`) and the policy `version` it acted with. Then
         it sends a PolicyCheck with its recent observations; the learner answers after the round's
@@ -21,8 +21,8 @@ from typing import Any
 
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, TransferError
-from prl_actors.envs.arrays import ArrayError, leading, pack, unpack
-from prl_actors.envs.local import SlotEnvs
+from prl_actors.envkit.arrays import ArrayError, leading, pack, unpack
+from prl_actors.envkit.local import SlotEnvs
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     EnvAct,
@@ -66,7 +66,7 @@ class EnvCore(Core):
     def __init__(self, name: str, log: EventLog, envs: SlotEnvs, settings: EnvActorSettings) -> None:
         super().__init__(name, log)
         self.envs, self.s = envs, settings
-        self.policy: Any = None  # envs.acting.ActingPolicy, built on the first EnvAct (imports torch)
+        self.policy: Any = None  # envkit.acting.ActingPolicy, built on the first EnvAct (imports torch)
         self.steps = 0  # segment length
         self.act_round: int | None = None  # the round the learner cleared us to act next
         self.want_version = -1  # fetch this version before acting
@@ -154,7 +154,7 @@ class EnvCore(Core):
             return
         self.log("env_act", round=msg.epoch, owned=msg.owned, new_slots=msg.slots, seeds=msg.seeds)
         if self.policy is None:
-            from prl_actors.envs.acting import ActingPolicy
+            from prl_actors.envkit.acting import ActingPolicy
 
             self.policy = ActingPolicy(self.s.seed, self.name, self.s.kl_obs_per_env)
         self.steps = msg.steps
@@ -164,7 +164,7 @@ class EnvCore(Core):
 
     @handles(PolicyLogits)
     def on_policy_logits(self, now: float, inbound: Inbound[PolicyLogits]) -> None:
-        from prl_actors.envs.acting import should_fetch
+        from prl_actors.envkit.acting import should_fetch
 
         msg = inbound.msg
         try:

@@ -1,11 +1,11 @@
 """Learner (classic RL): the env actors' side of the learner process, as an actor core (docs/ENVS.md).
 
-It owns the run's N env slots (envs/slots.py) and the env actors' membership (register, heartbeat,
+It owns the run's N env slots (envkit/slots.py) and the env actors' membership (register, heartbeat,
 leave; silent for `heartbeat_timeout_s` or a request unanswered for `step_timeout_s` = lost), and it
 serves the learner's main thread, which calls in through `Deferred` items (EnvClient, the PPO loop):
-- remote mode: `call_reset` / `call_step` run one VectorEnv call across the env actors (envs/calls.py);
+- remote mode: `call_reset` / `call_step` run one VectorEnv call across the env actors (envkit/calls.py);
 - acting mode: `publish` stores a policy version and opens the round it acts in; `next_round` hands
-  over each complete round (envs/rounds.py); PolicyCheck is answered with the published policy's
+  over each complete round (envkit/rounds.py); PolicyCheck is answered with the published policy's
   logits once the round after the asker's is open; FetchWeights gets the current snapshot.
 Invariants: a slot is owned by at most one live env actor; a lost actor's slots are counted
 (`slot_lost`), their in-progress episodes truncated (remote: `truncated=True` with info `env_lost`;
@@ -23,9 +23,9 @@ import numpy.typing as npt
 from prl_actors.actors.learner_acting import ActingRounds, LearnerSettings
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.runtime import handles
-from prl_actors.envs.arrays import ArrayError, leading, unpack
-from prl_actors.envs.calls import Done, Request, VectorCall
-from prl_actors.envs.slots import SlotTable
+from prl_actors.envkit.arrays import ArrayError, leading, unpack
+from prl_actors.envkit.calls import Done, Request, VectorCall
+from prl_actors.envkit.slots import SlotTable
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import (
     Ack,
@@ -234,7 +234,7 @@ class LearnerCore(ActingRounds):
         self.fresh.difference_update(slots)
 
     def _send_step(self, now: float, actor: str, slots: list[int]) -> None:
-        from prl_actors.envs.arrays import pack
+        from prl_actors.envkit.arrays import pack
 
         call = self.call
         assert call is not None and call.actions is not None

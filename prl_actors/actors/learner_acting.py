@@ -5,7 +5,7 @@ places orphan slots, evens out the actors' loads (a moved slot starts a new epis
 the segment already trained bootstrapped from its last observation, so nothing is cut short), sends
 EnvAct to every actor whose slots changed (before any PolicyLogits, so an actor learns its slots first),
 then answers the PolicyChecks of the previous round with the new policy's logits. The round is handed to
-the learner when every expected slot was received or lost (envs/rounds.py).
+the learner when every expected slot was received or lost (envkit/rounds.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy.typing as npt
 from prl_actors.actors.membership import Membership
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.envs.arrays import ArrayError, pack, unpack
-from prl_actors.envs.calls import Done
-from prl_actors.envs.rounds import Received, RoundBatch, RoundBook
-from prl_actors.envs.slots import SlotTable
+from prl_actors.envkit.arrays import ArrayError, pack, unpack
+from prl_actors.envkit.calls import Done
+from prl_actors.envkit.rounds import Received, RoundBatch, RoundBook
+from prl_actors.envkit.slots import SlotTable
 from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import Ack, EnvAct, FetchWeights, PolicyCheck, PolicyLogits, Segment
 from prl_actors.protocol.versions import epoch_for

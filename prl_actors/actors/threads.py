@@ -12,10 +12,12 @@ cores all the time:
 Each side changes only its own torch thread count, between its own units of work (a decode step, a
 training slice), so the hand-over is as quick as those units are short: a worker's step is a few
 milliseconds, and the trainer cuts its flushes into slices while a hand-over is to come
-(trainer.SLICE_S). OpenMP threads that are not running cost nothing; two sides both at every core
-would oversubscribe, which the order above never does with one local worker.
+(actors/scheduling.py's SLICE_S). OpenMP threads that are not running cost nothing; two sides both at
+every core would oversubscribe, which the order above never does with one local worker.
 
-The numbers (`share`, `full`) come from the one thread policy, prl_actors/threads.py.
+This module is the mechanism (a thread count per side); when the trainer switches, and how it paces
+its flushes meanwhile, is the scheduling policy of actors/scheduling.py. The numbers (`share`,
+`full`) come from the one thread policy, prl_actors/threads.py.
 """
 
 from __future__ import annotations

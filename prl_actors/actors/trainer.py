@@ -1,16 +1,18 @@
 """Trainer: consumes the buffer's stream in arrival order, one published version per epoch.
 
 Per epoch: EpochOpen -> `learner.begin_epoch`; each TrainGroup -> `learner.accumulate` (queued; forward
-and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as
-a later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget),
-and the trainer never idles with groups queued while others are still generated. Once the buffer says
-the epoch is generated (TrainGroup.generated: every group left is on its way), no more early flushes:
-the rest is trained in micro-batches as big as the budget allows. With trainer.num_minibatches M > 1 the
-learner itself steps a minibatch (groups fixed by index) once its groups are in, inside `accumulate`
-(training/grpo.py). EpochComplete -> exactly one `learner.step` (the epoch's remaining optimizer steps,
-M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of v_{e+1} to the publisher and, once the
-publisher has stored it, a metrics row and StepDone to the coordinator. Checkpoints and metrics go to
-an injected `TrainerSink` (the run directory in a run): the core itself touches no file.
+and backward, no step, once a micro-batch is full) and one credit back to the buffer, and a `flush` as a
+later inbox item: groups that arrived meanwhile are trained together (up to the micro-batch budget), and
+the trainer never idles with groups queued while others are still generated. Once the buffer says the
+epoch is generated (TrainGroup.generated: every group left is on its way), no more early flushes: the
+rest is trained in micro-batches as big as the budget allows. Those decisions (and the hand-over of the
+host's cores under `threads: auto`) are actors/scheduling.py's TrainerSchedule. With
+trainer.num_minibatches M > 1 the learner itself steps a minibatch (groups fixed by index) once its
+groups are in, inside `accumulate` (training/grpo.py). EpochComplete -> exactly one `learner.step` (the
+epoch's remaining optimizer steps, M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of
+v_{e+1} to the publisher and, once the publisher has stored it, a metrics row and StepDone to the
+coordinator. Checkpoints and metrics go to an injected `TrainerSink` (the run directory in a run): the
+core itself touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
 on-policy invariant is enforced here a second time, not only in the buffer. Under run.mode bounded
 (k = run.max_staleness) a group of the open epoch e generated with v_{e-k} .. v_e is trained
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prl_actors.actors.runtime import Core, handles, one_line
+from prl_actors.actors.scheduling import TrainerSchedule
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Snapshot, transfer_messages
 from prl_actors.completions import CompletionPicker
@@ -65,8 +68,6 @@ from prl_actors.weights import pack
 from prl_actors.weights_shm import ShmReader, ShmUnavailable, write_snapshot
 
 T = TypeVar("T")
-
-SLICE_S = 0.25  # a paced flush's work (actors/threads.py): at most this long before the last group is read
 
 
 class TrainerCore(Core):
@@ -100,7 +101,7 @@ class TrainerCore(Core):
         self.zero_groups = 0  # groups of the epoch whose rewards were all equal (zero advantage)
         self.no_signal_run = 0  # epochs in a row without any learning signal
         self.completions = CompletionPicker(log_completions) if log_completions > 0 else None
-        self.threads = threads
+        self.schedule = TrainerSchedule(threads)  # when to train, on how many threads (actors/scheduling.py)
         self.max_staleness = max_staleness  # k (run.mode bounded); 0 = strict on-policy
         self.stale: dict[int, int] = {}  # staleness j -> groups of the open epoch (bounded mode)
         # worker.sync_kl_threshold (bounded mode): each step's KL(v_e || v_{e+1}) on a probe (training/drift.py)
@@ -118,8 +119,6 @@ class TrainerCore(Core):
         # WeightsStored of one step can arrive after the next epoch was trained (other sockets first)
         self.finished: dict[int, tuple[int, float, dict[str, float]]] = {}
         self.flush_queued = False
-        self.group_s: float | None = None  # seconds per group of a paced flush (on the shared cores)
-        self.generated = False  # the open epoch's groups are all in the buffer or on their way to it
         self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
         self.run_id = ""
         self.shared_upload_id = ""  # the id of the last upload if it went through /dev/shm
@@ -156,9 +155,8 @@ class TrainerCore(Core):
             return
         self.epoch, self.consumed, self.groups = msg.epoch, 0, msg.groups
         self.untrained, self.zero_groups = [], 0
-        self.t_open, self.train_s, self.generated = now, 0.0, False
-        if self.threads is not None:
-            self.threads.take_share()
+        self.t_open, self.train_s = now, 0.0
+        self.schedule.open_epoch()
         self.learner.begin_epoch(msg.epoch, msg.groups)
         self.reward_means.reset()
         self.stale, self.probe = {}, []
@@ -172,10 +170,7 @@ class TrainerCore(Core):
             self.count("train_rejected")
             self.log("train_rejected", reason="off-policy", group_id=msg.group.group_id, msg_version=msg.version)
             return
-        if msg.generated or self.consumed + 1 == self.groups:
-            self.generated = True  # every group left is on its way: no flush before they are all queued
-            if self.threads is not None:
-                self.threads.take_all()  # this host's workers now wait for weights
+        self.schedule.group_arrived(msg.generated or self.consumed + 1 == self.groups)  # the rest is on its way?
         j = staleness(msg.epoch, msg.version)
         self.stale[j] = self.stale.get(j, 0) + 1
         if self.drift_probe and len(self.probe) < PROBE_GROUPS:
@@ -201,7 +196,7 @@ class TrainerCore(Core):
             received_tokens=sum(len(s.token_ids) for s in msg.group.samples),
             **{k: round(v, 6) for k, v in stats.items()},
         )
-        if self.learner.pending and not self.flush_queued and not self.generated:
+        if self.learner.pending and not self.flush_queued and self.schedule.flush_early():
             self.flush_queued = True
             self.defer(self._flush)
 
@@ -212,28 +207,20 @@ class TrainerCore(Core):
         return epoch == self.epoch and own and within_bound(epoch, version, self.max_staleness)
 
     def _flush(self, now: float) -> None:
-        """Train what is queued: every TrainGroup that arrived before this item has been queued.
-        While the cores are shared with generating workers (a ThreadPlan's boost still to come), a
-        flush is cut to about SLICE_S of work and the rest deferred, so that the epoch's last group
-        (and with it every core) reaches the trainer within a slice, not after a long forward."""
+        """Train what is queued: every TrainGroup that arrived before this item has been queued, up to
+        the schedule's limit (a paced flush while a hand-over is to come, actors/scheduling.py); what
+        is left is deferred behind the inbox."""
         self.flush_queued = False
         queued = self.learner.pending
         if not queued:
             return
-        paced = self.threads is not None and self.threads.boost_pending
-        limit = self._slice_groups() if paced else None
+        limit = self.schedule.flush_limit()
         t0 = time.monotonic()
         trained = self._learn(lambda: self.learner.flush(limit), groups=min(queued, limit or queued))
-        if paced and trained:
-            per_group = (time.monotonic() - t0) / trained
-            self.group_s = per_group if self.group_s is None else (self.group_s + per_group) / 2
+        self.schedule.flushed(limit, trained, time.monotonic() - t0)
         if self.learner.pending and not self.flush_queued:
             self.flush_queued = True
             self.defer(self._flush)
-
-    def _slice_groups(self) -> int:
-        """Groups that take about SLICE_S on the shared cores (one until a flush has measured it)."""
-        return 1 if self.group_s is None else max(1, int(SLICE_S / self.group_s))
 
     def _train(self, work: Callable[[], T], **fields: Any) -> T:
         """Run learner work inside a `train` span (the trainer's busy time in replay and benchmarks)."""

@@ -28,8 +28,8 @@ from gymnasium.vector.utils import batch_space
 
 from prl_actors.actors.learner_acting import LearnerSettings
 from prl_actors.config import Config
+from prl_actors.envkit.local import UNSEEDED
 from prl_actors.envs.hub import Hub, env_transport, learner_settings
-from prl_actors.envs.local import UNSEEDED
 from prl_actors.transport.auth import Security
 from prl_actors.transport.port import Limits
 

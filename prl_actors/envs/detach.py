@@ -18,11 +18,11 @@ import torch
 
 from prl_actors.actors.transfer import Snapshot
 from prl_actors.config import Config
+from prl_actors.envkit.local import make_env
+from prl_actors.envkit.policy import Agent, actor_from_tensors, actor_tensors, logits_of
+from prl_actors.envkit.ppo import Returns, Rollout, Row, anneal, make_agent, result, row, update
+from prl_actors.envkit.rounds import RoundBatch
 from prl_actors.envs.hub import Hub
-from prl_actors.envs.local import make_env
-from prl_actors.envs.policy import Agent, actor_from_tensors, actor_tensors, logits_of
-from prl_actors.envs.ppo import Returns, Rollout, Row, anneal, make_agent, result, row, update
-from prl_actors.envs.rounds import RoundBatch
 from prl_actors.protocol.versions import INITIAL_VERSION, next_version, version_for
 
 

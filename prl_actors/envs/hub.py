@@ -32,7 +32,7 @@ from prl_actors.actors.learner import LearnerCore
 from prl_actors.actors.learner_acting import LearnerSettings
 from prl_actors.actors.runtime import ActorHost, Deferred
 from prl_actors.config import Config
-from prl_actors.envs.local import SlotEnvs, make_env
+from prl_actors.envkit.local import SlotEnvs, make_env
 from prl_actors.logs import EventLog
 from prl_actors.transport.auth import KeyStore, Security, close_context
 from prl_actors.transport.port import Limits

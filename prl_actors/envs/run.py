@@ -41,8 +41,8 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
     rd = RunDir(Path(cfg.run.run_dir))
     emit = _emitter(rd, quiet)
     if cfg.env.mode == "remote":
+        from prl_actors.envkit.ppo import train_vector
         from prl_actors.envs.client import EnvClient
-        from prl_actors.envs.ppo import train_vector
 
         envs = EnvClient.from_config(cfg, log_dir=rd.logs)
         try:
@@ -60,7 +60,7 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
             hub.close("completed")
     console(final_line(result))
     if "agent" in result:  # the final policy, for use after the run
-        from prl_actors.envs.ppo import save_policy
+        from prl_actors.envkit.ppo import save_policy
 
         saved = save_policy(rd.root / "final", result["agent"], cfg.env.env_id, cfg.env.ppo.hidden)
         console(f"final policy: {saved}")

@@ -289,6 +289,10 @@ class EvalAssign(Msg, tag="eval_assign", kw_only=True):
     samples: int
 
 
+# eval prompt ids (Prompt.group_id, EvalGroup.prompt_id): EVAL_ID_BASE + index, apart from training group ids
+EVAL_ID_BASE = 1 << 20
+
+
 class EvalGroup(msgspec.Struct, kw_only=True):
     """One eval prompt's k completions and their rewards (the task's reward)."""
 
@@ -354,8 +358,8 @@ class GroupResult(Msg, tag="group_result", kw_only=True):
     """Worker -> Buffer: a finished, scored group of `epoch` generated with `version`, with the
     assignment's `ticket` (the buffer admits only groups the coordinator assigned to the sender).
     Reply: GroupAck (or Error `forbidden` without a valid ticket). `follows`: how many more groups
-    the sender finished together with this one and sends right after it (a hint, used only to tell
-    the trainer early that the epoch is generated: TrainGroup.generated)."""
+    the sender finished together with this one and sends right after it (a fact about its burst,
+    used only to tell the trainer early that the epoch is generated: TrainGroup.generated)."""
 
     group: Group
     ticket: bytes = b""
@@ -441,8 +445,9 @@ class Credit(Msg, tag="credit", kw_only=True):
 class TrainGroup(Msg, tag="train_group", kw_only=True):
     """Buffer -> Trainer: one accepted group of `epoch`/`version`. `seq` is its arrival index.
     `generated`: when it was sent, every group of the epoch was in the buffer or on its way in a
-    worker's burst (GroupResult.follows): generation is over, so a trainer sharing the host's cores
-    with its workers may take them all (actors/threads.py)."""
+    worker's burst (GroupResult.follows): generation is over, so the trainer trains the rest in
+    micro-batches as large as its budget allows, and one sharing the host's cores with its workers
+    may take them all (the trainer's schedule: actors/scheduling.py; docs/PROTOCOL.md says why)."""
 
     seq: int
     group: Group
@@ -525,7 +530,7 @@ class WeightsAvailable(Msg, tag="weights_available", kw_only=True):
 # --- environments (Learner <-> env actors; docs/ENVS.md) --------------------------------------
 #
 # Arrays travel as raw payload frames: `arrays` lists one TensorMeta (name, numpy dtype name, shape,
-# nbytes) per frame, in frame order; the bytes are C-contiguous, little-endian (prl_actors/envs/arrays.py).
+# nbytes) per frame, in frame order; the bytes are C-contiguous, little-endian (prl_actors/envkit/arrays.py).
 # Header `epoch` is the acting round and `version` the policy version where they apply.
 
 

@@ -16,14 +16,12 @@ way may leave partial gradients, so the trainer checks the gradients before ever
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from prl_actors.protocol.messages import Group
-
-if TYPE_CHECKING:
-    from prl_actors.training.grpo import EpochStats
+from prl_actors.training.epoch_stats import EpochStats
 
 
 class GuardedGRPO:
@@ -68,8 +66,6 @@ class GuardedGRPO:
         return ""
 
     def skip_step(self) -> dict[str, float]:
-        from prl_actors.training.grpo import EpochStats
-
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         metrics = self.stats.metrics()

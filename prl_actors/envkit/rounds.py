@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from prl_actors.envs.arrays import Array
+from prl_actors.envkit.arrays import Array
 
 
 @dataclass

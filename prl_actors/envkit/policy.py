@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from prl_actors.envs.arrays import Array
+from prl_actors.envkit.arrays import Array
 
 
 def layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias_const: float = 0.0) -> nn.Linear:

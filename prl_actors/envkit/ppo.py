@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from prl_actors.envs.arrays import Array
-from prl_actors.envs.policy import Agent
-from prl_actors.envs.settings import PPOSection
+from prl_actors.envkit.arrays import Array
+from prl_actors.envkit.policy import Agent
+from prl_actors.envkit.settings import PPOSection
 
 STEP_KEYS = ("actions", "logprobs", "rewards", "terminated", "truncated", "valid")
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.envs.arrays import Array
-from prl_actors.envs.local import SlotEnvs
-from prl_actors.envs.policy import actor_from_tensors, kl_estimate, logits_of
+from prl_actors.envkit.arrays import Array
+from prl_actors.envkit.local import SlotEnvs
+from prl_actors.envkit.policy import actor_from_tensors, kl_estimate, logits_of
 
 
 @dataclass
@@ -75,7 +75,7 @@ class ActingPolicy:
         return self.recent.reshape(k * n, *self.recent.shape[2:])
 
     def divergence(self, learner_logits: Array) -> float:
-        """AAPS estimate of KL(pi_self || pi_learner) on `check_obs()` (prl_actors/envs/policy.py)."""
+        """AAPS estimate of KL(pi_self || pi_learner) on `check_obs()` (prl_actors/envkit/policy.py)."""
         assert self.net is not None and self.recent is not None
         mine = logits_of(self.net, self.check_obs())
         return kl_estimate(mine, learner_logits, n_envs=self.recent.shape[1])

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from prl_actors.envs.arrays import Array
+from prl_actors.envkit.arrays import Array
 
 UNSEEDED = -1
 

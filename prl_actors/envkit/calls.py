@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from prl_actors.envs.arrays import Array
+from prl_actors.envkit.arrays import Array
 
 Done = Callable[[Any], None]  # receives the call's result tuple, or an Exception
 
