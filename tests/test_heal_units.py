@@ -13,8 +13,8 @@ import numpy as np
 from prl_actors.actors.transfer import Snapshot, transfer_messages
 from prl_actors.actors.worker import WorkerCore
 from prl_actors.engines.sim import SimEngine
-from prl_actors.protocol import messages as m
 from prl_actors.launcher import Launcher
+from prl_actors.protocol import messages as m
 from prl_actors.supervisor import RESTART_BACKOFF_S, Child, Healing
 from tests.conftest import sim_config
 from tests.test_cores import assign, inbound, m_inbound, sim_config_for_cores, worker
