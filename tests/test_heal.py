@@ -127,3 +127,28 @@ def test_max_restarts_0_ends_the_run_as_before(tmp_path: Path, run_dir: Path) ->
     finally:
         proc.kill()
         kill_all(pids)
+
+
+@pytest.mark.slow  # ~20 s on 2 cores: a second core start
+def test_a_restart_behind_the_workers_weights_makes_them_fetch_the_older_checkpoint(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    """trainer.checkpoint_every 2: killed in epoch 3, the core goes back to v2 while the workers hold
+    v3 of the dead core (never made again: the same number, other weights). They fetch v2 anyway;
+    epochs 2 and 3 are redone, every group trained is of its epoch's version of the surviving line."""
+    proc = start_up(heal_config(run_dir, trainer__checkpoint_every=2), tmp_path)
+    pids: list[int] = []
+    try:
+        kill_when_open(run_dir, "trainer", epoch=3)
+        code, err = ended(proc, 120.0)
+        pids = list(actor_pids(run_dir).values())
+        assert code == 0, err
+        assert "trainer exited (signal 9); restarting from v2 (restart 1 of 3)" in err, err
+        held = [e["held"] for e in read_logs(run_dir) if e["event"] == "core_restarted"]
+        assert held == [3, 3], held  # both workers held the dead core's v3
+        assert [r["epoch"] for r in RunDir(run_dir).metrics_rows()] == list(range(EPOCHS))
+        failed = [(r.name, r.violations[:3]) for r in run_checks(load_run(run_dir)) if not r.ok]
+        assert not failed, failed
+    finally:
+        proc.kill()
+        kill_all(pids)
