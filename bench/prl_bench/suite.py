@@ -35,6 +35,7 @@ BENCHMARKS = {
     "startup": "prl_bench.startup",
     "minibatch": "prl_bench.minibatch",
     "bounded": "prl_bench.bounded",
+    "heal": "prl_bench.heal",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -48,6 +49,8 @@ ALIASES = {
     "tools": "multiturn",
     "minibatches": "minibatch",
     "staleness": "bounded",
+    "ettr": "heal",
+    "self_healing": "heal",
 }
 
 
