@@ -22,7 +22,10 @@ Supervision:
 - SIGINT, SIGTERM or SIGHUP to `up`: RequestStop (every actor gets Shutdown), after run.stop_grace_s
   SIGTERM to every actor's group, then SIGKILL; `up` exits 128 + the signal. A second signal skips
   the grace periods;
-- a core actor that exits ends the run with its own one-line error (its log's `actor_crashed`);
+- a core actor that crashes once the run is up (a signal, or an exit without a reason of its own)
+  makes `up` restart the whole core from the last checkpoint, the workers staying up and rejoining
+  (`_heal`; at most run.max_restarts times, docs/ARCHITECTURE.md "Self-healing"); one that fails with
+  its own one-line error (its log's `actor_crashed`), at start or past the budget, ends the run;
 - a worker that crashes is replaced. One that crashes before it registered (an engine that fails
   to load) is restarted with back-off (0.5 s, 1 s, 2 s ...) at most run.worker_restarts times in a
   row, then the run fails with its error. One that exits 0 left on purpose and stays gone;
@@ -81,7 +84,8 @@ WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 
 class Launcher:
     """The GRPO run as a plug-in of the supervisor: which actors start in which order, what an
-    actor's exit means (a core actor's ends the run, a worker's is restarted), scaling, start-up notes."""
+    actor's exit means (a core actor's crash restarts the core or ends the run, a worker's is
+    replaced), scaling, start-up notes."""
 
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
@@ -183,7 +187,7 @@ class Launcher:
     # --- self-healing (run.max_restarts) -----------------------------------------------------
 
     def _crashed_core(self) -> Child | None:
-        """A core actor (wiring.core_members) that exited non-zero; 0 is a clean exit on Shutdown,
+        """A core actor (wiring.core_names) that exited non-zero; 0 is a clean exit on Shutdown,
         which may beat the coordinator's own."""
         found = (self.children[n] for n in self.core if not self.children[n].stopped and self.children[n].proc.poll())
         return next(found, None)

@@ -178,9 +178,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _summary(
-    ctx: BenchContext, run_dir: Path, epochs: int, kills: list[str], err: str, name: str
-) -> dict[str, Any]:
+def _summary(ctx: BenchContext, run_dir: Path, epochs: int, kills: list[str], err: str, name: str) -> dict[str, Any]:
     events = _events(run_dir)
     first_open = min(e["t_mono"] for e in events if e["event"] == "epoch_open" and e["actor"] == "coordinator")
     last = [e["t_mono"] for e in events if e["event"] == "epoch_done" and e.get("done_epoch") == epochs - 1]
