@@ -54,7 +54,7 @@ from typing import Any
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
-from prl_actors.process import START_GATE_ENV
+from prl_actors.process import STANDBY_ENV, START_GATE_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Role, Status, StatusRequest, role_prefix
 from prl_actors.rundir import CheckpointError, RunDir
 from prl_actors.supervisor import (
@@ -79,6 +79,7 @@ from prl_actors.wiring import Member, core_names, members
 EXIT_STOPPED = 3
 PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
 START_GATE = ".start-gate"
+STANDBY_GATE = ".standby-gate"  # created when the spare core is needed (run.standby_core)
 WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 
 
@@ -93,6 +94,8 @@ class Launcher:
         self.plan: list[Member] = members(cfg)  # what runs (the composition root)
         self.core = core_names(self.plan)  # restarted together when one crashes (run.max_restarts)
         self.heal = Healing()
+        self.spares: dict[str, Child] = {}  # run.standby_core: a waiting core, by name (`_spawn_spares`)
+        self.spare_gate = self.run_dir.root / STANDBY_GATE
         self.sup = Supervisor(cfg.run.stop_grace_s)
         self.children = self.sup.children  # name -> running actor process
         self.pending: list[tuple[float, int]] = []  # (when, restarts) of workers to start
@@ -114,6 +117,7 @@ class Launcher:
         with self.sup.signals.installed():
             try:
                 self._start()
+                self._spawn_spares()
                 self._supervise()
                 return self._outcome()
             except Interrupted as sig:
@@ -125,6 +129,7 @@ class Launcher:
                 self._stop_all(f"the run failed: {exc}")
                 raise
             finally:
+                self._drop_spares()
                 self.sup.reap()
                 if follower is not None:
                     follower.stop()
@@ -150,11 +155,14 @@ class Launcher:
         imports overlap; each tier is still bound before the gate opens); a crash meanwhile stops
         the start there, and `_supervise` heals it (or fails the run)."""
         self.gate.unlink(missing_ok=True)
-        for m in plan:
-            if m.gated and m.role == "worker":
-                self._add_worker()  # its key first
-            elif m.gated or resume:
-                self._spawn(m.name, resume=resume)
+        if resume and self._take_spares(plan):
+            pass  # the spares build, bind and connect now
+        else:
+            for m in plan:
+                if m.gated and m.role == "worker":
+                    self._add_worker()  # its key first
+                elif m.gated or resume:
+                    self._spawn(m.name, resume=resume)
         for tier in sorted({m.tier for m in plan if not m.gated}):
             names = [m.name for m in plan if m.tier == tier and not m.gated]
             for name in names if not resume else []:
@@ -219,6 +227,7 @@ class Launcher:
         self._pause(delay)
         self.notices_seen = 0  # the new coordinator counts its notices from 0
         self._start_members([m for m in self.plan if m.name in self.core], resume=True)
+        self._spawn_spares()  # for the next crash: they import while this core runs
 
     def _not_healable(self, child: Child) -> str:
         """Why a crashed core actor ends the run ('' when the core is restarted): run.max_restarts
@@ -237,6 +246,36 @@ class Launcher:
         if self.heal.used >= limit:
             return f"{failure}; not restarted: the core was restarted {self.heal.used} times (run.max_restarts)"
         return ""
+
+    def _spawn_spares(self) -> None:
+        """run.standby_core: a spare of each core actor, started now with run.resume; each imports,
+        then waits (process.await_standby) for the file `spare_gate`, logging nothing till then."""
+        if not self.cfg.run.standby_core or self.spares:
+            return
+        self.spare_gate.unlink(missing_ok=True)
+        for name in self.core:
+            self._spawn(name, resume=True, spare=True)
+
+    def _take_spares(self, plan: list[Member]) -> bool:
+        """Make the waiting spares `plan`'s members (their lines start at the logs' ends now) and let
+        them go; False (none taken, the spares are stopped) when there are none or one has died."""
+        spares, self.spares = self.spares, {}
+        if not spares or not all(c.alive() for c in spares.values()):
+            stop_children(list(spares.values()), 0.0)
+            return False
+        for m in plan:
+            child = spares[m.name]
+            log = self.run_dir.log_path(m.name)
+            child.log_from = log.stat().st_size if log.exists() else 0
+            self.sup.start(child)
+        self.spare_gate.touch()
+        return True
+
+    def _drop_spares(self) -> None:
+        spares, self.spares = list(self.spares.values()), {}
+        for c in spares:
+            c.signal(signal.SIGTERM)
+        stop_children(spares, KILL_WAIT_S)
 
     def _stop_core(self) -> None:
         """Every core actor still running: SIGTERM (a clean stop that tells no worker anything: only
@@ -274,9 +313,10 @@ class Launcher:
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _spawn(self, name: str, restarts: int = 0, resume: bool = False) -> None:
+    def _spawn(self, name: str, restarts: int = 0, resume: bool = False, spare: bool = False) -> None:
         """Start actor `name`; `resume`: from the last intact checkpoint, for `desired` workers (a
-        restarted core: the coordinator must not scale back to run.workers)."""
+        restarted core: the coordinator must not scale back to run.workers); `spare`: as a spare
+        (`_spawn_spares`), kept apart from the running members."""
         role = role_prefix(name)
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
         if resume:
@@ -286,6 +326,9 @@ class Launcher:
         env = {LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
         if role in ("trainer", "worker"):
             env[START_GATE_ENV] = str(self.gate)
+        if spare:
+            self.spares[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.spare_gate)})
+            return
         self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts))
 
     def _add_worker(self, restarts: int = 0) -> str:
@@ -450,6 +493,9 @@ class Launcher:
     def _scale_to(self, n: int) -> None:
         console(f"scaling workers {self.desired} -> {n}")
         self.desired = n
+        if self.spares:  # their coordinator would scale back to the old count
+            self._drop_spares()
+            self._spawn_spares()
         while self.pending and len(self._workers()) + len(self.pending) > n:
             self.pending.pop()
         for name in self._workers()[n:]:

@@ -21,6 +21,7 @@ from tests.test_supervision import actor_pids, ended, kill_all, start_up
 
 pytestmark = pytest.mark.integration
 EPOCHS = 5
+CORE = ("coordinator", "publisher", "buffer", "trainer")
 
 
 def heal_config(run_dir: Path, **overrides: object) -> Config:
@@ -149,6 +150,41 @@ def test_a_restart_behind_the_workers_weights_makes_them_fetch_the_older_checkpo
         assert [r["epoch"] for r in RunDir(run_dir).metrics_rows()] == list(range(EPOCHS))
         failed = [(r.name, r.violations[:3]) for r in run_checks(load_run(run_dir)) if not r.ok]
         assert not failed, failed
+    finally:
+        proc.kill()
+        kill_all(pids)
+
+
+def processes_with(text: str) -> list[int]:
+    """Pids of live processes whose command line names `text` (this test's own config file)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.slow  # ~20 s on 2 cores: a spare core imports beside the run
+def test_a_spare_core_takes_over_and_none_outlives_the_run(tmp_path: Path, run_dir: Path) -> None:
+    """run.standby_core: the spares wait without a word in the logs (one actor_start per process
+    that ran), take over after the coordinator's crash, a new spare waits for the next one, and
+    every spare is stopped with the run."""
+    proc = start_up(heal_config(run_dir, run__epochs=8, run__standby_core=True), tmp_path)
+    pids: list[int] = []
+    try:
+        kill_when_open(run_dir, "coordinator", epoch=4)  # the spares have long imported by then
+        code, err = ended(proc, 120.0)
+        pids = list(actor_pids(run_dir).values())
+        assert code == 0, err
+        assert "coordinator exited (signal 9); restarting from v" in err, err
+        starts = [e["actor"] for e in read_logs(run_dir) if e["event"] == "actor_start"]
+        assert sorted(starts) == sorted([*CORE, *CORE, "worker-0", "worker-1"])
+        failed = [(r.name, r.violations[:3]) for r in run_checks(load_run(run_dir)) if not r.ok]
+        assert not failed, failed
+        assert processes_with(str(tmp_path / "cfg.yaml")) == []  # no spare left behind
     finally:
         proc.kill()
         kill_all(pids)

@@ -1,6 +1,7 @@
 """Benchmark: self-healing under failures (issue 23 item 7). Effective training time ratio (ETTR):
 the same run's epochs per second with an actor SIGKILLed at random every ~N s, against the run
 undisturbed; goal >= 0.90 (the field's reference, RobustRL: > 0.80 at 10% failure injection).
+Measured twice: restarts by new processes (the default), and by a spare core (run.standby_core).
 
 Both runs are `prl-actors up` on the sim engine (the control plane: real processes, tcp, CURVE),
 with run.max_restarts high enough never to run out. The clock of a run is its training time: from
@@ -41,24 +42,36 @@ CORE = ("coordinator", "publisher", "buffer", "trainer")
 
 def run(ctx: BenchContext) -> list[Entry]:
     epochs = ctx.size(150, 60, 6)
-    interval_s = ctx.size(30.0, 20.0, 4.0)
-    calm = _run(ctx, "undisturbed", epochs, None)
-    hit = _run(ctx, "disturbed", epochs, interval_s)
+    interval_s = ctx.size(30.0, 15.0, 4.0)
+    calm = _run(ctx, "undisturbed", epochs, None, standby=False)
+    entries = []
+    for standby in (False, True):
+        name = "disturbed-standby" if standby else "disturbed"
+        hit = _run(ctx, name, epochs, interval_s, standby=standby)
+        entries += _entries(ctx, calm, hit, epochs, interval_s, standby)
+    return entries
+
+
+def _entries(
+    ctx: BenchContext, calm: dict[str, Any], hit: dict[str, Any], epochs: int, interval_s: float, standby: bool
+) -> list[Entry]:
     ettr = calm["train_s"] / max(hit["train_s"], 1e-9)
     epoch_s = calm["train_s"] / epochs
+    how = "a spare core (run.standby_core)" if standby else "new processes"
     raw = {"undisturbed": calm, "disturbed": hit, "epochs": epochs, "interval_s": interval_s, "epoch_s": epoch_s}
     recov = hit["recovery_s"]
     note = (
-        f"{epochs} epochs, sim engine, 2 workers; a kill every ~{interval_s:g}s = {interval_s / epoch_s:.0f} "
-        f"undisturbed epochs ({epoch_s:.2f}s each); {hit['kills_core']} core + {hit['kills_worker']} worker kills, "
-        f"{hit['restarts']} core restarts, recovery median {_median(recov)}s, {hit['epochs_redone']} epochs redone; "
-        f"replay --check: {hit['replay_check']}"
+        f"restarts take {how}; {epochs} epochs, sim engine, 2 workers; a kill every ~{interval_s:g}s = "
+        f"{interval_s / epoch_s:.0f} undisturbed epochs ({epoch_s:.2f}s each); {hit['kills_core']} core + "
+        f"{hit['kills_worker']} worker kills, {hit['restarts']} core restarts, recovery median {_median(recov)}s, "
+        f"{hit['epochs_redone']} epochs redone; replay --check: {hit['replay_check']}"
     )
     ctx.say(f"[heal] ETTR {ettr:.3f}: {note}")
+    label = "spare core" if standby else "new processes"
     return [
         Entry(
             "heal",
-            "ETTR: epochs/s with an actor SIGKILLed every ~N s vs undisturbed",
+            f"ETTR, an actor SIGKILLed every ~N s, restart by {label}",
             "disturbed epochs/s / undisturbed epochs/s",
             round(ettr, 3),
             "x",
@@ -69,7 +82,7 @@ def run(ctx: BenchContext) -> list[Entry]:
         ),
         Entry(
             "heal",
-            "core restart: crash -> new core runs an epoch, every worker back",
+            f"core restart by {label}: crash -> new core runs an epoch, every worker back",
             "seconds (median)",
             _median(recov),
             "s",
@@ -86,8 +99,9 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 2) if xs else float("nan")
 
 
-def _settings(ctx: BenchContext, run_dir: Path, epochs: int) -> dict[str, Any]:
+def _settings(ctx: BenchContext, run_dir: Path, epochs: int, standby: bool) -> dict[str, Any]:
     return {
+        "run.standby_core": standby,
         "run.run_dir": str(run_dir),
         "run.epochs": epochs,
         "run.workers": 2,
@@ -109,10 +123,10 @@ def _settings(ctx: BenchContext, run_dir: Path, epochs: int) -> dict[str, Any]:
     }
 
 
-def _run(ctx: BenchContext, name: str, epochs: int, interval_s: float | None) -> dict[str, Any]:
+def _run(ctx: BenchContext, name: str, epochs: int, interval_s: float | None, standby: bool) -> dict[str, Any]:
     run_dir = ctx.work_dir / name
     cmd = [sys.executable, "-m", "cli.main", "up"]
-    for key, value in _settings(ctx, run_dir, epochs).items():
+    for key, value in _settings(ctx, run_dir, epochs, standby).items():
         cmd += ["--set", f"{key}={value}"]
     err_path = ctx.work_dir / f"{name}.err"
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
