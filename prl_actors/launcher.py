@@ -216,9 +216,8 @@ class Launcher:
         if why:
             raise RunFailed(why)
         cause = self._cause(child, child.proc.returncode)
-        progressed = self._find(self.children["coordinator"], "epoch_done") is not None
+        delay = self.heal.crashed(self._find(self.children["coordinator"], "epoch_done") is not None)
         self._stop_core()
-        delay = self.heal.crashed(progressed)
         version = restart_version(self.run_dir)
         console(
             f"{child.name} exited ({cause}); restarting from v{version} "
