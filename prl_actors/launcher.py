@@ -155,14 +155,12 @@ class Launcher:
         imports overlap; each tier is still bound before the gate opens); a crash meanwhile stops
         the start there, and `_supervise` heals it (or fails the run)."""
         self.gate.unlink(missing_ok=True)
-        if resume and self._take_spares(plan):
-            pass  # the spares build, bind and connect now
-        else:
-            for m in plan:
-                if m.gated and m.role == "worker":
-                    self._add_worker()  # its key first
-                elif m.gated or resume:
-                    self._spawn(m.name, resume=resume)
+        spared = resume and self._take_spares(plan)  # the spares build, bind and connect now
+        for m in plan if not spared else []:
+            if m.gated and m.role == "worker":
+                self._add_worker()  # its key first
+            elif m.gated or resume:
+                self._spawn(m.name, resume=resume)
         for tier in sorted({m.tier for m in plan if not m.gated}):
             names = [m.name for m in plan if m.tier == tier and not m.gated]
             for name in names if not resume else []:
