@@ -35,7 +35,7 @@ def bench(
         typer.Option(
             "--only",
             help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs, "
-            "dist_step, multiturn, rewards, startup, minibatch, eval_cost, group_checks, bounded, burst_batching "
+            "dist_step, multiturn, rewards, startup, minibatch, eval_cost, group_checks, bounded, burst_batching, heal "
             "(repeatable or a,b).",
         ),
     ] = None,

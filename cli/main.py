@@ -87,6 +87,8 @@ def up(
 
     Ctrl-C, SIGTERM or SIGHUP stop every actor (grace period, then SIGKILL).
 
+    A crashed core actor restarts the core from the last checkpoint (run.max_restarts).
+
     Exit codes: 0 every epoch done; 1 an actor failed (its error is printed);
 
     2 a bad command line or config; 3 stopped before the last epoch (--resume continues);

@@ -38,6 +38,8 @@ SAFE_ON_RESUME = (
     "run.resume",
     "run.stop_grace_s",
     "run.worker_restarts",
+    "run.max_restarts",
+    "run.standby_core",
     "transport.",
     "coordinator.heartbeat_interval_s",
     "coordinator.heartbeat_timeout_s",
@@ -119,6 +121,21 @@ class RunSection(_Section):
         ge=0,
         description="A worker that crashes before registering is restarted this many times in a row "
         "(with back-off), then `up` fails with its error.",
+    )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Self-healing: a core actor (coordinator, publisher, buffer, trainer) that crashes once the "
+        "run is up (killed by a signal, or exited without a reason of its own) makes `up` restart the core from "
+        "the last intact checkpoint, the workers staying up and rejoining; at most this many times in a run, "
+        "then `up` fails as with 0 (today's behaviour: a core actor's crash ends the run). docs/ARCHITECTURE.md.",
+    )
+    standby_core: bool = Field(
+        False,
+        description="Self-healing: keep a spare core (four processes, their imports done, nothing built, bound "
+        "or logged) that a core restart takes instead of starting new processes: the restart skips the "
+        "imports (~3 s on 2 busy cores; measured by `prl-actors bench --only heal`), at the memory of four idle "
+        "interpreters with torch imported (~0.3 GB each); a new spare starts after each restart.",
     )
     max_bad_groups: int = Field(
         3,

@@ -22,7 +22,10 @@ Supervision:
 - SIGINT, SIGTERM or SIGHUP to `up`: RequestStop (every actor gets Shutdown), after run.stop_grace_s
   SIGTERM to every actor's group, then SIGKILL; `up` exits 128 + the signal. A second signal skips
   the grace periods;
-- a core actor that exits ends the run with its own one-line error (its log's `actor_crashed`);
+- a core actor that crashes once the run is up (a signal, or an exit without a reason of its own)
+  makes `up` restart the whole core from the last checkpoint, the workers staying up and rejoining
+  (`_heal`; at most run.max_restarts times, docs/ARCHITECTURE.md "Self-healing"); one that fails with
+  its own one-line error (its log's `actor_crashed`), at start or past the budget, ends the run;
 - a worker that crashes is replaced. One that crashes before it registered (an engine that fails
   to load) is restarted with back-off (0.5 s, 1 s, 2 s ...) at most run.worker_restarts times in a
   row, then the run fails with its error. One that exits 0 left on purpose and stays gone;
@@ -51,32 +54,48 @@ from typing import Any
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
-from prl_actors.process import START_GATE_ENV
+from prl_actors.process import STANDBY_ENV, START_GATE_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Role, Status, StatusRequest, role_prefix
-from prl_actors.rundir import RunDir
-from prl_actors.supervisor import FAILED_STOP_S, Interrupted, Supervisor, restart_delay, spawn, wait_exit
+from prl_actors.rundir import CheckpointError, RunDir
+from prl_actors.supervisor import (
+    FAILED_STOP_S,
+    KILL_WAIT_S,
+    Healing,
+    Interrupted,
+    Supervisor,
+    restart_delay,
+    spawn,
+    stop_children,
+    wait_exit,
+)
 from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-exported for its users
 from prl_actors.supervisor import Child as Child
 from prl_actors.supervisor import RunFailed as RunFailed
 from prl_actors.threads import LOCAL_WORKERS_ENV
 from prl_actors.topology import ensure_key
 from prl_actors.transport.auth import KeyStore
-from prl_actors.wiring import Member, OnExit, members
+from prl_actors.wiring import Member, core_names, members
 
 EXIT_STOPPED = 3
 PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
 START_GATE = ".start-gate"
+STANDBY_GATE = ".standby-gate"  # created when the spare core is needed (run.standby_core)
 WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 
 
 class Launcher:
     """The GRPO run as a plug-in of the supervisor: which actors start in which order, what an
-    actor's exit means (a core actor's ends the run, a worker's is restarted), scaling, start-up notes."""
+    actor's exit means (a core actor's crash restarts the core or ends the run, a worker's is
+    replaced), scaling, start-up notes."""
 
     def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
         self.run_dir = RunDir(cfg.run.run_dir)
         self.plan: list[Member] = members(cfg)  # what runs (the composition root)
+        self.core = core_names(self.plan)  # restarted together when one crashes (run.max_restarts)
+        self.heal = Healing()
+        self.spares: dict[str, Child] = {}  # run.standby_core: a waiting core, by name (`_spawn_spares`)
+        self.spare_gate = self.run_dir.root / STANDBY_GATE
         self.sup = Supervisor(cfg.run.stop_grace_s)
         self.children = self.sup.children  # name -> running actor process
         self.pending: list[tuple[float, int]] = []  # (when, restarts) of workers to start
@@ -98,6 +117,7 @@ class Launcher:
         with self.sup.signals.installed():
             try:
                 self._start()
+                self._spawn_spares()
                 self._supervise()
                 return self._outcome()
             except Interrupted as sig:
@@ -109,6 +129,7 @@ class Launcher:
                 self._stop_all(f"the run failed: {exc}")
                 raise
             finally:
+                self._drop_spares()
                 self.sup.reap()
                 if follower is not None:
                     follower.stop()
@@ -123,41 +144,153 @@ class Launcher:
         return MetricsFollower(self.run_dir.root, list(self.cfg.run.report_to), self.cfg.run.name, config).start()
 
     def _start(self) -> None:
-        """The plan's members in start order: the gated ones first (trainer and workers load while
-        the servers start, behind the gate); then the servers, each tier bound before the next
-        starts; then the gate opens."""
+        """The plan's members in start order (`_start_members`), then the gate opens."""
+        self._start_members(self.plan)
+
+    def _start_members(self, plan: list[Member], resume: bool = False) -> None:
+        """`plan`'s members in start order: the gated ones first (trainer and workers load while the
+        servers start, behind the gate); then the servers, each tier bound before the next starts;
+        then the gate opens. `resume`: they start from the last intact checkpoint (a restart of
+        the core, whose ports were this run's a moment ago: every server starts at once, their
+        imports overlap; each tier is still bound before the gate opens); a crash meanwhile stops
+        the start there, and `_supervise` heals it (or fails the run)."""
         self.gate.unlink(missing_ok=True)
-        for m in self.plan:
+        spared = resume and self._take_spares(plan)  # the spares build, bind and connect now
+        for m in plan if not spared else []:
             if m.gated and m.role == "worker":
                 self._add_worker()  # its key first
-            elif m.gated:
-                self._spawn(m.name)
-        for tier in sorted({m.tier for m in self.plan if not m.gated}):
-            names = [m.name for m in self.plan if m.tier == tier and not m.gated]
-            for name in names:
+            elif m.gated or resume:
+                self._spawn(m.name, resume=resume)
+        for tier in sorted({m.tier for m in plan if not m.gated}):
+            names = [m.name for m in plan if m.tier == tier and not m.gated]
+            for name in names if not resume else []:
                 self._spawn(name)
-            for name in names:
-                self._await_ready(self.children[name])
+            if not all(self._await_ready(self.children[name]) for name in names):
+                return
             console(f"up: {', '.join(names)} ready ({time.monotonic() - self.t0:.1f}s)")
         self.gate.touch()
 
     def _supervise(self) -> None:
+        """Until the coordinator exits (the run's outcome). A core actor that crashes meanwhile is
+        healed (`_heal`: the core restarts from the last checkpoint) or fails the run."""
         last_poll = 0.0
-        coordinator = self.children["coordinator"]
-        core = [m.name for m in self.plan if m.on_exit is OnExit.FAILS_RUN]
-        while coordinator.proc.poll() is None:
+        while True:
             self._check_signal()
-            for name in core:
-                if self.children[name].proc.poll():  # 0: a clean exit on Shutdown, which may beat the coordinator's
-                    raise RunFailed(self._failure(self.children[name]))
+            coordinator = self.children["coordinator"]
+            if coordinator.proc.poll() == 0 and not coordinator.stopped:
+                return  # it ended the run: its outcome (`_outcome`); nothing is healed after that
+            crashed = self._crashed_core()
+            if crashed is not None:
+                self._heal(crashed)
+                continue
             self._check_workers()
             self._start_due_workers()
             if time.monotonic() - last_poll > 0.5:
                 last_poll = time.monotonic()
                 self._poll_status()
             time.sleep(0.05)
-        if coordinator.proc.returncode != 0:
-            raise RunFailed(self._failure(coordinator))
+
+    # --- self-healing (run.max_restarts) -----------------------------------------------------
+
+    def _crashed_core(self) -> Child | None:
+        """A core actor (wiring.core_names) that exited non-zero; 0 is a clean exit on Shutdown,
+        which may beat the coordinator's own."""
+        found = (self.children[n] for n in self.core if not self.children[n].stopped and self.children[n].proc.poll())
+        return next(found, None)
+
+    def _heal(self, child: Child) -> None:
+        """`child`, a core actor, crashed: restart the whole core (coordinator, publisher, buffer,
+        trainer) from the last intact checkpoint, the workers staying up (they rejoin the new core
+        at the same addresses with the same keys, and drop what the old core gave them), or fail the
+        run with one line when it may not (`_not_healable`).
+
+        Why the whole core: the epoch in progress lives in four processes at once (the coordinator's
+        done set, the buffer's accepted groups, the trainer's accumulated gradients, the publisher's
+        snapshot); none of them can be rebuilt alone, all of them from the checkpoint. Invariants:
+        the epoch in progress is redone from its start (at most trainer.checkpoint_every epochs are
+        lost, one by default), no group of the dead core is trained (their tickets die with it), and
+        `replay --check` reads the restart as a resume (a new coordinator segment)."""
+        why = self._not_healable(child)
+        if why:
+            raise RunFailed(why)
+        cause = self._cause(child, child.proc.returncode)
+        delay = self.heal.crashed(self._find(self.children["coordinator"], "epoch_done") is not None)
+        self._stop_core()
+        version = restart_version(self.run_dir)
+        console(
+            f"{child.name} exited ({cause}); restarting from v{version} "
+            f"(restart {self.heal.used} of {self.cfg.run.max_restarts})" + (f" in {delay:g}s" if delay else "")
+        )
+        self._pause(delay)
+        self.notices_seen = 0  # the new coordinator counts its notices from 0
+        self._start_members([m for m in self.plan if m.name in self.core], resume=True)
+        self._spawn_spares()  # for the next crash: they import while this core runs
+
+    def _not_healable(self, child: Child) -> str:
+        """Why a crashed core actor ends the run ('' when the core is restarted): run.max_restarts
+        is 0 or used up; the actor failed on purpose, with a reason of its own (a restart would
+        fail the same way: a damaged checkpoint, trainer.on_nonfinite fail, a refused key); the run
+        never opened its first epoch (a start-up failure); or there is no checkpoint to go back to."""
+        failure, limit = self._failure(child), self.cfg.run.max_restarts
+        if limit == 0:
+            return failure
+        if child.proc.returncode > 0 and self._find(child, "actor_crashed") is not None:
+            return failure
+        if not self.heal.used and self._find(self.children["coordinator"], "epoch_open") is None:
+            return failure
+        if self.cfg.trainer.checkpoint_every == 0:
+            return f"{failure}; not restarted: no checkpoints to restart from (trainer.checkpoint_every 0)"
+        if self.heal.used >= limit:
+            return f"{failure}; not restarted: the core was restarted {self.heal.used} times (run.max_restarts)"
+        return ""
+
+    def _spawn_spares(self) -> None:
+        """run.standby_core: a spare of each core actor, started now with run.resume; each imports,
+        then waits (process.await_standby) for the file `spare_gate`, logging nothing till then."""
+        if not self.cfg.run.standby_core or self.spares:
+            return
+        self.spare_gate.unlink(missing_ok=True)
+        for name in self.core:
+            self._spawn(name, resume=True, spare=True)
+
+    def _take_spares(self, plan: list[Member]) -> bool:
+        """Make the waiting spares `plan`'s members (their lines start at the logs' ends now) and let
+        them go; False (none taken, the spares are stopped) when there are none or one has died."""
+        spares, self.spares = self.spares, {}
+        if not spares or not all(c.alive() for c in spares.values()):
+            stop_children(list(spares.values()), 0.0)
+            return False
+        for m in plan:
+            child = spares[m.name]
+            log = self.run_dir.log_path(m.name)
+            child.log_from = log.stat().st_size if log.exists() else 0
+            self.sup.start(child)
+        self.spare_gate.touch()
+        return True
+
+    def _drop_spares(self) -> None:
+        spares, self.spares = list(self.spares.values()), {}
+        for c in spares:
+            c.signal(signal.SIGTERM)
+        stop_children(spares, KILL_WAIT_S)
+
+    def _stop_core(self) -> None:
+        """Every core actor still running: SIGTERM (a clean stop that tells no worker anything: only
+        a RequestStop makes the coordinator send Shutdown), then SIGKILL; bounded."""
+        core = [self.children[n] for n in self.core]
+        for c in core:
+            c.stopped, c.ready = True, False
+            if c.alive():
+                c.signal(signal.SIGTERM)
+        stop_children(core, KILL_WAIT_S)
+
+    def _pause(self, seconds: float) -> None:
+        """The restart back-off: stop signals and worker crashes are still heard meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._check_signal()
+            self._check_workers()
+            time.sleep(0.05)
 
     def _outcome(self) -> int:
         """0 when the coordinator completed every epoch; else why it ended early (EXIT_STOPPED)."""
@@ -177,14 +310,22 @@ class Launcher:
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _spawn(self, name: str, restarts: int = 0) -> None:
+    def _spawn(self, name: str, restarts: int = 0, resume: bool = False, spare: bool = False) -> None:
+        """Start actor `name`; `resume`: from the last intact checkpoint, for `desired` workers (a
+        restarted core: the coordinator must not scale back to run.workers); `spare`: as a spare
+        (`_spawn_spares`), kept apart from the running members."""
         role = role_prefix(name)
         cmd = [sys.executable, "-m", "cli.main", "actor", role, "--config", str(self.config_path), "--name", name]
+        if resume:
+            cmd += ["--set", "run.resume=true", "--set", f"run.workers={self.desired}"]
         log = self.run_dir.log_path(name)
         offset = log.stat().st_size if log.exists() else 0
         env = {LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
         if role in ("trainer", "worker"):
             env[START_GATE_ENV] = str(self.gate)
+        if spare:
+            self.spares[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.spare_gate)})
+            return
         self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts))
 
     def _add_worker(self, restarts: int = 0) -> str:
@@ -197,21 +338,25 @@ class Launcher:
     def _workers(self) -> list[str]:
         return sorted(n for n in self.children if Role.of_name(n) is Role.WORKER)
 
-    def _await_ready(self, child: Child) -> None:
-        """Until `child` has bound its port (or fail with its error: e.g. the address is in use)."""
+    def _await_ready(self, child: Child) -> bool:
+        """Until `child` has bound its port: True. Its exit meanwhile, or the trainer's crash (it loads
+        meanwhile: a damaged checkpoint ends the run now), fails the run at its start (e.g. the
+        address is in use); in a restart a crash is `_supervise`'s to heal: False."""
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
         while self._find(child, "actor_ready") is None:
             self._check_signal()
-            if child.proc.poll() is not None:
-                raise RunFailed(self._failure(child))
             trainer = self.children["trainer"]
-            if trainer.proc.poll():  # it loads meanwhile: a damaged checkpoint ends the run now
-                raise RunFailed(self._failure(trainer))
+            crashed = child if child.proc.poll() is not None else trainer if trainer.proc.poll() else None
+            if crashed is not None and self.heal.used:
+                return False
+            if crashed is not None:
+                raise RunFailed(self._failure(crashed))
             self._check_workers()
             if time.monotonic() > deadline:
                 raise RunFailed(f"{child.name} did not bind {self.cfg.address(child.name)} in time")
             time.sleep(0.05)
         child.ready = True
+        return True
 
     def _check_workers(self) -> None:
         """Replace a worker that crashed or was killed; exit code 0 means it was shut down or left on
@@ -293,6 +438,7 @@ class Launcher:
             console(line)  # groups given up, workers expelled (the coordinator's notices)
         self.notices_seen = max(self.notices_seen, st.notices_total)
         self._note_start_up(st)  # until every actor joined, `up` says whom it waits for instead
+        self._note_back(st)
         if self.started_up:
             if st.waiting_for and st.waiting_for != self.last_stall:
                 console(f"stalled: {st.waiting_for}")
@@ -304,6 +450,17 @@ class Launcher:
                 f"  workers {sum(m.role == 'worker' for m in st.members)}  {time.monotonic() - self.t0:6.1f}s\x1b[K\r"
             )
             sys.stderr.flush()
+
+    def _note_back(self, st: Status) -> None:
+        """After a restart: one line once the new core runs an epoch with every local worker back."""
+        joined = {m.name for m in st.members}
+        if not self.heal.since or st.state not in (Phase.RUNNING, Phase.TRAINING):
+            return
+        if all(w in joined for w in self._workers()):
+            took = self.heal.back()
+            console(
+                f"up: the core is back: epoch {st.epoch + 1} open, every worker rejoined ({took:.1f}s after the crash)"
+            )
 
     def _note_start_up(self, st: Status) -> None:
         """Until every actor started here has joined (or the first epoch opened): every
@@ -333,6 +490,9 @@ class Launcher:
     def _scale_to(self, n: int) -> None:
         console(f"scaling workers {self.desired} -> {n}")
         self.desired = n
+        if self.spares:  # their coordinator would scale back to the old count
+            self._drop_spares()
+            self._spawn_spares()
         while self.pending and len(self._workers()) + len(self.pending) > n:
             self.pending.pop()
         for name in self._workers()[n:]:
@@ -359,6 +519,16 @@ class Launcher:
                 timeout = FAILED_STOP_S if self.sup.failed else 2.0
                 request(self.cfg.address("coordinator"), RequestStop(reason=reason), timeout_s=timeout, keys=self.keys)
         wait_exit(self.sup.all(), self.sup.grace(carried=live))
+
+
+def restart_version(run_dir: RunDir) -> int:
+    """The version a restarted core resumes from: the newest intact checkpoint's (0: none yet, the
+    initial weights). A damaged newest one is skipped, as the trainer itself skips it."""
+    try:
+        ckpt = run_dir.latest_checkpoint()
+    except CheckpointError:
+        return 0  # none intact: the trainer fails at its start with the cause
+    return int(ckpt.name[1:]) if ckpt is not None else 0
 
 
 # --- ports -------------------------------------------------------------------------------------

@@ -34,7 +34,9 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     SIGTERM/SIGINT/SIGHUP ask it to stop (a worker leaves gracefully first). An actor that has not
     stopped `run.stop_grace_s` later (a thread stuck in a handler or an engine) is given up on: the
     caller exits the process anyway (`exit_now`), as on a second signal. Started by `up`, an actor
-    whose supervisor has gone (SIGKILLed) stops by itself."""
+    whose supervisor has gone (SIGKILLed) stops by itself. A spare (STANDBY_ENV) first waits to be
+    needed (`await_standby`)."""
+    await_standby()
     limit_actor_threads(role_of(name), cfg)
     ctx = zmq.Context()
     try:
@@ -74,6 +76,24 @@ def start_gate(cfg: Config) -> Callable[[], None] | None:
             time.sleep(GATE_POLL_S)
 
     return wait
+
+
+STANDBY_ENV = "PRL_STANDBY"  # set by `up` for a spare core actor (run.standby_core): the file that says "go"
+
+
+def await_standby() -> None:
+    """A spare core actor (run.standby_core): its imports are done (this module imports topology,
+    torch with it), nothing is logged, built, bound or connected yet. Wait, without a deadline, until
+    `up` needs it (creates the file named by STANDBY_ENV: a core restart); never past `up` itself.
+    No-op for any other actor."""
+    gate = os.environ.get(STANDBY_ENV, "")
+    if not gate:
+        return
+    path, supervisor = Path(gate), int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
+    while not path.exists():
+        if supervisor and os.getppid() != supervisor:
+            raise ActorFailed("a spare whose prl-actors up is gone: not needed")
+        time.sleep(GATE_POLL_S)
 
 
 def serve_until_stopped(host: ActorHost, grace_s: float) -> str:

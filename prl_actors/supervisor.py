@@ -59,6 +59,7 @@ class Child:
     log_from: int = 0
     restarts: int = 0
     ready: bool = False  # it bound its port: requests to its address reach this process
+    stopped: bool = False  # its supervisor stopped it (a restart): its exit is no crash
     own_group: bool = True  # False: it shares its supervisor's process group (a trainer rank)
 
     @property
@@ -100,6 +101,31 @@ def spawn(
 def restart_delay(restarts: int) -> float:
     """The back-off before the `restarts`-th start-up crash in a row is restarted (0: at once)."""
     return RESTART_BACKOFF_S * 2 ** (restarts - 1) if restarts else 0.0
+
+
+@dataclass
+class Healing:
+    """The restarts of a run's core (run.max_restarts; launcher.Launcher._heal). `used`: restarts so
+    far in the run; `in_a_row`: the crashes in a row of cores that made no progress (no epoch done),
+    which set the back-off (none after a core that did, then 0.5 s, 1 s, 2 s ...); `since`: when the
+    core last crashed, until the new core has opened an epoch (0: not restarting)."""
+
+    used: int = 0
+    in_a_row: int = 0
+    since: float = 0.0
+
+    def crashed(self, progressed: bool) -> float:
+        """A core crash (restart number `used` + 1); `progressed`: its core had finished an epoch.
+        The back-off before the restart, in seconds."""
+        self.in_a_row = 0 if progressed else self.in_a_row + 1
+        self.used += 1
+        self.since = self.since or time.monotonic()
+        return restart_delay(self.in_a_row)
+
+    def back(self) -> float:
+        """The new core opened an epoch: seconds since the crash it recovered from."""
+        took, self.since = time.monotonic() - self.since, 0.0
+        return took
 
 
 @dataclass

@@ -17,7 +17,9 @@ from prl_actors.protocol.messages import role_prefix
 
 
 class OnExit(Enum):
-    """What the exit of a member means to the run."""
+    """What the exit of a member means to the run. A GRPO run's coordinator and FAILS_RUN members are
+    its core (`core_names`): a crash of one of them restarts them all from the last checkpoint
+    (run.max_restarts; launcher.Launcher._heal) before it fails the run."""
 
     ENDS_RUN = "its exit ends the run, with its outcome"  # the coordinator; the learner of an env run
     FAILS_RUN = "its exit (before the run's end) fails the run"  # a core actor
@@ -58,3 +60,9 @@ def members(cfg: Config) -> list[Member]:
         Member("publisher", 2, OnExit.FAILS_RUN, binds=True),
         Member("buffer", 2, OnExit.FAILS_RUN, binds=True),
     ]
+
+
+def core_names(plan: list[Member]) -> list[str]:
+    """The core of a run: every member that is not replaced one by one (GRPO: coordinator,
+    publisher, buffer, trainer). They hold the open epoch between them, so they restart together."""
+    return [m.name for m in plan if m.on_exit is not OnExit.REPLACED]

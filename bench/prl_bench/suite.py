@@ -36,6 +36,7 @@ BENCHMARKS = {
     "minibatch": "prl_bench.minibatch",
     "bounded": "prl_bench.bounded",
     "burst_batching": "prl_bench.burst_batching",
+    "heal": "prl_bench.heal",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -50,6 +51,8 @@ ALIASES = {
     "minibatches": "minibatch",
     "staleness": "bounded",
     "generated": "burst_batching",
+    "ettr": "heal",
+    "self_healing": "heal",
 }
 
 

@@ -118,6 +118,7 @@ class WorkerCore(Core):
         self.step_kls: dict[int, float] = {}  # i -> KL(v_i || v_{i+1}), as announced
         self.pull_due = False  # a drift pull is wanted: no more work, fetch once the engine is idle
         self.pull_reason = ""  # why the fetch in flight was sent (floor | drift)
+        self.stale_weights = False  # the core restarted: the weights held are fetched again first
 
     def start(self, now: float) -> None:
         self.register()
@@ -138,9 +139,29 @@ class WorkerCore(Core):
     # --- what the coordinator says ---------------------------------------------------------------
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
+        restarted = bool(self.run_id) and inbound.msg.run_id != self.run_id
         super().on_welcome(now, inbound)
         self.run_id = inbound.msg.run_id
+        if restarted:
+            self._core_restarted(inbound.msg.run_id)
         self._learn_target(inbound.msg.version)
+
+    def _core_restarted(self, run_id: str) -> None:
+        """We joined a new core (another run id: `up` restarted the core from its last checkpoint,
+        run.max_restarts). What the old core gave us is void (its tickets died with it): the running
+        batch, eval prompts, requests and fetches are dropped. Our weights may be of a version the
+        new core has not made again (it went back to its checkpoint), so they are fetched anew
+        before any work (`stale_weights`), and the target is the new core's, not the higher of both."""
+        self.log("core_restarted", run_id=run_id, held=self.engine.version, groups=sorted(self.assigned))
+        if self.evaluating is not None:
+            self.evaluating, self.eval_groups = None, []
+            self._restore_sampling()
+        if self.engine.busy:
+            self.count("groups_dropped", len(self.engine.abort()))
+        self.assigned.clear()
+        self.requests.pending.clear()  # timeouts of requests to the old core: nothing to retry
+        self.requesting, self.fetch_sent, self.fetching, self.hold, self.retry_at = False, 0.0, None, None, 0.0
+        self.target, self.stale_weights = -1, True
 
     @handles(EpochStart)
     def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:
@@ -195,7 +216,7 @@ class WorkerCore(Core):
             return
         if self.fetch_sent:  # a fetch is out: its reply (or its timeout in tick) decides what is next
             return
-        if self.engine.version < self.target:
+        if self.engine.version < self.target or self.stale_weights:
             self._drop_running("a newer epoch is open")
             self._fetch("floor")
             return
@@ -298,7 +319,7 @@ class WorkerCore(Core):
 
     def _install(self, snap: Snapshot, started: float, via: str) -> None:
         self.fetch_sent = 0.0
-        if snap.version <= self.engine.version:  # a late answer to an earlier fetch: nothing to swap
+        if snap.version <= self.engine.version and not self.stale_weights:  # a late answer to an earlier fetch
             self.log("weights_ignored", new_version=snap.version, held=self.engine.version)
             self.pull_due = False
             self._next()
@@ -310,7 +331,7 @@ class WorkerCore(Core):
         except IncompatibleWeights as exc:  # another model than the trainer's: no fetch can fix that
             self.fail(f"cannot load the published weights: {exc}")
             return
-        self.version = snap.version
+        self.version, self.stale_weights = snap.version, False
         if self.threads is not None:
             self.threads.take_all()  # a new epoch: the trainer has nothing to train until our first group
         seconds = round(time.monotonic() - started, 6)
