@@ -15,24 +15,24 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
 
+# No EXPOSE (compose publishes the coordinator's port itself; services reach each other without it) and
+# no ENTRYPOINT (the base has none): fewer instructions, fewer copies.
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/prl PATH=/opt/prl/bin:$PATH
-EXPOSE 27500-27503
-ENTRYPOINT []
 CMD ["prl-actors", "--help"]
 WORKDIR /app
 
-# The actors run as this user; the run-directory volume (/runs) and the secrets must be readable by it.
-ARG UID=1000
+# The actors run as UID; the run-directory volume (/runs) and the secrets must be readable by it.
+# torch: default the PyTorch CPU index (PyPI's Linux wheel is the CUDA build); `--build-arg
+# TORCH_INDEX_URL=` turns the extra index off. constraints.txt pins the version.
+ARG UID=1000 TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN useradd --create-home --uid "${UID}" --shell /usr/sbin/nologin prl \
  && mkdir -p /runs /opt/prl && chown prl:prl /runs /app /opt/prl
 USER prl
 
-# torch alone: the largest layer. Default: the PyTorch CPU index (PyPI's Linux wheel is the CUDA
-# build); `--build-arg TORCH_INDEX_URL=` turns the extra index off. constraints.txt pins the version.
-# The wheel's C++ test binaries and models (torch/test, torch/bin except torch_shm_manager: ~130 MB,
-# protoc among them) go; the headers (torch.compile's CPU code generation) stay.
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# torch alone, in the venv: the largest layer. The wheel's C++ test binaries and models (torch/test,
+# torch/bin but torch_shm_manager: ~130 MB, protoc among them) go; the headers (torch.compile's CPU
+# code generation) stay.
 COPY constraints.txt ./
 RUN python3 -m venv /opt/prl \
  && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -c constraints.txt torch \

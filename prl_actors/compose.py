@@ -57,6 +57,13 @@ class ComposeError(Exception):
     """Something the user must fix (no compose CLI, no engine, a bad run dir); the message says what."""
 
 
+def compose_env() -> dict[str, str]:
+    """The environment for compose calls: os.environ, with docker-compose v1's API read timeout raised
+    from 60 s to 600 s unless set (COMPOSE_HTTP_TIMEOUT): creating a container copies the whole image
+    under the vfs storage driver, which takes minutes on a loaded host and failed `up -d` at 60 s."""
+    return {"COMPOSE_HTTP_TIMEOUT": "600", **os.environ}
+
+
 def compose_cli(env: dict[str, str] | None = None) -> list[str]:
     """`docker compose` (v2 plugin) if it answers, else `docker-compose` (v1, or v2 standalone).
     PRL_COMPOSE (e.g. "docker-compose") overrides the detection."""
@@ -304,7 +311,7 @@ class ComposeRun:
         self.project = os.environ.get("COMPOSE_PROJECT_NAME") or DEFAULT_PROJECT
         self.base = [*cli, "-f", str(compose_file), "-p", self.project]
         port = int(os.environ.get("PRL_COORDINATOR_PORT") or host_port)
-        self.env = {**os.environ, "PRL_CONFIG_FILE": str(secret), "PRL_COORDINATOR_PORT": str(port)}
+        self.env = {**compose_env(), "PRL_CONFIG_FILE": str(secret), "PRL_COORDINATOR_PORT": str(port)}
         self.coordinator = f"tcp://127.0.0.1:{port}"
         self.ids: dict[str, str] = {}
         self.followers: list[threading.Thread] = []

@@ -34,6 +34,7 @@ from prl_actors.compose import (
     ComposeError,
     ImageInputs,
     compose_cli,
+    compose_env,
     ensure_image,
     image_id,
     inputs_tag,
@@ -93,7 +94,7 @@ class Project:
     def __init__(self, cli: list[str], tmp: Path) -> None:
         self.cli, self.tmp = cli, tmp
         self.name = f"prltest{os.getpid()}{port_base()}"
-        self.env = {**os.environ, "COMPOSE_PROJECT_NAME": self.name, "PRL_COMPOSE": " ".join(cli)}
+        self.env = {**compose_env(), "COMPOSE_PROJECT_NAME": self.name, "PRL_COMPOSE": " ".join(cli)}
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         argv = [*self.base(), *args]
@@ -207,13 +208,14 @@ def test_image_builds_once_and_holds_exactly_the_hashed_files(project: Project) 
     )
 
 
+@pytest.mark.timeout(1800)  # builds if run alone; under the vfs driver each container start copies the image
 def test_elastic_compose_run(project: Project) -> None:
     name = f"elastic-{project.name}"
     cfg = compose_sim(name, epochs=3, workers=2)
     ensure_image(project.base(), project.env)  # built here if this test runs alone; `up` must not build again
     t0 = time.monotonic()
     up = project.up(cfg)
-    wait_status(project, cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=600)
     t_running = time.monotonic() - t0
     keys = str(operator_keys_dir(project.name))
     scale = [
@@ -257,6 +259,7 @@ def test_elastic_compose_run(project: Project) -> None:
     )
 
 
+@pytest.mark.timeout(1800)
 def test_ctrl_c_stops_the_run_and_removes_the_containers(project: Project) -> None:
     if project.cli != _clis()[0]:
         pytest.skip("Ctrl-C is checked with the first compose CLI only")
@@ -264,7 +267,7 @@ def test_ctrl_c_stops_the_run_and_removes_the_containers(project: Project) -> No
     cfg = compose_sim(name, epochs=50, workers=1)
     ensure_image(project.base(), project.env)
     up = project.up(cfg)
-    wait_status(project, cfg, lambda st: st.state == "running" and workers(st), up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and bool(workers(st)), up, timeout=600)
     t0 = time.monotonic()
     up.send_signal(signal.SIGINT)
     assert up.wait(120) == 130, project.log.read_text()
