@@ -4,11 +4,12 @@ What `up --compose` does, with `docker compose` (v2) or `docker-compose` (v1), w
 1. resolves the user's config and rewrites what containers need (`compose_config`): tcp, every actor
    bound on all interfaces of its container, addresses by service name, the run directory on the
    `runs` volume; writes it to a private file that compose mounts as the secret /run/secrets/prl_config;
-2. builds the image, starts the services with `--scale inference=N` (the one-shot `keys` service first:
-   it creates the run's CurveZMQ keys in RUN_DIR/keys on the volume), streams the core services' output
-   (the trainer's per-epoch lines); copies the operator key (and the coordinator's public key) out of
-   the coordinator's container to `operator_keys_dir(project)` on the host, for itself and for
-   `prl-actors status/scale/stop --keys DIR`;
+2. builds the image unless it is up to date (`ImageInputs`: the image is tagged with a digest of what
+   it is built from; a second `up` with the same sources starts at once), starts the services with
+   `--scale inference=N` (the one-shot `keys` service first: it creates the run's CurveZMQ keys in
+   RUN_DIR/keys on the volume), streams the core services' output (the trainer's per-epoch lines);
+   copies the operator key (and the coordinator's public key) out of the coordinator's container to
+   `operator_keys_dir(project)` on the host, for itself and for `prl-actors status/scale/stop --keys DIR`;
 3. follows the coordinator's Status through its published port (127.0.0.1:PORT): `prl-actors scale`
    asks the coordinator, and this loop scales the `inference` service to match;
 4. ends with the coordinator's exit status (not the first service's to exit); a core service that dies
@@ -19,8 +20,11 @@ The volume (the run directory) is kept; `compose down` removes the containers an
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -45,10 +49,19 @@ RUNS_MOUNT = PurePosixPath("/runs")
 SERVICES = {"coordinator": 27500, "publisher": 27501, "buffer": 27502, "trainer": 27503}
 CORE = tuple(SERVICES)
 DEFAULT_PROJECT = "prl-actors"
+DEFAULT_IMAGE = "prl-actors:latest"  # docker-compose.yml: ${PRL_IMAGE:-prl-actors:latest}
+INPUTS_TAG = "inputs-"  # the tag REPO:inputs-<digest> marks the image built from those inputs
 
 
 class ComposeError(Exception):
     """Something the user must fix (no compose CLI, no engine, a bad run dir); the message says what."""
+
+
+def compose_env() -> dict[str, str]:
+    """The environment for compose calls: os.environ, with docker-compose v1's API read timeout raised
+    from 60 s to 600 s unless set (COMPOSE_HTTP_TIMEOUT): creating a container copies the whole image
+    under the vfs storage driver, which takes minutes on a loaded host and failed `up -d` at 60 s."""
+    return {"COMPOSE_HTTP_TIMEOUT": "600", **os.environ}
 
 
 def compose_cli(env: dict[str, str] | None = None) -> list[str]:
@@ -106,6 +119,158 @@ def compose_config(cfg: Config) -> Config:
     return out
 
 
+def _dockerignore_regex(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as docker reads it (moby's patternmatcher): `*` and `?` stay inside one
+    path element, `**` spans any number of them, `[...]` is a class; the pattern matches whole paths."""
+    pattern = os.path.normpath(pattern).lstrip("/")
+    out, i = "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out, i = out + "(.*/)?", i + 3
+            continue
+        if pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+            continue
+        if c == "*":
+            out += "[^/]*"
+        elif c == "?":
+            out += "[^/]"
+        elif c == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out += re.escape(c)
+            else:
+                out, i = out + "[" + pattern[i + 1 : end].replace("!", "^", 1) + "]", end
+        else:
+            out += re.escape(c)
+        i += 1
+    return re.compile(out + r"\Z")
+
+
+class ImageInputs:
+    """Exactly what the image is built from: the Dockerfile and every file of the build context that
+    .dockerignore lets through (path, executable bit, bytes). Its digest names the image: `up
+    --compose` skips the build when REPO:inputs-<digest> is the image it would run (the torch index,
+    TORCH_INDEX_URL, is where torch comes from, not what: constraints.txt pins it, so it is no input).
+    Invariant: a change to any file `COPY . /app` copies, to constraints.txt, pyproject.toml or the
+    Dockerfile changes the digest; a change to an ignored file (tests/, docs/, caches) does not."""
+
+    def __init__(self, context: Path) -> None:
+        self.context = context
+        lines = (context / ".dockerignore").read_text().splitlines() if (context / ".dockerignore").exists() else []
+        patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        self.rules = [(p.startswith("!"), _dockerignore_regex(p.removeprefix("!"))) for p in patterns]
+        self.has_exceptions = any(keep for keep, _ in self.rules)
+
+    def excluded(self, rel: str) -> bool:
+        """docker's rule: the last pattern that matches the path or one of its parent directories wins."""
+        parents = [rel] + ["/".join(rel.split("/")[:n]) for n in range(1, rel.count("/") + 1)]
+        verdict = False
+        for keep, rx in self.rules:
+            if any(rx.match(p) for p in parents):
+                verdict = not keep
+        return verdict
+
+    def files(self) -> list[str]:
+        """The context's files (posix paths relative to it, sorted) that reach the image."""
+        found: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(self.context):
+            rel_dir = Path(dirpath).relative_to(self.context).as_posix()
+            prefix = "" if rel_dir == "." else rel_dir + "/"
+            if not self.has_exceptions:  # nothing under an excluded directory can come back
+                dirnames[:] = [d for d in dirnames if not self.excluded(prefix + d)]
+            found += [prefix + f for f in filenames if not self.excluded(prefix + f)]
+        return sorted(found)
+
+    def digest(self) -> str:
+        """sha256 (hex) of the Dockerfile and of each context file's path, executable bit and bytes."""
+        h = hashlib.sha256(b"Dockerfile\0" + (self.context / "Dockerfile").read_bytes())
+        for rel in self.files():
+            path = self.context / rel
+            h.update(f"\0{rel}\0".encode())
+            if path.is_symlink():
+                h.update(b"link:" + os.readlink(path).encode())
+            else:
+                h.update(b"x" if os.access(path, os.X_OK) else b"-")
+                h.update(path.read_bytes())
+        return h.hexdigest()
+
+
+def inputs_tag(image: str, digest: str) -> str:
+    """REPO:inputs-<first 20 hex of the digest> for an image REPO[:TAG] (REPO may hold a registry port)."""
+    name, _, tag = image.rpartition(":")
+    repo = name if name and "/" not in tag else image
+    return f"{repo}:{INPUTS_TAG}{digest[:20]}"
+
+
+def image_id(ref: str, env: dict[str, str]) -> str:
+    """The local image id of `ref` ('' when there is none)."""
+    done = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", ref], env=env, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def image_up_to_date(image: str, digest: str, env: dict[str, str]) -> bool:
+    """`image` exists and is the one built from the inputs with this digest."""
+    current = image_id(image, env)
+    return bool(current) and current == image_id(inputs_tag(image, digest), env)
+
+
+def mark_image(image: str, digest: str, env: dict[str, str]) -> str:
+    """Tag `image` as built from `digest`; untag the repository's older inputs-* tags (else each would
+    keep an outdated image alive). Returns the new tag."""
+    tag = inputs_tag(image, digest)
+    subprocess.run(["docker", "tag", image, tag], env=env, capture_output=True, check=True)
+    repo = tag.rpartition(":")[0]
+    listed = subprocess.run(["docker", "image", "ls", repo, "--format", "{{.Repository}}:{{.Tag}}"],
+                            env=env, capture_output=True, text=True).stdout.split()  # fmt: skip
+    stale = [t for t in listed if t.rpartition(":")[2].startswith(INPUTS_TAG) and t != tag]
+    if stale:
+        subprocess.run(["docker", "image", "rm", *stale], env=env, capture_output=True)
+    return tag
+
+
+def ensure_image(compose: list[str], env: dict[str, str], compose_file: Path = COMPOSE_FILE) -> bool:
+    """Build the image with `compose` (the CLI with -f/-p) unless the image tagged with the digest of
+    its inputs is already it; returns whether it built. Raises ComposeError when the build fails."""
+    image = env.get("PRL_IMAGE") or DEFAULT_IMAGE
+    digest = ImageInputs(compose_file.parent).digest()
+    if image_up_to_date(image, digest, env):
+        console(f"compose: image {image} is up to date ({inputs_tag(image, digest)}), not rebuilt")
+        return False
+    console(f"compose: building the image with {shlex.join(compose[: compose.index('-f')])} ...")
+    t0 = time.monotonic()
+    code, tail = _build(compose, env)
+    if code != 0:
+        raise ComposeError("image build failed:\n" + "\n".join(tail))
+    tag = mark_image(image, digest, env)
+    console(f"compose: image built in {time.monotonic() - t0:.0f}s, tagged {tag}")
+    return True
+
+
+BUILD_STEP = re.compile(r"^(Step \d+/\d+ :|#\d+ \[[^\]]*\d+/\d+\])")  # classic builder, BuildKit
+
+
+def _build(compose: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """`compose build coordinator`, printing each build step as it starts (a cold build takes minutes);
+    returns its exit status and its last 30 lines. A signal (supervisor.Signals) kills the build."""
+    tail: collections.deque[str] = collections.deque(maxlen=30)
+    argv = [*compose, "build", "coordinator"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if BUILD_STEP.match(line):
+                console("compose build: " + line.strip()[:110])
+        return proc.wait(), list(tail)
+    finally:
+        if proc.poll() is None:  # cut short (a signal): the engine drops a build whose client is gone
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
 def health_problem(status: Status, member: str | None, max_age_s: float) -> str:
     """Why `member` is not healthy ('' when it is): it must be registered and seen within `max_age_s`.
     `member` is a name or a name prefix (worker-HOST matches worker-HOST-PID)."""
@@ -142,11 +307,11 @@ def compose_up(cfg: Config, compose_file: Path = COMPOSE_FILE) -> int:
 
 class ComposeRun:
     def __init__(self, cli: list[str], cfg: Config, compose_file: Path, secret: Path, host_port: int) -> None:
-        self.cfg, self.desired = cfg, cfg.run.workers
+        self.cfg, self.desired, self.compose_file = cfg, cfg.run.workers, compose_file
         self.project = os.environ.get("COMPOSE_PROJECT_NAME") or DEFAULT_PROJECT
         self.base = [*cli, "-f", str(compose_file), "-p", self.project]
         port = int(os.environ.get("PRL_COORDINATOR_PORT") or host_port)
-        self.env = {**os.environ, "PRL_CONFIG_FILE": str(secret), "PRL_COORDINATOR_PORT": str(port)}
+        self.env = {**compose_env(), "PRL_CONFIG_FILE": str(secret), "PRL_COORDINATOR_PORT": str(port)}
         self.coordinator = f"tcp://127.0.0.1:{port}"
         self.ids: dict[str, str] = {}
         self.followers: list[threading.Thread] = []
@@ -178,12 +343,7 @@ class ComposeRun:
                 self.teardown()
 
     def build(self) -> None:
-        console(f"compose: building the image with {shlex.join(self.base[: self.base.index('-f')])} ...")
-        t0 = time.monotonic()
-        done = self.compose("build", "coordinator")
-        if done.returncode != 0:
-            raise ComposeError("image build failed:\n" + "\n".join(done.stdout.splitlines()[-30:]))
-        console(f"compose: image built in {time.monotonic() - t0:.0f}s")
+        ensure_image(self.base, self.env, self.compose_file)
 
     def start(self) -> None:
         c = self.cfg

@@ -3,8 +3,11 @@
 Builds the image, runs `prl-actors up --compose` (sim engine: the deployment path is under test, not
 the model) for 3 epochs with 2 inference replicas, scales to 3 with `prl-actors scale` mid-run, kills
 one inference container, and checks the run directory on the volume with `prl-actors replay --check`
-(and the log invariants on a copy of it). Once per compose CLI found (`docker compose`, `docker-compose`;
-PRL_COMPOSE picks one). Also: Ctrl-C on `up --compose` stops the run cleanly and removes the containers.
+(and the log invariants on a copy of it).
+`up` reuses the image when the digest of its inputs (prl_actors/compose.py, ImageInputs) is unchanged:
+the second build is checked to be none, and `up` to say so. Once per compose CLI found (`docker
+compose`, `docker-compose`; PRL_COMPOSE picks one). Also: Ctrl-C on `up --compose` stops the run
+cleanly and removes the containers.
 Skips, saying why, when no engine is reachable. On the dev VM: ../shared/tools/local-docker.sh, then
 export DOCKER_HOST=unix:///tmp/prl-docker/docker.sock.
 """
@@ -26,7 +29,17 @@ from typing import Any
 import pytest
 
 from prl_actors.client import RequestFailed, request
-from prl_actors.compose import COMPOSE_FILE, ComposeError, compose_cli, operator_keys_dir
+from prl_actors.compose import (
+    COMPOSE_FILE,
+    ComposeError,
+    ImageInputs,
+    compose_cli,
+    compose_env,
+    ensure_image,
+    image_id,
+    inputs_tag,
+    operator_keys_dir,
+)
 from prl_actors.config import Config
 from prl_actors.protocol.messages import StatusRequest
 from prl_actors.transport.auth import KeyStore
@@ -81,11 +94,19 @@ class Project:
     def __init__(self, cli: list[str], tmp: Path) -> None:
         self.cli, self.tmp = cli, tmp
         self.name = f"prltest{os.getpid()}{port_base()}"
-        self.env = {**os.environ, "COMPOSE_PROJECT_NAME": self.name, "PRL_COMPOSE": " ".join(cli)}
+        self.env = {**compose_env(), "COMPOSE_PROJECT_NAME": self.name, "PRL_COMPOSE": " ".join(cli)}
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        argv = [*self.cli, "-f", str(COMPOSE_FILE), "-p", self.name, *args]
+        argv = [*self.base(), *args]
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def base(self) -> list[str]:
+        return [*self.cli, "-f", str(COMPOSE_FILE), "-p", self.name]
+
+    def output(self, lines: int = 80) -> str:
+        """The last lines of `up --compose`'s stdout and stderr (for assertion messages)."""
+        text = self.log.read_text() if self.log.exists() else "(no output file)"
+        return "\n".join(text.splitlines()[-lines:])
 
     def containers(self, service: str = "") -> list[str]:
         labels = ["--filter", f"label=com.docker.compose.project={self.name}"]
@@ -150,12 +171,13 @@ def wait_status(
     deadline = time.monotonic() + timeout
     keys = operator_keys_dir(project.name)  # up --compose copies the operator key there
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "up --compose ended early"
+        code = proc.poll()
+        assert code is None, f"up --compose ended early with exit code {code}; its output:\n{project.output()}"
         st = status(cfg, keys)
         if st is not None and pred(st):
             return st
         time.sleep(0.5)
-    raise AssertionError(f"no matching status within {timeout}s")
+    raise AssertionError(f"no matching status within {timeout}s; up --compose's output:\n{project.output()}")
 
 
 def workers(st: Any) -> list[Any]:
@@ -163,19 +185,37 @@ def workers(st: Any) -> list[Any]:
 
 
 @pytest.mark.timeout(1800)  # a cold build (no cached layers) installs torch in the image: minutes
-def test_image_builds(project: Project) -> None:
+def test_image_builds_once_and_holds_exactly_the_hashed_files(project: Project) -> None:
+    """`up --compose`'s build step: builds when needed, then (same sources) does not build again; the
+    image's /app holds exactly the files whose digest names it, and its torch is the CPU build."""
     t0 = time.monotonic()
-    built = project.compose("build", "coordinator", timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    print(f"\n[{' '.join(project.cli)}] image build: {time.monotonic() - t0:.1f}s")
+    built = ensure_image(project.base(), project.env)
+    t_build = time.monotonic() - t0
+    image = os.environ.get("PRL_IMAGE") or "prl-actors:latest"
+    inputs = ImageInputs(COMPOSE_FILE.parent)
+    assert image_id(inputs_tag(image, inputs.digest()), project.env) == image_id(image, project.env)
+    assert ensure_image(project.base(), project.env) is False, "an up-to-date image was built again"
+    probe = "find /app -type f | sort; python -c 'import torch; print(\"cuda\", torch.version.cuda)'"
+    ran = subprocess.run(["docker", "run", "--rm", IMAGE, "sh", "-c", probe], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    files = [line.removeprefix("/app/") for line in ran.stdout.splitlines() if line.startswith("/app/")]
+    assert files == inputs.files(), "the digest does not cover exactly what the image holds"
+    assert "cuda None" in ran.stdout, ran.stdout[-500:]
+    size = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image], capture_output=True, text=True)
+    print(
+        f"\n[{' '.join(project.cli)}] image {'built' if built else 'up to date'} in {t_build:.1f}s, "
+        f"{int(size.stdout) / 1e9:.2f} GB"
+    )
 
 
+@pytest.mark.timeout(1800)  # builds if run alone; under the vfs driver each container start copies the image
 def test_elastic_compose_run(project: Project) -> None:
     name = f"elastic-{project.name}"
     cfg = compose_sim(name, epochs=3, workers=2)
+    ensure_image(project.base(), project.env)  # built here if this test runs alone; `up` must not build again
     t0 = time.monotonic()
     up = project.up(cfg)
-    wait_status(project, cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and len(workers(st)) == 2, up, timeout=600)
     t_running = time.monotonic() - t0
     keys = str(operator_keys_dir(project.name))
     scale = [
@@ -199,6 +239,7 @@ def test_elastic_compose_run(project: Project) -> None:
     wall = time.monotonic() - t0
     out = project.log.read_text()
     assert "scaling inference 2 -> 3" in out and "done: 3 epochs" in out, out
+    assert "is up to date" in out and "building the image" not in out, "up --compose rebuilt the image"
     assert [line.split()[1] for line in out.splitlines() if line.startswith("epoch ")] == ["0", "1", "2"], out
     assert project.containers() == [], "up --compose left containers behind"
     t1 = time.monotonic()
@@ -218,13 +259,15 @@ def test_elastic_compose_run(project: Project) -> None:
     )
 
 
+@pytest.mark.timeout(1800)
 def test_ctrl_c_stops_the_run_and_removes_the_containers(project: Project) -> None:
     if project.cli != _clis()[0]:
         pytest.skip("Ctrl-C is checked with the first compose CLI only")
     name = f"interrupt-{project.name}"
     cfg = compose_sim(name, epochs=50, workers=1)
+    ensure_image(project.base(), project.env)
     up = project.up(cfg)
-    wait_status(project, cfg, lambda st: st.state == "running" and workers(st), up, timeout=300)
+    wait_status(project, cfg, lambda st: st.state == "running" and bool(workers(st)), up, timeout=600)
     t0 = time.monotonic()
     up.send_signal(signal.SIGINT)
     assert up.wait(120) == 130, project.log.read_text()

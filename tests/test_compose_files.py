@@ -22,10 +22,12 @@ from prl_actors.compose import (
     SECRET_PATH,
     ComposeError,
     ComposeRun,
+    ImageInputs,
     compose_cli,
     compose_config,
     container_run_dir,
     health_problem,
+    inputs_tag,
 )
 from prl_actors.config import load_config
 from prl_actors.process import LocalCluster
@@ -178,6 +180,65 @@ def test_a_failed_docker_inspect_is_retried_before_the_containers_count_as_gone(
     calls.unlink()
     with pytest.raises(ComposeError, match="disappeared"):
         run.states(attempts=2)
+
+
+def test_the_image_inputs_are_the_repo_files_dockerignore_lets_through() -> None:
+    files = ImageInputs(ROOT).files()
+    for needed in ("pyproject.toml", "constraints.txt", "README.md", "prl_actors/compose.py", "cli/main.py"):
+        assert needed in files
+    assert any(f.startswith("configs/") for f in files)
+    leaked = [f for f in files if f.split("/")[0] in {"tests", "bench", "docs", ".venv", ".git", "runs", "tools"}]
+    assert not leaked and not [f for f in files if "__pycache__" in f or f.endswith(".pyc")], leaked
+
+
+def _context(root: Path) -> Path:
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "Dockerfile").write_text("FROM scratch\n")
+    (root / ".dockerignore").write_text("# comment\n**/__pycache__\ntests\n*.egg-info\ndocs\n!docs/keep.md\n")
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    (root / "tests" / "t.py").write_text("T = 1\n")
+    for d in ("x.egg-info", "pkg/y.egg-info", "docs"):
+        (root / d).mkdir()
+    (root / "x.egg-info" / "PKG-INFO").write_text("x")
+    (root / "pkg" / "y.egg-info" / "PKG-INFO").write_text("y")  # *.egg-info matches at the top only
+    (root / "docs" / "drop.md").write_text("d")
+    (root / "docs" / "keep.md").write_text("k")  # an exception brings it back
+    return root
+
+
+def test_the_image_digest_follows_exactly_what_the_build_copies(tmp_path: Path) -> None:
+    """docker's .dockerignore rules (parents, `**`, top-level `*`, `!` exceptions); the digest moves
+    with the Dockerfile, a copied file's bytes, name or executable bit, and with nothing else."""
+    ctx = ImageInputs(_context(tmp_path))
+    assert ctx.files() == [".dockerignore", "Dockerfile", "docs/keep.md", "pkg/a.py", "pkg/y.egg-info/PKG-INFO"]
+    # (docker always sends the Dockerfile and .dockerignore; the repo's .dockerignore excludes them from COPY)
+    first = ctx.digest()
+    for ignored in ("tests/t.py", "pkg/__pycache__/a.pyc", "x.egg-info/PKG-INFO", "docs/drop.md"):
+        (tmp_path / ignored).write_text("changed")
+    (tmp_path / "tests" / "new.py").write_text("N = 1\n")
+    assert ctx.digest() == first
+    changes = [
+        lambda: (tmp_path / "pkg" / "a.py").write_text("A = 2\n"),
+        lambda: (tmp_path / "pkg" / "a.py").chmod(0o755),
+        lambda: (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "b.py"),
+        lambda: (tmp_path / "Dockerfile").write_text("FROM scratch\nRUN true\n"),
+        lambda: (tmp_path / "docs" / "keep.md").write_text("k2"),
+    ]
+    seen = {first}
+    for change in changes:
+        change()
+        seen.add(ctx.digest())
+    assert len(seen) == len(changes) + 1, "a change to what the image is built from left the digest as it was"
+
+
+def test_inputs_tag_keeps_the_repository() -> None:
+    d = "0123456789abcdef0123456789"
+    assert inputs_tag("prl-actors:latest", d) == "prl-actors:inputs-0123456789abcdef0123"
+    assert inputs_tag("prl-actors", d) == "prl-actors:inputs-0123456789abcdef0123"
+    assert inputs_tag("reg.example:5000/team/prl", d) == "reg.example:5000/team/prl:inputs-0123456789abcdef0123"
+    assert inputs_tag("reg.example:5000/team/prl:v2", d) == "reg.example:5000/team/prl:inputs-0123456789abcdef0123"
 
 
 def test_up_compose_without_docker_is_one_clear_line(tmp_path: Path) -> None:
