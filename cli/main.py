@@ -176,7 +176,19 @@ def _check_epochs_to_go(rd: Any, epochs: int) -> None:
 
 def _launch(cfg: Any, rd: Any) -> int:
     """Check the task, make the keys, prepare the model, pick or check the ports, write
-    RUN_DIR/config.yaml, run the launcher."""
+    RUN_DIR/config.yaml, run the launcher (its actors forked by a fork server that starts first:
+    run.fork_server)."""
+    from prl_actors.zygote import Zygote
+
+    zygote = Zygote() if cfg.run.fork_server else None  # it imports torch & co. while the checks run
+    try:
+        return _launch_with(cfg, rd, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
     from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
     from prl_actors.rundir import register_run
 
@@ -200,7 +212,7 @@ def _launch(cfg: Any, rd: Any) -> int:
         err=True,
     )
     try:
-        code = Launcher(cfg, rd.config, progress=sys.stderr.isatty()).run()
+        code = Launcher(cfg, rd.config, progress=sys.stderr.isatty(), zygote=zygote).run()
     except RunFailed as exc:
         fail(str(exc), code=1)
     if code == 0:

@@ -40,6 +40,7 @@ SAFE_ON_RESUME = (
     "run.worker_restarts",
     "run.max_restarts",
     "run.standby_core",
+    "run.fork_server",
     "transport.",
     "coordinator.heartbeat_interval_s",
     "coordinator.heartbeat_timeout_s",
@@ -136,6 +137,13 @@ class RunSection(_Section):
         "or logged) that a core restart takes instead of starting new processes: the restart skips the "
         "imports (~3 s on 2 busy cores; measured by `prl-actors bench --only heal`), at the memory of four idle "
         "interpreters with torch imported (~0.3 GB each); a new spare starts after each restart.",
+    )
+    fork_server: bool = Field(
+        True,
+        description="`up` starts its local actors from one fork server that has imported torch, transformers "
+        "and the actors once (prl_actors/zygote.py), instead of one new interpreter per actor importing them "
+        "again: a faster start on few cores (measured by `prl-actors bench --only startup`). false: one "
+        "`python -m cli.main actor ...` process per actor.",
     )
     max_bad_groups: int = Field(
         3,

@@ -46,6 +46,7 @@ import contextlib
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,14 +55,16 @@ from typing import Any
 from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
-from prl_actors.process import STANDBY_ENV, START_GATE_ENV
 from prl_actors.protocol.messages import Phase, RequestStop, Role, Status, StatusRequest, role_prefix
 from prl_actors.rundir import CheckpointError, RunDir
 from prl_actors.supervisor import (
     FAILED_STOP_S,
     KILL_WAIT_S,
+    STANDBY_ENV,
+    START_GATE_ENV,
     Healing,
     Interrupted,
+    Proc,
     Supervisor,
     restart_delay,
     spawn,
@@ -72,9 +75,9 @@ from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-e
 from prl_actors.supervisor import Child as Child
 from prl_actors.supervisor import RunFailed as RunFailed
 from prl_actors.threads import LOCAL_WORKERS_ENV
-from prl_actors.topology import ensure_key
-from prl_actors.transport.auth import KeyStore
+from prl_actors.transport.auth import KeyStore, create_keys
 from prl_actors.wiring import Member, core_names, members
+from prl_actors.zygote import Zygote, ZygoteError
 
 EXIT_STOPPED = 3
 PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
@@ -88,7 +91,7 @@ class Launcher:
     actor's exit means (a core actor's crash restarts the core or ends the run, a worker's is
     replaced), scaling, start-up notes."""
 
-    def __init__(self, cfg: Config, config_path: Path, progress: bool = True) -> None:
+    def __init__(self, cfg: Config, config_path: Path, progress: bool = True, zygote: Zygote | None = None) -> None:
         self.cfg, self.config_path, self.progress = cfg, config_path, progress
         self.run_dir = RunDir(cfg.run.run_dir)
         self.plan: list[Member] = members(cfg)  # what runs (the composition root)
@@ -108,6 +111,8 @@ class Launcher:
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
         self.last_note = time.monotonic()
+        self.zygote = zygote  # run.fork_server: forks the actors, imported once (`up` starts it early)
+        self.own_zygote = False  # this launcher started it (and closes it)
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -116,6 +121,8 @@ class Launcher:
         follower = self._trackers()
         with self.sup.signals.installed():
             try:
+                if self.cfg.run.fork_server and self.zygote is None:
+                    self.zygote, self.own_zygote = Zygote(), True  # the first fork waits for its imports
                 self._start()
                 self._spawn_spares()
                 self._supervise()
@@ -131,6 +138,8 @@ class Launcher:
             finally:
                 self._drop_spares()
                 self.sup.reap()
+                if self.zygote is not None and self.own_zygote:
+                    self.zygote.close()
                 if follower is not None:
                     follower.stop()
 
@@ -213,7 +222,7 @@ class Launcher:
         why = self._not_healable(child)
         if why:
             raise RunFailed(why)
-        cause = self._cause(child, child.proc.returncode)
+        cause = self._cause(child, child.exit_code)
         delay = self.heal.crashed(self._find(self.children["coordinator"], "epoch_done") is not None)
         self._stop_core()
         version = restart_version(self.run_dir)
@@ -234,7 +243,7 @@ class Launcher:
         failure, limit = self._failure(child), self.cfg.run.max_restarts
         if limit == 0:
             return failure
-        if child.proc.returncode > 0 and self._find(child, "actor_crashed") is not None:
+        if child.exit_code > 0 and self._find(child, "actor_crashed") is not None:
             return failure
         if not self.heal.used and self._find(self.children["coordinator"], "epoch_open") is None:
             return failure
@@ -323,15 +332,28 @@ class Launcher:
         env = {LOCAL_WORKERS_ENV: str(self.desired)}  # threads: auto
         if role in ("trainer", "worker"):
             env[START_GATE_ENV] = str(self.gate)
+        fork = self._fork if self.zygote is not None else None
         if spare:
-            self.spares[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.spare_gate)})
+            self.spares[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.spare_gate)}, fork=fork)
             return
-        self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts))
+        self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts, fork=fork))
+
+    def _fork(self, argv: list[str], variables: dict[str, str]) -> Proc:
+        """An actor forked by the fork server; if the server fails, by a new process (and every later
+        one too), with one console line."""
+        if self.zygote is not None:
+            try:
+                return self.zygote.spawn(argv, variables)
+            except ZygoteError as exc:
+                console(f"up: the fork server failed ({exc}); starting actors as new processes")
+                self.zygote = None  # whoever started it closes it
+        return subprocess.Popen(argv, env=variables, start_new_session=True)
 
     def _add_worker(self, restarts: int = 0) -> str:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
-        ensure_key(name, self.cfg)  # its own key: no other worker can speak as it
+        if self.cfg.authenticated():  # its own key: no other worker can speak as it
+            create_keys(self.cfg.keys_path(), [name])
         self._spawn(name, restarts)
         return name
 
@@ -419,7 +441,7 @@ class Launcher:
         return f"{how}: {crashed['error']}" if crashed else how
 
     def _failure(self, child: Child) -> str:
-        rc = child.proc.returncode
+        rc = child.exit_code
         return f"{child.name} exited ({self._cause(child, rc)}); see {self.run_dir.log_path(child.name)}"
 
     # --- status and scaling ------------------------------------------------------------------

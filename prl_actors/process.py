@@ -16,6 +16,8 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
+from prl_actors.supervisor import STANDBY_ENV as STANDBY_ENV  # set by `up` for a spare core actor
+from prl_actors.supervisor import START_GATE_ENV as START_GATE_ENV  # set by `up` for the trainer and workers
 from prl_actors.supervisor import STOP_SIGNALS
 from prl_actors.supervisor import SUPERVISOR_ENV as SUPERVISOR_ENV  # set by `up` for the actors it starts
 from prl_actors.threads import LOCAL_WORKERS_ENV as LOCAL_WORKERS_ENV  # set by `up` for its local actors
@@ -53,7 +55,6 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     return 0
 
 
-START_GATE_ENV = "PRL_START_GATE"  # set by `up` for the trainer and workers: exists once the servers are bound
 GATE_POLL_S = 0.02
 
 
@@ -76,9 +77,6 @@ def start_gate(cfg: Config) -> Callable[[], None] | None:
             time.sleep(GATE_POLL_S)
 
     return wait
-
-
-STANDBY_ENV = "PRL_STANDBY"  # set by `up` for a spare core actor (run.standby_core): the file that says "go"
 
 
 def await_standby() -> None:

@@ -27,9 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO
+from typing import IO, Protocol
 
 SUPERVISOR_ENV = "PRL_SUPERVISOR_PID"  # the pid whose exit stops an actor (process.py reads it)
+START_GATE_ENV = "PRL_START_GATE"  # set by `up` for the trainer and workers: exists once the servers are bound
+STANDBY_ENV = "PRL_STANDBY"  # set by `up` for a spare core actor (run.standby_core): the file that says "go"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RESTART_BACKOFF_S = 0.5  # doubled for each start-up crash in a row
 POLL_S = 0.05
@@ -49,13 +51,29 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+class Proc(Protocol):
+    """What the supervisor uses of a child process: `subprocess.Popen`, or a fork server's child
+    (zygote.ForkedProc)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+
+
+Forker = Callable[[list[str], dict[str, str]], Proc]
+"""Starts argv (`prl-actors` arguments) with exactly that environment, in its own process group."""
+
+
 @dataclass
 class Child:
     """One supervised process. A resumed run appends to the same log files: this process's lines
     start at `log_from`. `restarts`: the start-up crashes in a row of the members it replaces."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Proc
     log_from: int = 0
     restarts: int = 0
     ready: bool = False  # it bound its port: requests to its address reach this process
@@ -68,6 +86,12 @@ class Child:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def exit_code(self) -> int:
+        """Its exit code (-N: killed by signal N), read once it has exited (0 while it runs)."""
+        code = self.proc.poll()
+        return 0 if code is None else code
 
     def signal(self, sig: int) -> None:
         """`sig` to the child's whole process group, or to the child alone when it shares ours (a
@@ -88,11 +112,15 @@ def spawn(
     restarts: int = 0,
     output: IO[bytes] | None = None,
     own_group: bool = True,
+    fork: Forker | None = None,
 ) -> Child:
     """Start `argv` with this process as its supervisor (SUPERVISOR_ENV), in a new process group
     (`own_group`; else in ours: a stop of our group reaches it too). `env` adds to this process's
-    environment; `output`: where its stdout and stderr go (None: ours)."""
+    environment; `output`: where its stdout and stderr go (None: ours). `fork`: start it by this
+    instead (a fork server, `argv` then being `prl-actors`'s arguments; its own group, our output)."""
     variables = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), **(env or {})}
+    if fork is not None:
+        return Child(name, fork(argv, variables), log_from, restarts)
     stderr = subprocess.STDOUT if output is not None else None
     proc = subprocess.Popen(argv, env=variables, start_new_session=own_group, stdout=output, stderr=stderr)
     return Child(name, proc, log_from, restarts, own_group=own_group)
