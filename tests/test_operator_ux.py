@@ -3,6 +3,7 @@ user meets them: run discovery, --set values, typo hints, resume limits, timelin
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -63,8 +64,13 @@ def test_status_finds_the_newest_live_run_whatever_its_run_dir(tmp_path: Path, m
         register_run(run_dir)
         cluster = LocalCluster(cfg, workers=1, log_dir=run_dir / "logs")
         try:
-            code, out = run_cli("status")
-            assert code == 0, out
+            deadline = time.monotonic() + 30.0  # the worker registers a moment after the cluster is up
+            while True:
+                code, out = run_cli("status")
+                assert code == 0, out
+                if "worker-0" in out or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert "state" in out and "worker-0" in out
         finally:
             cluster.close()
