@@ -58,6 +58,22 @@ def test_a_child_has_its_own_session_and_dies_by_signal(zygote: Zygote, tmp_path
         zygote.spawn([*CLI, "actor", "worker", "--config", str(cfg), "--name", "worker-1"], env).wait(0.2)
 
 
+def test_a_forked_process_numbers_its_messages_apart() -> None:
+    """Two actors forked from one server must not share message ids (replay matches ids across actors)."""
+    from prl_actors.protocol.messages import new_id
+
+    ours = new_id()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    assert ours.rsplit("-", 1)[0] != theirs.rsplit("-", 1)[0]
+
+
 def test_only_the_cli_is_forked(zygote: Zygote) -> None:
     with pytest.raises(ZygoteError, match="prl-actors only"):
         zygote.spawn([sys.executable, "-c", "pass"], _env())
@@ -84,7 +100,7 @@ def test_up_runs_the_same_with_and_without_the_fork_server(tmp_path: Path) -> No
         run = tmp_path / f"run-{forked}"
         out = subprocess.run(
             [sys.executable, "-m", "cli.main", "up", "--config", str(ROOT / "configs/demo.yaml"), "--run-dir", str(run)]
-            + ["--epochs", "2", "--set", f"run.fork_server={str(forked).lower()}", "--set", "eval.every_epochs=0"],
+            + ["--epochs", "6", "--set", f"run.fork_server={str(forked).lower()}", "--set", "eval.every_epochs=0"],
             capture_output=True,
             text=True,
             timeout=300,
@@ -93,4 +109,8 @@ def test_up_runs_the_same_with_and_without_the_fork_server(tmp_path: Path) -> No
         assert out.returncode == 0, out.stdout + out.stderr
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rewards[forked] = [r["reward_mean"] for r in rows]
-    assert rewards[True] == rewards[False] and len(rewards[True]) == 2
+        check = subprocess.run(
+            [sys.executable, "-m", "cli.main", "replay", str(run), "--check"], capture_output=True, text=True, cwd=ROOT
+        )
+        assert check.returncode == 0, check.stdout + check.stderr  # message ids of forked actors stay apart
+    assert rewards[True] == rewards[False] and len(rewards[True]) == 6

@@ -139,13 +139,28 @@ class Phase(DocEnum):
     DONE = "done", "the run is over"
 
 
+def _id_prefix() -> str:
+    return f"{os.getpid():x}.{secrets.token_hex(3)}"  # pids repeat across hosts and containers
+
+
 _counter = itertools.count()
-_PREFIX = f"{os.getpid():x}.{secrets.token_hex(3)}"  # pids repeat across hosts and containers
+_PREFIX = _id_prefix()
+
+
+def _reset_ids() -> None:
+    """A forked process (`up`'s fork server forks every actor) draws its own prefix: else every
+    actor forked from one parent would number its messages alike."""
+    global _counter, _PREFIX
+    _counter, _PREFIX = itertools.count(), _id_prefix()
+
+
+os.register_at_fork(after_in_child=_reset_ids)
 
 
 def new_id() -> str:
     """A message id unique across processes, also on other hosts and in containers, where pids repeat
-    (pid + 24 random bits + counter): replies and `prl-actors replay` match ids across actors."""
+    (pid + 24 random bits + counter, a fresh prefix in a forked child): replies and `prl-actors
+    replay` match ids across actors."""
     return f"{_PREFIX}-{next(_counter)}"
 
 
