@@ -36,6 +36,7 @@ from prl_actors.replay.checks import run_checks
 from prl_actors.replay.coordinator_replay import CaptureLog
 from prl_actors.replay.staleness import histogram
 from tests.conftest import read_logs
+from tests.test_bounded_actors import run as run_cluster
 from tests.test_cores import coordinator, drive, inbound, m_inbound, open_epoch, sim_config_for_cores, worker
 
 # --- the rule -------------------------------------------------------------------------------------
@@ -308,17 +309,7 @@ def config(run_dir: Path, model: Path | None, k: int, threshold: float | None = 
 
 
 def run(cfg: Config, workers: int = 1) -> Path:
-    from prl_actors.process import LocalCluster
-
-    run_dir = Path(cfg.run.run_dir)
-    cluster = LocalCluster(cfg, workers=workers, log_dir=run_dir / "logs")
-    try:
-        assert cluster.wait(240), "the bounded run did not finish"
-    finally:
-        cluster.close()
-    if not (run_dir / "config.yaml").is_file():
-        (run_dir / "config.yaml").write_text(cfg.dump())
-    return run_dir
+    return run_cluster(cfg, workers)
 
 
 @pytest.fixture(scope="module")
