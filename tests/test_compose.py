@@ -275,4 +275,4 @@ def test_ctrl_c_stops_the_run_and_removes_the_containers(project: Project) -> No
     assert "SIGINT: stopping the run" in project.log.read_text()  # up --compose names the signal
     assert project.containers() == []
     done = [e for e in read_logs(project.copy_run_dir(name)) if e["event"] == "run_done"]
-    assert done and done[0]["reason"] == "stop requested: interrupted by user", done
+    assert done and done[0]["reason"] == "stop requested: SIGINT to prl-actors up --compose", done
