@@ -134,9 +134,10 @@ class RunSection(_Section):
     standby_core: bool = Field(
         False,
         description="Self-healing: keep a spare core (four processes, their imports done, nothing built, bound "
-        "or logged) that a core restart takes instead of starting new processes: the restart skips the "
-        "imports (~3 s on 2 busy cores; measured by `prl-actors bench --only heal`), at the memory of four idle "
-        "interpreters with torch imported (~0.3 GB each); a new spare starts after each restart.",
+        "or logged) that a core restart takes instead of starting new processes. With run.fork_server (the "
+        "default) new processes are forks that skip the imports too, and a spare saves little (recovery 0.8 vs "
+        "0.9 s, `prl-actors bench --only heal`); without it a spare skips ~3 s of imports on 2 busy cores. It "
+        "costs four idle processes with torch imported (~0.3 GB each); a new spare starts after each restart.",
     )
     fork_server: bool = Field(
         True,
