@@ -46,7 +46,6 @@ import contextlib
 import json
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,6 +67,7 @@ from prl_actors.supervisor import (
     Supervisor,
     restart_delay,
     spawn,
+    start_process,
     stop_children,
     wait_exit,
 )
@@ -75,7 +75,7 @@ from prl_actors.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-e
 from prl_actors.supervisor import Child as Child
 from prl_actors.supervisor import RunFailed as RunFailed
 from prl_actors.threads import LOCAL_WORKERS_ENV
-from prl_actors.transport.auth import KeyStore, create_keys
+from prl_actors.transport.auth import KeyStore, ensure_key
 from prl_actors.wiring import Member, core_names, members
 from prl_actors.zygote import Zygote, ZygoteError
 
@@ -111,8 +111,7 @@ class Launcher:
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
         self.last_note = time.monotonic()
-        self.zygote = zygote  # run.fork_server: forks the actors, imported once (`up` starts it early)
-        self.own_zygote = False  # this launcher started it (and closes it)
+        self.zygote = zygote  # run.fork_server: forks the actors, imported once (`up` starts and closes it)
 
     # --- the run -----------------------------------------------------------------------------
 
@@ -121,8 +120,6 @@ class Launcher:
         follower = self._trackers()
         with self.sup.signals.installed():
             try:
-                if self.cfg.run.fork_server and self.zygote is None:
-                    self.zygote, self.own_zygote = Zygote(), True  # the first fork waits for its imports
                 self._start()
                 self._spawn_spares()
                 self._supervise()
@@ -138,8 +135,6 @@ class Launcher:
             finally:
                 self._drop_spares()
                 self.sup.reap()
-                if self.zygote is not None and self.own_zygote:
-                    self.zygote.close()
                 if follower is not None:
                     follower.stop()
 
@@ -347,13 +342,12 @@ class Launcher:
             except ZygoteError as exc:
                 console(f"up: the fork server failed ({exc}); starting actors as new processes")
                 self.zygote = None  # whoever started it closes it
-        return subprocess.Popen(argv, env=variables, start_new_session=True)
+        return start_process(argv, variables)
 
     def _add_worker(self, restarts: int = 0) -> str:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
-        if self.cfg.authenticated():  # its own key: no other worker can speak as it
-            create_keys(self.cfg.keys_path(), [name])
+        ensure_key(name, self.cfg)  # its own key: no other worker can speak as it
         self._spawn(name, restarts)
         return name
 

@@ -22,8 +22,8 @@ from prl_actors.supervisor import STOP_SIGNALS
 from prl_actors.supervisor import SUPERVISOR_ENV as SUPERVISOR_ENV  # set by `up` for the actors it starts
 from prl_actors.threads import LOCAL_WORKERS_ENV as LOCAL_WORKERS_ENV  # set by `up` for its local actors
 from prl_actors.threads import limit_actor_threads
-from prl_actors.topology import ensure_key, role_of, start_actor
-from prl_actors.transport.auth import KeysError, close_context, create_keys, run_key_names
+from prl_actors.topology import role_of, start_actor
+from prl_actors.transport.auth import KeysError, close_context, create_keys, ensure_key, run_key_names
 
 
 class ActorFailed(Exception):

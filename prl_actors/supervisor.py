@@ -64,7 +64,7 @@ class Proc(Protocol):
 
 
 Forker = Callable[[list[str], dict[str, str]], Proc]
-"""Starts argv (`prl-actors` arguments) with exactly that environment, in its own process group."""
+"""Starts the command line argv with exactly that environment, in its own process group."""
 
 
 @dataclass
@@ -121,9 +121,27 @@ def spawn(
     variables = {**os.environ, SUPERVISOR_ENV: str(os.getpid()), **(env or {})}
     if fork is not None:
         return Child(name, fork(argv, variables), log_from, restarts)
+    return Child(name, start_process(argv, variables, own_group, output), log_from, restarts, own_group=own_group)
+
+
+def start_process(
+    argv: list[str], variables: dict[str, str], own_group: bool = True, output: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
+    """A new process running argv with exactly `variables` as its environment; `own_group`: in a new
+    session (its own process group); `output`: where its stdout and stderr go (None: ours)."""
     stderr = subprocess.STDOUT if output is not None else None
-    proc = subprocess.Popen(argv, env=variables, start_new_session=own_group, stdout=output, stderr=stderr)
-    return Child(name, proc, log_from, restarts, own_group=own_group)
+    return subprocess.Popen(argv, env=variables, start_new_session=own_group, stdout=output, stderr=stderr)
+
+
+def pid_exists(pid: int) -> bool:
+    """Is there a process `pid` (one we may not signal counts: it exists)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def restart_delay(restarts: int) -> float:

@@ -34,7 +34,7 @@ from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import BINDING_ROLES, role_prefix
 from prl_actors.rundir import RunDir
 from prl_actors.threads import local_workers, set_torch_threads, threads_for
-from prl_actors.transport.auth import KeyStore, Security, create_keys
+from prl_actors.transport.auth import KeyStore, Security
 from prl_actors.transport.port import ROUTER, Limits
 
 PEERS = {
@@ -192,13 +192,6 @@ def _make_engine(cfg: Config):  # type: ignore[no-untyped-def]
     from prl_actors.engines.registry import make_engine
 
     return make_engine(cfg, model_dir(cfg))
-
-
-def ensure_key(name: str, cfg: Config) -> None:
-    """Give `name` its own key before it starts (a worker `up` or LocalCluster starts), so that it is
-    the only holder of its name: the servers admit it at its first handshake (auth.KeyStore)."""
-    if cfg.authenticated():
-        create_keys(cfg.keys_path(), [name])
 
 
 def socket_limits(role: str, cfg: Config) -> Limits:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from prl_actors.files import write_private
 from prl_actors.protocol.messages import WeightsBegin
+from prl_actors.supervisor import pid_exists
 
 SHM_ROOT = Path("/dev/shm")
 TOKEN_CHARS = 64
@@ -180,13 +181,7 @@ def _dead(owner_id: str) -> bool:
     namespace, pid = owner_id.rsplit(" ", 1)
     if namespace != os.readlink("/proc/self/ns/pid"):
         return False  # another container's: not ours to judge
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not pid_exists(int(pid))
 
 
 class ShmReader:

@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Any
 
+from prl_actors.supervisor import SUPERVISOR_ENV, pid_exists
+
 PRELOAD = ("prl_actors.process", "prl_actors.topology", "cli.main")
 """What the server imports once: the CLI, the actor runtime and every actor with its model code."""
 ENTRY = "cli.main"  # the module whose main() a forked child runs, as `python -m cli.main` would
@@ -53,9 +55,9 @@ class Zygote:
     """The running fork server, seen from `up`: `spawn` forks an actor, a reader thread collects
     the children's exit codes."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self) -> None:
         ours, theirs = socket.socketpair()
-        variables = {**os.environ, **(env or {}), FD_ENV: str(theirs.fileno())}
+        variables = {**os.environ, FD_ENV: str(theirs.fileno())}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prl_actors.zygote"],
             env=variables,
@@ -107,9 +109,9 @@ class Zygote:
         return ForkedProc(int(answer["pid"]), self)
 
     def close(self) -> None:
-        """Stop the server (its children are supervised, and stopped, by `up` itself); at once while
-        it is still importing (a run refused before its first actor)."""
-        if not self.ready.is_set() and not self.spawned and self.next_id == 0:
+        """Stop the server (its children are supervised, and stopped, by `up` itself); at once when
+        it never forked (a run refused before its first actor: it may still be importing)."""
+        if self.next_id == 0:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         with contextlib.suppress(OSError):
@@ -152,7 +154,7 @@ class ForkedProc:
     def poll(self) -> int | None:
         if self.returncode is None:
             code = self.zygote.exits.get(self.pid)
-            if code is None and not self.zygote.alive() and not _exists(self.pid):
+            if code is None and not self.zygote.alive() and not pid_exists(self.pid):
                 code = LOST_CODE
             self.returncode = code
         return self.returncode
@@ -169,22 +171,6 @@ class ForkedProc:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- the server -------------------------------------------------------------------------------------
@@ -257,8 +243,6 @@ def _child(sock: socket.socket, request: dict[str, Any], started: int) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from prl_actors.supervisor import SUPERVISOR_ENV
-
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ[SUPERVISOR_ENV] = str(os.getppid())
@@ -281,10 +265,8 @@ def _child(sock: socket.socket, request: dict[str, Any], started: int) -> None:
 
 def _reseed() -> None:
     """A fork shares its parent's random state: each child draws fresh seeds, as a new interpreter
-    would (run seeds that the config sets are applied later, by the actor itself)."""
-    import random
-
-    random.seed()
+    would (run seeds that the config sets are applied later, by the actor itself). Python's `random`
+    reseeds itself after a fork; numpy's global generator does not."""
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.auth
@@ -39,6 +40,9 @@ from zmq.utils import z85
 
 from prl_actors.files import write_private
 from prl_actors.protocol.messages import Role, role_prefix
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 PUBLIC, SECRET = ".key", ".key_secret"
 ZAP_DOMAIN = "prl-actors"
@@ -97,6 +101,13 @@ def create_keys(directory: Path, names: Iterable[str], overwrite: bool = False) 
         _write_private(directory / f"{name}{PUBLIC}", _cert(public, None))
         made.append(name)
     return made
+
+
+def ensure_key(name: str, cfg: Config) -> None:
+    """Give `name` its own key before it starts (a worker `up` or LocalCluster starts), so that it is
+    the only holder of its name: the servers admit it at its first handshake (KeyStore)."""
+    if cfg.authenticated():
+        create_keys(cfg.keys_path(), [name])
 
 
 # roles with many members: their role key (`worker`) may speak as every member (worker-0, worker-1 ...)
