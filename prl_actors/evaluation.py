@@ -25,6 +25,7 @@ import numpy as np
 
 from prl_actors.protocol.messages import EVAL_ID_BASE as EVAL_ID_BASE  # eval prompt ids in the engine
 from prl_actors.protocol.messages import EvalGroup, Prompt
+from prl_actors.rundir import EVAL, eval_path
 
 PASS_REWARD = 1.0  # a sample "passes" when its reward reaches this (the built-in tasks' exact match)
 
@@ -105,12 +106,12 @@ def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, s
 
 def done_epochs(run_dir: Path | str) -> set[int]:
     """Epochs with a finished evaluation in RUN_DIR/eval/ (resume skips them)."""
-    d = Path(run_dir) / "eval"
+    d = Path(run_dir) / EVAL
     if not d.is_dir():
         return set()
     return {int(p.stem.split("-", 1)[1]) for p in d.glob("epoch-*.jsonl") if p.stem.split("-", 1)[1].isdigit()}
 
 
 def read_eval(run_dir: Path | str, epoch: int) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "eval" / f"epoch-{epoch}.jsonl"
+    path = eval_path(run_dir, epoch)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

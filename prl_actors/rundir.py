@@ -249,15 +249,19 @@ class RunDir:
         return None
 
 
+def eval_path(run_dir: Path | str, epoch: int) -> Path:
+    """RUN_DIR/eval/epoch-N.jsonl: the evaluation of the weights at epoch N."""
+    return Path(run_dir) / EVAL / f"epoch-{epoch}.jsonl"
+
+
 def write_eval(
     run_dir: Path | str, epoch: int, version: int, groups: Sequence[EvalGroup], summary: Mapping[str, Any]
 ) -> Path:
     """RUN_DIR/eval/epoch-N.jsonl: one line per prompt (prompt, answer, completions, rewards), written
     whole then renamed (a file that exists is complete). `prompt_id` is the prompt's index in the eval
     set (prl_actors/evaluation.py)."""
-    d = Path(run_dir) / EVAL
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"epoch-{epoch}.jsonl"
+    path = eval_path(run_dir, epoch)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         for g in sorted(groups, key=lambda g: g.prompt_id):
