@@ -213,18 +213,35 @@ def _envs(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
+def _bar_pairs(
+    ax: Any,
+    ticks: list[str],
+    left: tuple[str, list[float]],
+    right: tuple[str, list[float]],
+    left_color: str | None = None,
+    tick_size: float | None = None,
+) -> None:
+    """Two bars per tick, `left` and `right` ((legend label, values) each), the ticks named below."""
+    xs = range(len(ticks))
+    ax.bar([x - 0.2 for x in xs], left[1], 0.4, label=left[0], **({"color": left_color} if left_color else {}))
+    ax.bar([x + 0.2 for x in xs], right[1], 0.4, label=right[0])
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(ticks, **({"fontsize": tick_size} if tick_size else {}))
+    ax.legend(fontsize=8)
+
+
 def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """Each case's epoch time next to world size 1's epochs it was paired with."""
     table = entries[0]["raw"]["table"]
     fig, ax = plt.subplots(figsize=(7, 4))
-    xs = range(len(table))
-    ax.bar([x - 0.2 for x in xs], [r["one_s"] for r in table], 0.4, label="1 process, 1 thread (paired)")
-    ax.bar([x + 0.2 for x in xs], [r["epoch_s"] for r in table], 0.4, label="the case")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['strategy']} x{r['world_size']}, {r['threads']} thr" for r in table])
+    _bar_pairs(
+        ax,
+        [f"{r['strategy']} x{r['world_size']}, {r['threads']} thr" for r in table],
+        ("1 process, 1 thread (paired)", [r["one_s"] for r in table]),
+        ("the case", [r["epoch_s"] for r in table]),
+    )
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("Trainer epoch vs world size (gloo, CPU)")
-    ax.legend(fontsize=8)
     return fig
 
 
@@ -255,13 +272,15 @@ def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
 def _multiturn(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """Episodes/s of sync and periodic at each tool latency, side by side."""
     rows = sorted((e["raw"] for e in entries), key=lambda r: r["tool_latency_ms"])
-    xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([x - 0.2 for x in xs], [r["sync_episodes_per_s"] for r in rows], 0.4, color="grey", label="sync")
-    ax.bar([x + 0.2 for x in xs], [r["periodic_episodes_per_s"] for r in rows], 0.4, label="periodic")
-    ax.set_xticks(list(xs), [f"{r['tool_latency_ms']} ms" for r in rows])
+    _bar_pairs(
+        ax,
+        [f"{r['tool_latency_ms']} ms" for r in rows],
+        ("sync", [r["sync_episodes_per_s"] for r in rows]),
+        ("periodic", [r["periodic_episodes_per_s"] for r in rows]),
+        left_color="grey",
+    )
     ax.set(xlabel="tool latency per environment step", ylabel="episodes/s", title="Multi-turn episodes")
-    ax.legend(fontsize=8)
     return fig
 
 
@@ -302,14 +321,15 @@ def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """Epoch seconds by case (shape, M): periodic next to sync."""
     rows = [e["raw"] for e in entries]
     fig, ax = plt.subplots(figsize=(8, 4))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["periodic_epoch_s"] for r in rows], 0.4, label="periodic")
-    ax.bar([x + 0.2 for x in xs], [r["sync_epoch_s"] for r in rows], 0.4, label="sync")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['shape']} M={r['M']}" for r in rows], fontsize=8)
+    _bar_pairs(
+        ax,
+        [f"{r['shape']} M={r['M']}" for r in rows],
+        ("periodic", [r["periodic_epoch_s"] for r in rows]),
+        ("sync", [r["sync_epoch_s"] for r in rows]),
+        tick_size=8,
+    )
     ax.set_ylabel("seconds per epoch (median)")
     ax.set_title("M minibatch steps per epoch: periodic vs sync")
-    ax.legend(fontsize=8)
     return fig
 
 
@@ -317,15 +337,16 @@ def _burst_batching(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-d
     """CPU seconds per shape: the burst trained knowing it is generated next to its first group alone."""
     rows = [e["raw"] for e in entries]
     fig, ax = plt.subplots(figsize=(7, 4))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["together_cpu_s"] for r in rows], 0.4, label="generated: together")
-    ax.bar([x + 0.2 for x in xs], [r["first_alone_cpu_s"] for r in rows], 0.4, label="first group alone")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([r["shape"] for r in rows], fontsize=8)
+    _bar_pairs(
+        ax,
+        [r["shape"] for r in rows],
+        ("generated: together", [r["together_cpu_s"] for r in rows]),
+        ("first group alone", [r["first_alone_cpu_s"] for r in rows]),
+        tick_size=8,
+    )
     ax.set_yscale("log")
     ax.set_ylabel("CPU seconds, one thread (median)")
     ax.set_title("A 16-group burst: train_group.generated vs not")
-    ax.legend(fontsize=8)
     return fig
 
 
