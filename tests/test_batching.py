@@ -103,3 +103,64 @@ def test_draw_follows_the_tempered_nucleus() -> None:
     got = torch.bincount(token, minlength=5).double() / len(token)
     assert torch.allclose(got, want.double(), atol=0.01), (got, want)
     assert got[~kept].sum() == 0
+
+
+def test_done_rows_leave_the_batch_before_their_group_and_change_no_sample(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prl_actors.engines import batching
+
+    def run() -> tuple[dict[int, list[tuple[list[int], list[float]]]], int]:
+        e = engine(model_dir, 1000)
+        e.batch.max_new_tokens = 24
+        e.admit(prompts(TEXTS), 8)
+        out, early = [], 0
+        while e.busy:
+            out += e.step()
+            in_groups = sum(len(g.rows) for g in e.batch.groups)
+            early = max(early, in_groups - e.batch.running_rows)  # rows gone before their group ended
+        return samples(out), early
+
+    left, early = run()
+    monkeypatch.setattr(batching, "COMPACT", 0)  # done rows stay until their group ends (the old way)
+    stayed, never = run()
+    assert early > 0 and never == 0
+    assert {g: [t for t, _ in rows] for g, rows in left.items()} == {
+        g: [t for t, _ in rows] for g, rows in stayed.items()
+    }
+    diff = max(
+        abs(a - b)
+        for g in left
+        for (_, la), (_, lb) in zip(left[g], stayed[g], strict=True)
+        for a, b in zip(la, lb, strict=True)
+    )
+    assert diff < 1e-4
+
+
+def test_the_growing_cache_holds_what_concatenation_would_without_copying_each_step() -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    from prl_actors.engines.batching import GrowingLayer
+
+    torch.manual_seed(0)
+    plain, grown = DynamicLayer(), GrowingLayer()
+
+    def both(k: torch.Tensor, v: torch.Tensor) -> None:
+        a, b = plain.update(k, v), grown.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    both(torch.randn(4, 2, 5, 3), torch.randn(4, 2, 5, 3))  # a prefill
+    both(torch.randn(4, 2, 1, 3), torch.randn(4, 2, 1, 3))  # the first decode moves it into a buffer
+    where = grown.keys.data_ptr()
+    for _ in range(40):  # decode steps inside the room: written in place, nothing copied
+        both(torch.randn(4, 2, 1, 3), torch.randn(4, 2, 1, 3))
+        assert grown.keys.data_ptr() == where
+    index = torch.tensor([3, 1])
+    plain.batch_select_indices(index)
+    grown.batch_select_indices(index)
+    both(torch.randn(2, 2, 1, 3), torch.randn(2, 2, 1, 3))
+    for layer in (plain, grown):  # replaced from outside (RunningBatch crops left padding): noticed
+        layer.keys, layer.values = layer.keys[:, :, 4:], layer.values[:, :, 4:]
+    for _ in range(80):  # past the room: the buffer grows
+        both(torch.randn(2, 2, 1, 3), torch.randn(2, 2, 1, 3))
+    assert grown.keys.shape == plain.keys.shape == (2, 2, 5 + 41 + 1 - 4 + 80, 3)

@@ -31,10 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from prl_actors.engines.sampling import left_pad
 from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_logprobs, context_matrix, shaped_logits
 
+COMPACT = 8
+"""Done rows leave the running batch once they are at least 1/COMPACT of it (RunningBatch._finish)."""
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -165,6 +168,7 @@ class RunningBatch:
         """Drop every group (running and pending); returns their ids."""
         dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]
         self.pending.clear()
+        self.groups = []
         self._select([])
         return dropped
 
@@ -205,7 +209,7 @@ class RunningBatch:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [k, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         sizes = torch.tensor([g.size for g in new], device=self.device)
-        cache = out.past_key_values
+        cache = _growing(out.past_key_values)
         if any(g.size != new[0].size for g in new):
             cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(new), device=self.device), sizes))
         else:
@@ -274,20 +278,28 @@ class RunningBatch:
     # --- leaving ---------------------------------------------------------------------------------
 
     def _finish(self) -> list[Finished]:
+        """Hand back every group whose rows are all done, and drop done rows from the batch.
+
+        A row leaves the batch once its answer ended, not when its group does: a group ends with its
+        longest answer (with long-tailed lengths often the cap), and a row that kept decoding after
+        its eos until then would cost attention and matmuls for nothing (at the chat shape ~2/3 of
+        the row-steps). Dropping rows copies the cache once, so it waits until at least 1/COMPACT of
+        the batch is done (or the batch is all done)."""
         done = [g for g in self.groups if all(self._row_done(r) for r in g.rows)]
-        if not done:
-            return []
+        if done:
+            gone = {id(g) for g in done}
+            self.groups = [g for g in self.groups if id(g) not in gone]
+        dead = [i for i, r in enumerate(self.rows) if self._row_done(r)]
+        if dead and (len(dead) * COMPACT >= len(self.rows) or not self.groups):
+            dropped = set(dead)
+            self._select([i for i in range(len(self.rows)) if i not in dropped])
         now = time.monotonic()
-        gone = {id(r) for g in done for r in g.rows}
-        keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
-        self.groups = [g for g in self.groups if not all(id(r) in gone for r in g.rows)]
-        self._select(keep)
         return [Finished(g.group_id, g.prompt_ids, g.tag, g.rows, now - g.t_admit) for g in done]
 
     def _select(self, keep: list[int]) -> None:
         """Keep only batch rows `keep`, and drop the left padding nobody needs any more."""
         if not keep:
-            self.cache, self.rows, self.groups = None, [], []
+            self.cache, self.rows = None, []
             self.mask = self.mask[:0, :0]
             self.pos = self.pos[:0]
             return
@@ -300,6 +312,74 @@ class RunningBatch:
             self.mask = self.mask[:, first:]
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer whose keys/values are a prefix view of a buffer with room to spare.
+
+    Hugging Face's DynamicLayer concatenates the whole cache with each new token, so a decode step
+    copies every cached key and value: O(T) per step, O(T^2) per answer. That copying was 61% of the
+    engine's CPU time at the chat shape (BENCHMARKS §11). Here a step writes its token into the spare
+    room; the buffer grows by a quarter (at least 64 positions) when full. Anything that replaces
+    `keys`/`values` from outside (the batch selection, merge and crop of RunningBatch) is noticed by
+    identity and re-buffered at the next update, so those paths stay plain tensor code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+        self._view_k: torch.Tensor | None = None  # the views last handed out (replaced from outside: re-buffer)
+        self._view_v: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, layer: DynamicLayer) -> GrowingLayer:
+        grown = cls()
+        grown.__dict__.update(
+            {k: v for k, v in layer.__dict__.items() if not k.startswith(("_kbuf", "_vbuf", "_view"))}
+        )
+        return grown
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not self.is_initialized or self.keys is None or self.keys.numel() == 0:
+            return super().update(key_states, value_states, *args, **kwargs)
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        kbuf, vbuf = self._kbuf, self._vbuf
+        mine = self._view_k is self.keys and self._view_v is self.values
+        if kbuf is None or vbuf is None or not mine or n + m > kbuf.shape[-2]:
+            room = n + m + max(64, (n + m) // 4)
+            kbuf, vbuf = _with_room(self.keys, room), _with_room(self.values, room)
+            self._kbuf, self._vbuf = kbuf, vbuf
+        kbuf[:, :, n : n + m] = key_states
+        vbuf[:, :, n : n + m] = value_states
+        self.keys, self.values = kbuf[:, :, : n + m], vbuf[:, :, : n + m]
+        self._view_k, self._view_v = self.keys, self.values
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows `indices`, with their spare room (one copy, none again at the next update)."""
+        if self._kbuf is None or self._vbuf is None or self._view_k is not self.keys or self._view_v is not self.values:
+            super().batch_select_indices(indices)
+            return
+        n = self.keys.shape[-2]
+        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self.keys, self.values = self._kbuf[:, :, :n], self._vbuf[:, :, :n]
+        self._view_k, self._view_v = self.keys, self.values
+
+
+def _with_room(t: torch.Tensor, room: int) -> torch.Tensor:
+    """[B, H, T, D] -> a new [B, H, room, D] buffer holding t in its first T positions."""
+    buf = t.new_empty(t.shape[0], t.shape[1], room, t.shape[3])
+    buf[:, :, : t.shape[2]] = t
+    return buf
+
+
+def _growing(cache: Any) -> Any:
+    """The cache with each plain full-attention layer made a GrowingLayer (other layer types, e.g.
+    sliding windows, stay as the model made them)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        cache.layers = [GrowingLayer.of(x) if type(x) is DynamicLayer else x for x in layers]
+    return cache
 
 
 def _sliding_window(model: torch.nn.Module) -> int | None:
