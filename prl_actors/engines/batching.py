@@ -340,14 +340,15 @@ class GrowingLayer(DynamicLayer):
         return grown
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not self.is_initialized or self.keys is None or self.keys.numel() == 0:
+        keys, values = self.keys, self.values
+        if not self.is_initialized or keys is None or values is None or keys.numel() == 0:
             return super().update(key_states, value_states, *args, **kwargs)
-        n, m = self.keys.shape[-2], key_states.shape[-2]
+        n, m = keys.shape[-2], key_states.shape[-2]
         kbuf, vbuf = self._kbuf, self._vbuf
-        mine = self._view_k is self.keys and self._view_v is self.values
+        mine = self._view_k is keys and self._view_v is values
         if kbuf is None or vbuf is None or not mine or n + m > kbuf.shape[-2]:
             room = n + m + max(64, (n + m) // 4)
-            kbuf, vbuf = _with_room(self.keys, room), _with_room(self.values, room)
+            kbuf, vbuf = _with_room(keys, room), _with_room(values, room)
             self._kbuf, self._vbuf = kbuf, vbuf
         kbuf[:, :, n : n + m] = key_states
         vbuf[:, :, n : n + m] = value_states
@@ -357,10 +358,17 @@ class GrowingLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows `indices`, with their spare room (one copy, none again at the next update)."""
-        if self._kbuf is None or self._vbuf is None or self._view_k is not self.keys or self._view_v is not self.values:
+        keys = self.keys
+        if (
+            self._kbuf is None
+            or self._vbuf is None
+            or keys is None
+            or self._view_k is not keys
+            or self._view_v is not self.values
+        ):
             super().batch_select_indices(indices)
             return
-        n = self.keys.shape[-2]
+        n = keys.shape[-2]
         self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
         self.keys, self.values = self._kbuf[:, :, :n], self._vbuf[:, :, :n]
         self._view_k, self._view_v = self.keys, self.values
