@@ -60,12 +60,23 @@ def test_blocks_cover_every_token_once_within_the_slack() -> None:
     prompts, responses = [len(p) for p, _ in GROUPS], [[len(r) for r in rs] for _, rs in GROUPS]
     blocks = build_blocks(prompts, responses)
     n = sum(prompts) + sum(map(sum, responses))
-    rows = torch.cat([b.flatten() for b in blocks.buckets])  # flat position held by each bucket slot
+    rows = torch.cat([b.queries.flatten() for b in blocks.buckets])  # flat position held by each query slot
     assert torch.equal(rows[blocks.back], torch.arange(n))  # every token reads back its own slot
     assert blocks.back.unique().numel() == n  # ... and no two tokens the same one
+    assert sum(b.mask is None for b in blocks.buckets) >= 1  # the prompts: square causal rows, no mask
     for b in blocks.buckets:
-        real = int((b != 0).sum()) + int((b[:, 0] == 0).sum())  # position 0 only opens a row
-        assert b.numel() <= BUCKET_SLACK * real or b.shape[0] == 1
+        if b.mask is None:
+            assert torch.equal(b.queries, b.keys)
+            continue
+        # a response row's queries are the last of its keys, and query i sees the keys up to its own
+        lq = (b.queries != 0).sum(1)
+        lk = (b.keys != 0).sum(1) + (b.keys[:, 0] == 0)  # position 0 only opens a row
+        real = int((lq * lk).sum())
+        assert b.queries.numel() * b.keys.shape[1] <= BUCKET_SLACK * real or b.queries.shape[0] == 1
+        for i in range(b.queries.shape[0]):
+            q, k = int(lq[i]), int(lk[i])
+            assert torch.equal(b.queries[i, :q], b.keys[i, k - q : k])
+            assert b.mask[i, 0, :q, :].sum(1).tolist() == list(range(k - q + 1, k + 1))
 
 
 def test_blocks_equal_the_dense_packed_row_and_unpacked(model_dir: Path) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -40,15 +41,29 @@ BUCKET_SLACK = 1.1
 
 
 @dataclass
+class Bucket:
+    """Rows of equal padded shape. A row's queries are the last n of its keys: a prompt row is [p_g]
+    attending to itself (square, causal); a response row's queries are r_s and its keys [p_g | r_s],
+    query i seeing keys up to |p_g| + i (causal aligned at the bottom right).
+
+    queries: [rows, Lq] and keys: [rows, Lk] flat positions (padding: 0); mask: [rows, 1, Lq, Lk] bool,
+    or None for square causal rows (plain `is_causal`, no mask)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    mask: torch.Tensor | None
+
+    def to(self, device: torch.device | str) -> Bucket:
+        mask = None if self.mask is None else self.mask.to(device)
+        return Bucket(self.queries.to(device), self.keys.to(device), mask)
+
+
+@dataclass
 class Blocks:
-    """The rows [p_g | r_s] of a flat packed row, bucketed (all index tensors into the flat row).
+    """The rows of a flat packed row, bucketed; back: [N] for each flat position, where its attention
+    output is read back from in cat(bucket outputs, each flattened to [rows * Lq])."""
 
-    buckets: per bucket, [rows, T_bucket] flat positions of each row's tokens (padding: 0);
-    back: [N] for each flat position, where its attention output is read back from in
-    cat(bucket outputs, each flattened to [rows * T_bucket]).
-    """
-
-    buckets: list[torch.Tensor]
+    buckets: list[Bucket]
     back: torch.Tensor
 
     def to(self, device: torch.device | str) -> Blocks:
@@ -56,42 +71,56 @@ class Blocks:
 
 
 def build_blocks(prompt_lens: list[int], response_lens: list[list[int]]) -> Blocks:
-    """The Blocks of groups laid out back to back as [p | r_1 | ... | r_G] (lengths only)."""
-    rows: list[tuple[list[int], int]] = []  # per row [p_g | r_s]: flat positions, first position read back
+    """The Blocks of groups laid out back to back as [p | r_1 | ... | r_G] (lengths only): one prompt
+    row per group, one response row per non-empty sample."""
+    prompts: list[tuple[list[int], int]] = []  # (key positions, queries: the last n of them)
+    responses: list[tuple[list[int], int]] = []
     start = 0
     for p, ls in zip(prompt_lens, response_lens, strict=True):
         prompt = list(range(start, start + p))
+        prompts.append((prompt, p))
         start += p
-        for i, n in enumerate(ls or [0]):  # a group without samples still gets its prompt row
-            rows.append((prompt + list(range(start, start + n)), 0 if i == 0 else p))  # the first row owns p
+        for n in ls:
+            if n:
+                responses.append((prompt + list(range(start, start + n)), n))
             start += n
     back = torch.zeros(start, dtype=torch.long)  # [N]
-    buckets, base = [], 0
-    order = sorted(range(len(rows)), key=lambda r: len(rows[r][0]))
-    for members in _buckets(order, [len(rows[r][0]) for r in order]):
-        width = len(rows[members[-1]][0])
-        index = torch.zeros((len(members), width), dtype=torch.long)  # [rows, T_bucket]
-        for i, r in enumerate(members):
-            positions, first = torch.tensor(rows[r][0], dtype=torch.long), rows[r][1]
-            index[i, : positions.numel()] = positions
-            back[positions[first:]] = base + i * width + torch.arange(first, positions.numel())
-        buckets.append(index)
-        base += index.numel()
+    buckets: list[Bucket] = []
+    base = 0
+    for rows, square in ((prompts, True), (responses, False)):
+        order = sorted(range(len(rows)), key=lambda r: (len(rows[r][0]), rows[r][1]))
+        for members in _buckets([(rows[r][1], len(rows[r][0])) for r in order]):
+            chosen = [rows[order[m]] for m in members]
+            lq, lk = max(n for _, n in chosen), max(len(k) for k, _ in chosen)
+            queries = torch.zeros((len(chosen), lq), dtype=torch.long)  # [rows, Lq]
+            keys = torch.zeros((len(chosen), lk), dtype=torch.long)  # [rows, Lk]
+            offsets = torch.zeros(len(chosen), dtype=torch.long)  # keys before a row's first query
+            for i, (k, n) in enumerate(chosen):
+                keys[i, : len(k)] = torch.tensor(k, dtype=torch.long)
+                queries[i, :n] = keys[i, len(k) - n : len(k)]
+                offsets[i] = len(k) - n
+                back[queries[i, :n]] = base + i * lq + torch.arange(n)
+            mask = None
+            if not square:  # query i sees keys j <= offset + i (padded queries see key 0 at least; unread)
+                mask = torch.arange(lk)[None, None, :] <= offsets[:, None, None] + torch.arange(lq)[None, :, None]
+                mask = mask[:, None]  # [rows, 1, Lq, Lk]
+            buckets.append(Bucket(queries, keys, mask))
+            base += queries.numel()
     return Blocks(buckets, back)
 
 
-def _buckets(order: list[int], lengths: list[int]) -> list[list[int]]:
-    """Split rows sorted by length (`lengths` ascending) into runs whose padded area (rows x the
-    longest) stays <= BUCKET_SLACK x their real tokens."""
+def _buckets(shapes: list[tuple[int, int]]) -> list[list[int]]:
+    """Split rows (their (Lq, Lk), sorted by Lk ascending) into runs whose padded area (rows x the
+    largest Lq x the largest Lk) stays <= BUCKET_SLACK x their real area. Returns indices into shapes."""
     out: list[list[int]] = []
-    real = 0
-    for r, n in zip(order, lengths, strict=True):
-        if out and (len(out[-1]) + 1) * n <= BUCKET_SLACK * (real + n):
+    real, widest = 0, 0
+    for r, (q, k) in enumerate(shapes):
+        if out and (len(out[-1]) + 1) * max(widest, q) * k <= BUCKET_SLACK * (real + q * k):
             out[-1].append(r)
-            real += n
+            real, widest = real + q * k, max(widest, q)
         else:
             out.append([r])
-            real = n
+            real, widest = q * k, q
     return out
 
 
@@ -137,10 +166,13 @@ def blocks_attention(
     if n_rep > 1:
         k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)  # [N, H, d]
     outs = []
-    for index in prl_blocks.buckets:  # [rows, T_bucket]
-        qb, kb, vb = (t[index].transpose(1, 2) for t in (q, k, v))  # [rows, H, T_bucket, d]
-        ob = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scaling)
-        outs.append(ob.transpose(1, 2).flatten(0, 1))  # [rows * T_bucket, H, d]
+    for b in prl_blocks.buckets:
+        kb, vb = (t[b.keys].transpose(1, 2) for t in (k, v))  # [rows, H, Lk, d]
+        if b.mask is None:  # square causal rows (the prompts)
+            ob = F.scaled_dot_product_attention(q[b.keys].transpose(1, 2), kb, vb, is_causal=True, scale=scaling)
+        else:
+            ob = F.scaled_dot_product_attention(q[b.queries].transpose(1, 2), kb, vb, attn_mask=b.mask, scale=scaling)
+        outs.append(ob.transpose(1, 2).flatten(0, 1))  # [rows * Lq, H, d]
     return torch.cat(outs)[prl_blocks.back][None], None  # [1, N, H, d]
 
 
