@@ -19,8 +19,11 @@ packed batch attend only to themselves, so no softmax row is empty (no NaN).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -237,10 +240,32 @@ def response_logits(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
         mask = dense
         if dense.dim() == 4:
             mask = with_sliding_window(model, dense.to(next(model.parameters()).dtype), batch.position_ids)
+    if batch.input_ids.shape[0] == 1 and _keeps_logits(model):
+        # one flat row: the LM head runs on the N predicting positions only, not on every prompt token
+        # (with a 150k vocabulary the head costs as much as several layers per token)
+        extra["logits_to_keep"] = batch.predict_index
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False, **extra
+        ).logits  # [1, N, V]
+        return logits[0]  # [N, V]
     logits = model(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False, **extra
     ).logits  # [B, T, V]
     return logits.flatten(0, 1)[batch.predict_index]  # [N, V]
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Does the model's forward take `logits_to_keep` (transformers' causal LMs; a PEFT wrapper passes
+    its keyword arguments through to the one it wraps)?"""
+    base = getattr(model, "get_base_model", None)
+    inner: Any = base() if callable(base) else model
+    cls: Any = type(inner)
+    return _forward_keeps_logits(cls)
+
+
+@functools.cache
+def _forward_keeps_logits(cls: Any) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def with_sliding_window(
