@@ -105,7 +105,7 @@ def test_draw_follows_the_tempered_nucleus() -> None:
     assert got[~kept].sum() == 0
 
 
-def test_done_rows_leave_the_batch_before_their_group_and_change_no_sample(
+def test_done_rows_leaving_early_and_the_in_place_cache_change_no_sample(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prl_actors.engines import batching
@@ -121,8 +121,10 @@ def test_done_rows_leave_the_batch_before_their_group_and_change_no_sample(
             early = max(early, in_groups - e.batch.running_rows)  # rows gone before their group ended
         return samples(out), early
 
+    monkeypatch.setattr(batching, "GROW_FROM", 0)  # and the in-place cache, whatever the length
     left, early = run()
     monkeypatch.setattr(batching, "COMPACT", 0)  # done rows stay until their group ends (the old way)
+    monkeypatch.setattr(batching, "GROW_FROM", 10**9)  # and the cache grows by concatenation
     stayed, never = run()
     assert early > 0 and never == 0
     assert {g: [t for t, _ in rows] for g, rows in left.items()} == {

@@ -38,6 +38,9 @@ from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_log
 
 COMPACT = 8
 """Done rows leave the running batch once they are at least 1/COMPACT of it (RunningBatch._finish)."""
+GROW_FROM = 64
+"""A prefill whose rows can reach this many positions gets an in-place cache (GrowingLayer); below it,
+concatenation costs less than the buffer's bookkeeping (demo shape: 12.7 vs 19.7 ms per epoch)."""
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -209,7 +212,9 @@ class RunningBatch:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [k, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         sizes = torch.tensor([g.size for g in new], device=self.device)
-        cache = _growing(out.past_key_values)
+        cache = out.past_key_values
+        if ids.shape[1] + self.max_new_tokens >= GROW_FROM:
+            cache = _growing(cache)
         if any(g.size != new[0].size for g in new):
             cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(new), device=self.device), sizes))
         else:
