@@ -36,6 +36,7 @@ from typing import Any
 from prl_bench.chat_shape import CHAT_MODELS, build_chat_model, chat_settings, measure_hf
 from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
 
+DDP2 = {"trainer.world_size": 2, "trainer.strategy": "ddp"}
 SHAPES = {  # name -> model settings
     "demo": {"model.hidden_size": 64, "model.layers": 2, "model.heads": 4, "model.warm_start_steps": 100},
     "h128-L4": {"model.hidden_size": 128, "model.layers": 4, "model.heads": 4, "model.warm_start_steps": 0},
@@ -190,9 +191,14 @@ def measure_loop(settings_: dict[str, Any], model_dir: Path, threads: int, iters
 
 
 def measure_actors(
-    ctx: BenchContext, shape: str, model_dir: Path, epochs: int, overrides_: dict[str, Any] | None = None
+    ctx: BenchContext,
+    shape: str,
+    model_dir: Path,
+    epochs: int,
+    overrides_: dict[str, Any] | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
-    run_dir = ctx.work_dir / f"up-{shape}"
+    run_dir = ctx.work_dir / f"up-{shape}{tag}"
     cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
     chosen = settings(ctx, shape) if overrides_ is None else overrides_
     overrides = {**chosen, "model.path": str(model_dir), "transport.base_port": free_port(5)}
@@ -374,6 +380,9 @@ def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
     hf_threads = cores if hf is hf_every else 1
     hf_gc = measure_hf(base, model_dir, hf_threads, iters, checkpointing=True)
     actors = measure_actors(ctx, shape, model_dir, ctx.size(6, 4, 2), chosen)
+    # the same run with the trainer as two torch.distributed ranks (ddp, gloo): the groups that arrive
+    # after generation are trained on both cores by two single-threaded processes, not two OpenMP threads
+    ranks = measure_actors(ctx, shape, model_dir, ctx.size(6, 4, 2), {**chosen, **DDP2}, tag="-ddp2")
     work = (one["gen_s"] + one["train_s"] + one["step_s"]) / cores
     e_star = max(work, min(one["gen_s"], every["gen_s"]) + min(one["step_s"], every["step_s"])) + actors["sync_s"]
     hf_best = min(hf["wall_s"], hf_gc["wall_s"])
@@ -394,6 +403,7 @@ def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
             "hf_gc_epoch_s": hf_gc["wall_s"],
             "hf_gc_train_s": hf_gc["train_s"] + hf_gc["step_s"],
             "prl_actors_epoch_s": actors["wall_s"],
+            "prl_actors_ddp2_epoch_s": ranks["wall_s"],
             "trainer_tokens_per_cpu_s": ours_tps,
             "hf_train_tokens_per_cpu_s": hf_tps,
             "hf_gc_train_tokens_per_s": hf_gc["tokens"] / hf_gc["train_s"],
@@ -416,10 +426,12 @@ def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
     vs_hf = hf_best / actors["wall_s"]
     vs_loop = loop["wall_s"] / actors["wall_s"]
     bound = loop["wall_s"] / e_star
+    ranks_vs_hf, ranks_vs_loop = hf_best / ranks["wall_s"], loop["wall_s"] / ranks["wall_s"]
     ctx.say(
         f"  e2e {shape}: HF loop {hf['wall_s']:.2f} s (checkpointing {hf_gc['wall_s']:.2f} s), loop "
         f"{loop['wall_s']:.2f} s, prl-actors {actors['wall_s']:.2f} s per step: {vs_hf:.2f}x HF, "
-        f"{vs_loop:.2f}x loop (bound {bound:.2f}x); trainer {ours_tps:.0f} vs HF {hf_tps:.0f} tokens/CPU-s"
+        f"{vs_loop:.2f}x loop (bound {bound:.2f}x); with 2 trainer ranks {ranks['wall_s']:.2f} s: "
+        f"{ranks_vs_hf:.2f}x HF, {ranks_vs_loop:.2f}x loop; trainer {ours_tps:.0f} vs HF {hf_tps:.0f} tokens/CPU-s"
     )
     return [
         Entry(
@@ -443,6 +455,17 @@ def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
             bound=bound,
             raw=raw,
             note=f"faster than the loop: {'yes' if vs_loop > 1 else 'no'}",
+        ),
+        Entry(
+            "e2e",
+            f"{shape}: prl-actors, 2 trainer ranks, vs plain HF loop",
+            "step time ratio, HF loop over periodic W=1 with trainer.world_size 2 (ddp)",
+            ranks_vs_hf,
+            "x",
+            ranks_vs_hf,
+            3.0,
+            raw=raw,
+            note=f"vs the single-process loop: {ranks_vs_loop:.2f}x",
         ),
         _trainer_vs_hf(shape, one, hf_one, raw),
     ]
