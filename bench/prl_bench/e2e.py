@@ -467,6 +467,18 @@ def run_chat_shape(ctx: BenchContext, shape: str, cores: int) -> list[Entry]:
             raw=raw,
             note=f"vs the single-process loop: {ranks_vs_loop:.2f}x",
         ),
+        Entry(
+            "e2e",
+            f"{shape}: prl-actors, 2 trainer ranks, vs single-process loop",
+            "step time ratio, periodic W=1 with trainer.world_size 2 (ddp) over the project's loop",
+            ranks_vs_loop,
+            "x",
+            ranks_vs_loop / bound if bound > 0 else float("nan"),
+            0.85,
+            bound=bound,
+            raw=raw,
+            note=f"faster than the loop: {'yes' if ranks_vs_loop > 1 else 'no'}",
+        ),
         _trainer_vs_hf(shape, one, hf_one, raw),
     ]
 
