@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from prl_actors.model import block_attention
 from prl_actors.model.block_attention import BUCKET_SLACK, NAME, build_blocks, dense_allowed, use_blocks
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tiny import FAMILIES
@@ -79,8 +80,13 @@ def test_blocks_cover_every_token_once_within_the_slack() -> None:
             assert b.mask[i, 0, :q, :].sum(1).tolist() == list(range(k - q + 1, k + 1))
 
 
-def test_blocks_equal_the_dense_packed_row_and_unpacked(model_dir: Path) -> None:
-    """float64: log-probs and gradients of every parameter equal the dense-mask packed path."""
+@pytest.mark.parametrize("mask_max", [block_attention.MASK_MAX, 0], ids=["response-queries", "whole-rows"])
+def test_blocks_equal_the_dense_packed_row_and_unpacked(
+    model_dir: Path, mask_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float64: log-probs and gradients of every parameter equal the dense-mask packed path (with
+    response rows querying only their own tokens, and as whole causal rows past MASK_MAX)."""
+    monkeypatch.setattr(block_attention, "MASK_MAX", mask_max)
     model = load_model(model_dir, dtype="float64")
     assert use_blocks(model) and model.config._attn_implementation == NAME
     logp_b, grad_b = weighted_backward(model, collate_blocks(GROUPS))

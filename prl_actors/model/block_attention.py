@@ -39,6 +39,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "prl_blocks"
 BUCKET_SLACK = 1.1
 """A bucket of rows grows while its padded area stays <= BUCKET_SLACK x its real tokens."""
+MASK_MAX = 1 << 26
+"""A response bucket whose mask would hold more elements than this (64 MB of bools: very long rows in
+one micro-batch) runs as whole causal rows [p_g | r_s] instead: no mask, the prompt's queries again."""
 
 
 @dataclass
@@ -48,7 +51,8 @@ class Bucket:
     query i seeing keys up to |p_g| + i (causal aligned at the bottom right).
 
     queries: [rows, Lq] and keys: [rows, Lk] flat positions (padding: 0); mask: [rows, 1, Lq, Lk] bool,
-    or None for square causal rows (plain `is_causal`, no mask)."""
+    or None for square causal rows (plain `is_causal`, no mask): the prompts, and response rows run as
+    whole rows [p_g | r_s] when their mask would exceed MASK_MAX (queries is keys then)."""
 
     queries: torch.Tensor
     keys: torch.Tensor
@@ -102,7 +106,11 @@ def build_blocks(prompt_lens: list[int], response_lens: list[list[int]]) -> Bloc
                 offsets[i] = len(k) - n
                 back[queries[i, :n]] = base + i * lq + torch.arange(n)
             mask = None
-            if not square:  # query i sees keys j <= offset + i (padded queries see key 0 at least; unread)
+            if not square and len(chosen) * lq * lk > MASK_MAX:  # too large a mask: whole causal rows
+                for i, (k, n) in enumerate(chosen):  # [p_g | r_s] as queries too; only r_s is read back
+                    back[keys[i, len(k) - n : len(k)]] = base + i * lk + torch.arange(len(k) - n, len(k))
+                queries = keys
+            elif not square:  # query i sees keys j <= offset + i (padded queries see key 0 at least; unread)
                 mask = torch.arange(lk)[None, None, :] <= offsets[:, None, None] + torch.arange(lq)[None, :, None]
                 mask = mask[:, None]  # [rows, 1, Lq, Lk]
             buckets.append(Bucket(queries, keys, mask))
