@@ -42,21 +42,25 @@ def samples(groups: list) -> dict[int, list[tuple[list[int], list[float]]]]:  # 
     return {g.group_id: [(s.token_ids, s.logprobs) for s in g.samples] for g in groups}
 
 
+def assert_same_samples(
+    a: dict[int, list[tuple[list[int], list[float]]]], b: dict[int, list[tuple[list[int], list[float]]]]
+) -> None:
+    """The same tokens in every group, and log-probs equal up to float noise of batched matmuls."""
+    assert {g: [t for t, _ in rows] for g, rows in a.items()} == {g: [t for t, _ in rows] for g, rows in b.items()}
+    diff = max(
+        abs(x - y) for g in a for (_, la), (_, lb) in zip(a[g], b[g], strict=True) for x, y in zip(la, lb, strict=True)
+    )
+    assert diff < 1e-4
+
+
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.6, "top_p": 0.8}], ids=["t1", "t0.6-p0.8"])
 def test_a_group_gets_the_same_samples_whatever_shares_the_batch(model_dir: Path, sampling: dict) -> None:  # type: ignore[type-arg]
     together = samples(engine(model_dir, 1000, **sampling).generate(prompts(TEXTS), 8))
     streamed = samples(engine(model_dir, 16, **sampling).generate(prompts(TEXTS), 8))  # 2 groups at a time
     alone = samples(engine(model_dir, 8, **sampling).generate([Prompt(group_id=5, prompt=TEXTS[5])], 8))
+    assert_same_samples(together, streamed)
     tokens = {g: [t for t, _ in rows] for g, rows in together.items()}
-    assert tokens == {g: [t for t, _ in rows] for g, rows in streamed.items()}
     assert tokens[5] == [t for t, _ in alone[5]]
-    diff = max(
-        abs(a - b)
-        for g in together
-        for (_, la), (_, lb) in zip(together[g], streamed[g], strict=True)
-        for a, b in zip(la, lb, strict=True)
-    )
-    assert diff < 1e-4
     assert len({tuple(t) for rows in tokens.values() for t in rows}) > len(TEXTS)  # samples do differ
 
 
@@ -127,16 +131,7 @@ def test_done_rows_leaving_early_and_the_in_place_cache_change_no_sample(
     monkeypatch.setattr(batching, "GROW_FROM", 10**9)  # and the cache grows by concatenation
     stayed, never = run()
     assert early > 0 and never == 0
-    assert {g: [t for t, _ in rows] for g, rows in left.items()} == {
-        g: [t for t, _ in rows] for g, rows in stayed.items()
-    }
-    diff = max(
-        abs(a - b)
-        for g in left
-        for (_, la), (_, lb) in zip(left[g], stayed[g], strict=True)
-        for a, b in zip(la, lb, strict=True)
-    )
-    assert diff < 1e-4
+    assert_same_samples(left, stayed)
 
 
 def test_the_growing_cache_holds_what_concatenation_would_without_copying_each_step() -> None:
