@@ -6,7 +6,10 @@ One step of `RunningBatch.step()`:
    prefill forward for all admitted prompts), the KV cache is repeated G times and merged into the
    running cache (left-padded to a common length), and each new row draws its first token;
 2. one decode forward for every running row (its last token at its own position id);
-3. every group whose G rows are all done (eos or `max_new_tokens`) leaves the batch and is returned.
+3. every group whose G rows are all done (eos or `max_new_tokens`) is returned; done rows leave the
+   batch (the KV cache) as soon as they are at least 1/COMPACT of it, not when their group ends.
+
+Where rows can grow long, the cache is written in place (`GrowingLayer`) instead of concatenated.
 
 Sampling is counter-based: row r of group g draws its t-th token from a uniform that is a hash of
 (the group's key, r, t), the key being (run seed, weight version, group id). A group's samples
