@@ -36,6 +36,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("minibatch", _minibatch),
         ("bounded", _bounded),
         ("burst_batching", _burst_batching),
+        ("heal", _heal),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -347,6 +348,28 @@ def _burst_batching(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-d
     ax.set_yscale("log")
     ax.set_ylabel("CPU seconds, one thread (median)")
     ax.set_title("A 16-group burst: train_group.generated vs not")
+    return fig
+
+
+def _heal(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Left: ETTR by how the crashed core is restarted, against the goal. Right: the median seconds
+    from a crash to a new core's first epoch with every worker back."""
+    ettr = [e for e in entries if e["name"].startswith("ETTR")]
+    recovery = [e for e in entries if e["name"].startswith("core restart")]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.bar([e["name"].split("restart by ")[-1] for e in ettr], [e["measured"] for e in ettr], color="tab:green")
+    if ettr and ettr[0]["goal"] is not None:
+        ax.axhline(ettr[0]["goal"], color="k", linestyle="--", label=f"goal {ettr[0]['goal']:g}")
+        ax.legend(fontsize=8)
+    ax.set(ylim=(0, 1.05), ylabel="ETTR (disturbed / undisturbed epochs/s)", title="An actor SIGKILLed every ~N s")
+    bx.bar(
+        [e["name"].split("restart by ")[-1].split(":")[0] for e in recovery],
+        [e["measured"] for e in recovery],
+        color="tab:blue",
+    )
+    bx.set(ylabel="seconds (median)", title="crash -> a new core runs an epoch")
+    for a in (ax, bx):
+        a.tick_params(axis="x", labelsize=8)
     return fig
 
 
