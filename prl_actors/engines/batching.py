@@ -297,10 +297,10 @@ class RunningBatch:
         if done:
             gone = {id(g) for g in done}
             self.groups = [g for g in self.groups if id(g) not in gone]
-        dead = [i for i, r in enumerate(self.rows) if self._row_done(r)]
-        if dead and (len(dead) * COMPACT >= len(self.rows) or not self.groups):
-            dropped = set(dead)
-            self._select([i for i in range(len(self.rows)) if i not in dropped])
+        live = [i for i, r in enumerate(self.rows) if not self._row_done(r)]
+        dead = len(self.rows) - len(live)
+        if dead and (dead * COMPACT >= len(self.rows) or not self.groups):
+            self._select(live)
         now = time.monotonic()
         return [Finished(g.group_id, g.prompt_ids, g.tag, g.rows, now - g.t_admit) for g in done]
 
@@ -342,10 +342,17 @@ class GrowingLayer(DynamicLayer):
     @classmethod
     def of(cls, layer: DynamicLayer) -> GrowingLayer:
         grown = cls()
-        grown.__dict__.update(
-            {k: v for k, v in layer.__dict__.items() if not k.startswith(("_kbuf", "_vbuf", "_view"))}
-        )
+        grown.__dict__.update(layer.__dict__)  # its keys/values (a plain DynamicLayer has no buffer)
         return grown
+
+    def _owns(self) -> bool:
+        """Are keys/values still the views of the buffers this layer handed out last?"""
+        return (
+            self._kbuf is not None
+            and self._vbuf is not None
+            and self._view_k is self.keys
+            and self._view_v is self.values
+        )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         keys, values = self.keys, self.values
@@ -353,8 +360,7 @@ class GrowingLayer(DynamicLayer):
             return super().update(key_states, value_states, *args, **kwargs)
         n, m = keys.shape[-2], key_states.shape[-2]
         kbuf, vbuf = self._kbuf, self._vbuf
-        mine = self._view_k is keys and self._view_v is values
-        if kbuf is None or vbuf is None or not mine or n + m > kbuf.shape[-2]:
+        if not self._owns() or kbuf is None or vbuf is None or n + m > kbuf.shape[-2]:
             room = n + m + max(64, (n + m) // 4)
             kbuf, vbuf = _with_room(keys, room), _with_room(values, room)
             self._kbuf, self._vbuf = kbuf, vbuf
@@ -366,18 +372,12 @@ class GrowingLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows `indices`, with their spare room (one copy, none again at the next update)."""
-        keys = self.keys
-        if (
-            self._kbuf is None
-            or self._vbuf is None
-            or keys is None
-            or self._view_k is not keys
-            or self._view_v is not self.values
-        ):
+        keys, kbuf, vbuf = self.keys, self._kbuf, self._vbuf
+        if not self._owns() or keys is None or kbuf is None or vbuf is None:
             super().batch_select_indices(indices)
             return
         n = keys.shape[-2]
-        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self._kbuf, self._vbuf = kbuf[indices], vbuf[indices]
         self.keys, self.values = self._kbuf[:, :, :n], self._vbuf[:, :, :n]
         self._view_k, self._view_v = self.keys, self.values
 

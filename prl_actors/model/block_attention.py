@@ -97,22 +97,24 @@ def build_blocks(prompt_lens: list[int], response_lens: list[list[int]]) -> Bloc
         for members in _buckets([(rows[r][1], len(rows[r][0])) for r in order]):
             chosen = [rows[order[m]] for m in members]
             lq, lk = max(n for _, n in chosen), max(len(k) for k, _ in chosen)
-            queries = torch.zeros((len(chosen), lq), dtype=torch.long)  # [rows, Lq]
             keys = torch.zeros((len(chosen), lk), dtype=torch.long)  # [rows, Lk]
-            offsets = torch.zeros(len(chosen), dtype=torch.long)  # keys before a row's first query
-            for i, (k, n) in enumerate(chosen):
+            for i, (k, _) in enumerate(chosen):
                 keys[i, : len(k)] = torch.tensor(k, dtype=torch.long)
-                queries[i, :n] = keys[i, len(k) - n : len(k)]
-                offsets[i] = len(k) - n
-                back[queries[i, :n]] = base + i * lq + torch.arange(n)
-            mask = None
-            if not square and len(chosen) * lq * lk > MASK_MAX:  # too large a mask: whole causal rows
-                for i, (k, n) in enumerate(chosen):  # [p_g | r_s] as queries too; only r_s is read back
-                    back[keys[i, len(k) - n : len(k)]] = base + i * lk + torch.arange(len(k) - n, len(k))
-                queries = keys
-            elif not square:  # query i sees keys j <= offset + i (padded queries see key 0 at least; unread)
+            offsets = torch.tensor([len(k) - n for k, n in chosen], dtype=torch.long)  # keys before the queries
+            # prompt rows are square; a response bucket whose mask would pass MASK_MAX runs as whole causal
+            # rows [p_g | r_s] (the prompt's queries again, only r_s read back): either way no mask
+            queries, mask = keys, None
+            if not square and len(chosen) * lq * lk <= MASK_MAX:  # queries r_s only
+                queries = torch.zeros((len(chosen), lq), dtype=torch.long)  # [rows, Lq]
+                for i, (k, n) in enumerate(chosen):
+                    queries[i, :n] = keys[i, len(k) - n : len(k)]
+                # query i sees keys j <= offset + i (padded queries see key 0 at least; never read back)
                 mask = torch.arange(lk)[None, None, :] <= offsets[:, None, None] + torch.arange(lq)[None, :, None]
                 mask = mask[:, None]  # [rows, 1, Lq, Lk]
+            width = queries.shape[1]
+            for i, (k, n) in enumerate(chosen):  # each query's output: row i, column (offset if whole) + j
+                first = int(offsets[i]) if queries is keys else 0
+                back[keys[i, len(k) - n : len(k)]] = base + i * width + first + torch.arange(n)
             buckets.append(Bucket(queries, keys, mask))
             base += queries.numel()
     return Blocks(buckets, back)

@@ -240,18 +240,13 @@ def response_logits(model: torch.nn.Module, batch: ModelBatch) -> torch.Tensor:
         mask = dense
         if dense.dim() == 4:
             mask = with_sliding_window(model, dense.to(next(model.parameters()).dtype), batch.position_ids)
-    if batch.input_ids.shape[0] == 1 and _keeps_logits(model):
-        # one flat row: the LM head runs on the N predicting positions only, not on every prompt token
-        # (with a 150k vocabulary the head costs as much as several layers per token)
-        extra["logits_to_keep"] = batch.predict_index
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False, **extra
-        ).logits  # [1, N, V]
-        return logits[0]  # [N, V]
+    flat = batch.input_ids.shape[0] == 1 and _keeps_logits(model)
+    if flat:  # one flat row: the LM head runs on the N predicting positions only, not on every prompt
+        extra["logits_to_keep"] = batch.predict_index  # token (with a 150k vocabulary it costs several layers)
     logits = model(
         input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids, use_cache=False, **extra
-    ).logits  # [B, T, V]
-    return logits.flatten(0, 1)[batch.predict_index]  # [N, V]
+    ).logits  # [1, N, V] (flat) or [B, T, V]
+    return logits[0] if flat else logits.flatten(0, 1)[batch.predict_index]  # [N, V]
 
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
