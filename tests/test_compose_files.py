@@ -297,8 +297,12 @@ def test_a_standalone_coordinator_writes_config_and_refuses_a_used_run_dir(tmp_p
             time.sleep(0.05)
         assert (run_dir / "config.yaml").read_text() == cfg.dump()
     finally:
+        # config.yaml is written before the coordinator's imports (~3 s here) and before it binds: ask
+        # until it answers (`stop` waits 3 s for a reply), as an operator would after "is the run up?"
         stop = [*CLI, "stop", "--coordinator", cfg.address("coordinator"), "--keys", str(run_dir / "keys")]
-        subprocess.run(stop, capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while subprocess.run(stop, capture_output=True, timeout=30).returncode != 0 and time.monotonic() < deadline:
+            assert proc.poll() is None, "the coordinator exited before it was asked to stop"
         assert proc.wait(20) == 0
     (run_dir / "metrics.jsonl").write_text("{}\n")
     again = subprocess.run([*CLI, "actor", "coordinator", "--config", str(cfg_path)], capture_output=True, text=True)
