@@ -109,29 +109,37 @@ def test_draw_follows_the_tempered_nucleus() -> None:
     assert got[~kept].sum() == 0
 
 
-def test_done_rows_leaving_early_and_the_in_place_cache_change_no_sample(
+def test_done_rows_leaving_early_the_shared_prefix_and_the_in_place_cache_change_no_sample(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prl_actors.engines import batching
 
-    def run() -> tuple[dict[int, list[tuple[list[int], list[float]]]], int]:
+    def run(shared: bool) -> tuple[dict[int, list[tuple[list[int], list[float]]]], int, int]:
         e = engine(model_dir, 1000)
+        assert e.batch.can_share  # the built-in model routes the shared-prefix store
+        e.batch.can_share = shared
         e.batch.max_new_tokens = 24
         e.admit(prompts(TEXTS), 8)
-        out, early = [], 0
+        out, early, prompts_held = [], 0, 0
         while e.busy:
             out += e.step()
             in_groups = sum(len(g.rows) for g in e.batch.groups)
             early = max(early, in_groups - e.batch.running_rows)  # rows gone before their group ended
-        return samples(out), early
+            if e.batch.store is not None:
+                prompts_held = max(prompts_held, e.batch.store.pk[0].shape[0])
+        return samples(out), early, prompts_held
 
-    monkeypatch.setattr(batching, "GROW_FROM", 0)  # and the in-place cache, whatever the length
-    left, early = run()
+    monkeypatch.setattr(batching, "SHARE_FROM", 0)  # the store for these short prompts too
+    shared, early_shared, held = run(True)  # one prompt per group in the store, done rows leave
+    assert 0 < held <= len(TEXTS) and early_shared > 0
+    monkeypatch.setattr(batching, "GROW_FROM", 0)  # the ordinary cache, written in place
+    left, early, none = run(False)
     monkeypatch.setattr(batching, "COMPACT", 0)  # done rows stay until their group ends (the old way)
     monkeypatch.setattr(batching, "GROW_FROM", 10**9)  # and the cache grows by concatenation
-    stayed, never = run()
-    assert early > 0 and never == 0
+    stayed, never, _ = run(False)
+    assert early > 0 and never == 0 and none == 0
     assert_same_samples(left, stayed)
+    assert_same_samples(shared, stayed)
 
 
 def test_the_growing_cache_holds_what_concatenation_would_without_copying_each_step() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from prl_actors.engines import batching
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tiny import FAMILIES, SLIDING_WINDOW
@@ -58,9 +59,14 @@ def test_packed_equals_unpacked_exactly(family: str, family_dirs: dict[str, Path
     assert (logprobs(model, wrong) - unpacked).abs().max().item() > 1e-3  # positions do matter
 
 
+@pytest.mark.parametrize("store", [True, False], ids=["shared-prefix", "kv-cache"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_engine_logprobs_equal_the_trainer_forward(family: str, family_dirs: dict[str, Path]) -> None:
-    """float32: what the worker reports (left-padded batch, KV cache) is what the trainer computes."""
+def test_engine_logprobs_equal_the_trainer_forward(
+    family: str, store: bool, family_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32: what the worker reports (left-padded batch, decoding from the shared-prefix store or
+    from a KV cache per row) is what the trainer computes. Mistral (sliding window) has no store."""
+    monkeypatch.setattr(batching, "SHARE_FROM", 0 if store else 10**9)
     pairs, engine_lp = rollouts(family_dirs[family], "float32")
     model = load_model(family_dirs[family], dtype="float32")
     packed = logprobs(model, collate_packed(pairs))

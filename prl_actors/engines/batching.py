@@ -9,7 +9,11 @@ One step of `RunningBatch.step()`:
 3. every group whose G rows are all done (eos or `max_new_tokens`) is returned; done rows leave the
    batch (the KV cache) as soon as they are at least 1/COMPACT of it, not when their group ends.
 
-Where rows can grow long, the cache is written in place (`GrowingLayer`) instead of concatenated.
+A model whose attention runs through transformers' interface (checked once per model: `routes_prefix`)
+decodes prompts of SHARE_FROM tokens or more from a shared-prefix store (model/prefix_attention.py):
+each group's prompt keys/values are held once and its G rows each keep only the tokens they
+generated, instead of G copies of the prompt in the KV cache. Otherwise the batch keeps that ordinary
+cache; where its rows can grow long, it is written in place (`GrowingLayer`), not concatenated.
 
 Sampling is counter-based: row r of group g draws its t-th token from a uniform that is a hash of
 (the group's key, r, t), the key being (run seed, weight version, group id). A group's samples
@@ -37,6 +41,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from prl_actors.engines.sampling import left_pad
+from prl_actors.model.block_attention import use_blocks
+from prl_actors.model.prefix_attention import PrefixKV
 from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_logprobs, context_matrix, shaped_logits
 
 COMPACT = 8
@@ -44,6 +50,10 @@ COMPACT = 8
 GROW_FROM = 64
 """A prefill whose rows can reach this many positions gets an in-place cache (GrowingLayer); below it,
 concatenation costs less than the buffer's bookkeeping (demo shape: 12.7 vs 19.7 ms per epoch)."""
+SHARE_FROM = 48
+"""An empty batch whose first prompts are this wide (padded) decodes from the shared-prefix store; with
+shorter prompts the per-row cache costs less than the store's extra small operations (chat model, 8
+groups x 8: 0.93x at 32 tokens, 1.25x at 64, 1.42x at 128; BENCHMARKS §12)."""
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -143,6 +153,9 @@ class RunningBatch:
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [B, T]
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
         self.window = _sliding_window(model)
+        self.can_share = self.window is None and routes_prefix(model)  # the model routes the shared-prefix store
+        self.shared = False  # the running batch decodes from it (`store`), not from `cache`
+        self.store: PrefixKV | None = None
 
     # --- the caller's API ------------------------------------------------------------------------
 
@@ -216,12 +229,17 @@ class RunningBatch:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         sizes = torch.tensor([g.size for g in new], device=self.device)
         cache = out.past_key_values
-        if ids.shape[1] + self.max_new_tokens >= GROW_FROM:
-            cache = _growing(cache)
-        if any(g.size != new[0].size for g in new):
-            cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(new), device=self.device), sizes))
-        else:
-            cache.batch_repeat_interleave(new[0].size)
+        if not self.rows:  # an empty batch picks its cache: the shared store where it pays
+            self.shared = self.can_share and ids.shape[1] >= SHARE_FROM and any(g.size > 1 for g in new)
+        if self.shared:  # the prompts' keys/values once per group (model/prefix_attention.py)
+            self._store(cache).add([(x.keys, x.values) for x in cache.layers], mask.bool(), sizes.tolist())
+        else:  # G copies of each prompt's cache
+            if ids.shape[1] + self.max_new_tokens >= GROW_FROM:
+                cache = _growing(cache)
+            if any(g.size != new[0].size for g in new):
+                cache.batch_select_indices(torch.repeat_interleave(torch.arange(len(new), device=self.device), sizes))
+            else:
+                cache.batch_repeat_interleave(new[0].size)
         logits = out.logits[:, -1, :].float().repeat_interleave(sizes, dim=0)  # [k*G, V]
         now = time.monotonic()
         rows = []
@@ -235,8 +253,18 @@ class RunningBatch:
         self.rows += rows
         self._sample(logits, list(range(start, len(self.rows))))
 
+    def _store(self, cache: Any) -> PrefixKV:
+        """The shared-prefix store (a fresh one for an empty batch)."""
+        if self.store is None or not self.rows:
+            self.store = PrefixKV(len(cache.layers))
+        return self.store
+
     def _merge(self, cache: Any, mask: torch.Tensor, pos: torch.Tensor) -> None:
-        """Append rows (their cache, mask [n, P], next positions [n]) to the batch."""
+        """Append rows (their cache, mask [n, P], next positions [n]) to the batch (with the shared
+        store, the rows are in it already: only their positions)."""
+        if self.shared:
+            self.pos = pos if not self.rows else torch.cat([self.pos, pos])
+            return
         if self.cache is None or not self.rows:
             self.cache, self.mask, self.pos = cache, mask, pos
             return
@@ -252,15 +280,18 @@ class RunningBatch:
     def _decode(self) -> None:
         last = [r.tokens[-1] if r.tokens else self.pad_id for r in self.rows]
         ids = torch.tensor(last, dtype=torch.long, device=self.device)[:, None]  # [B, 1]
-        self.mask = torch.cat([self.mask, torch.ones_like(ids)], dim=1)  # [B, T + 1]
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self.mask,
-            position_ids=self.pos[:, None],
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self.cache = out.past_key_values
+        if self.shared and self.store is not None:
+            out = _decode_shared(self.model, ids, self.pos, self.store)
+        else:
+            self.mask = torch.cat([self.mask, torch.ones_like(ids)], dim=1)  # [B, T + 1]
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self.mask,
+                position_ids=self.pos[:, None],
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            self.cache = out.past_key_values
         self.pos = self.pos + 1
         live = [i for i, r in enumerate(self.rows) if not self._row_done(r)]
         if live:
@@ -307,11 +338,16 @@ class RunningBatch:
     def _select(self, keep: list[int]) -> None:
         """Keep only batch rows `keep`, and drop the left padding nobody needs any more."""
         if not keep:
-            self.cache, self.rows = None, []
+            self.cache, self.store, self.rows = None, None, []
             self.mask = self.mask[:0, :0]
             self.pos = self.pos[:0]
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if self.shared and self.store is not None:
+            self.store.select(index)
+            self.rows = [self.rows[i] for i in keep]
+            self.pos = self.pos[index]
+            return
         self.cache.batch_select_indices(index)
         self.rows = [self.rows[i] for i in keep]
         self.mask, self.pos = self.mask[index], self.pos[index]
@@ -396,6 +432,73 @@ def _growing(cache: Any) -> Any:
     if layers is not None:
         cache.layers = [GrowingLayer.of(x) if type(x) is DynamicLayer else x for x in layers]
     return cache
+
+
+def _decode_shared(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor, store: PrefixKV) -> Any:
+    """One decode step from the shared-prefix store: ids [B, 1] at positions pos [B]. The model keeps
+    no cache of its own (use_cache=False); each layer's attention appends to and reads the store."""
+    store.begin()
+    out = model(input_ids=ids, position_ids=pos[:, None], use_cache=False, prl_prefix=store)
+    store.end()
+    return out
+
+
+PROBE_PROMPTS = ([1, 2, 3, 1, 2], [3, 2])
+"""Two prompts of different lengths (left padding) with two rows each: `routes_prefix`'s check."""
+
+
+def routes_prefix(model: torch.nn.Module) -> bool:
+    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? Checked once
+    per model (two prompts, two rows each, three steps, both ways, the same logits up to float noise):
+    a model whose attention does not run through transformers' interface with its keywords, or adds
+    to it (soft-capping, sinks), fails and keeps the ordinary cache. Needs an SDPA model (switched to
+    "prl_blocks", which is SDPA without the keyword)."""
+    known = getattr(model, "_prl_routes_prefix", None)
+    if known is not None:
+        return bool(known)
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    ok = False
+    if config is not None and _sliding_window(model) is None and use_blocks(model):
+        try:
+            ok = _same_both_ways(model)
+        except Exception:  # noqa: BLE001 - any failure means: not routed (the ordinary cache serves)
+            ok = False
+        if not ok:
+            config._attn_implementation = before
+    setattr(model, "_prl_routes_prefix", ok)  # noqa: B010 - nn.Module types its attributes as tensors or modules
+    return ok
+
+
+@torch.no_grad()
+def _same_both_ways(model: torch.nn.Module) -> bool:
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in left_pad([list(p) for p in PROBE_PROMPTS], 0))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = mask.sum(-1).repeat_interleave(2)  # [4] next position per row
+    plain = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+    plain.batch_repeat_interleave(2)
+    fresh = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+    store = PrefixKV(len(fresh.layers))
+    store.add([(x.keys, x.values) for x in fresh.layers], mask.bool(), [2, 2])
+    full = mask.repeat_interleave(2, dim=0)
+    worst, scale = 0.0, 0.0
+    for step, token in enumerate(([1], [2], [3])):
+        tok = torch.tensor(token * 4, device=device)[:, None] + torch.arange(4, device=device)[:, None] % 2
+        full = torch.cat([full, torch.ones_like(tok)], dim=1)
+        a = model(
+            input_ids=tok,
+            attention_mask=full,
+            position_ids=(pos + step)[:, None],
+            past_key_values=plain,
+            use_cache=True,
+        )
+        plain = a.past_key_values
+        b = _decode_shared(model, tok, pos + step, store)
+        worst = max(worst, float((a.logits.float() - b.logits.float()).abs().max()))
+        scale = max(scale, float(a.logits.float().abs().max()))
+    dtype = next(model.parameters()).dtype
+    return worst <= (1e-4 if dtype == torch.float32 else 3e-2) * (1.0 + scale)
 
 
 def _sliding_window(model: torch.nn.Module) -> int | None:

@@ -22,7 +22,8 @@ loss reaches the prompt positions through them: gradients equal the dense path's
 
 The implementation is registered with transformers as "prl_blocks" (attention and mask functions).
 Without a `prl_blocks` keyword (generation, an unpacked batch, a dense 4D mask) it *is* SDPA, so a
-model switched to it (`use_blocks`) behaves exactly as before everywhere else.
+model switched to it (`use_blocks`) behaves exactly as before everywhere else. The engine's decode
+steps pass `prl_prefix` instead: one prompt per group held once (model/prefix_attention.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from prl_actors.model.prefix_attention import PrefixKV, prefix_attention
 
 NAME = "prl_blocks"
 BUCKET_SLACK = 1.1
@@ -164,10 +167,14 @@ def blocks_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     prl_blocks: Blocks | None = None,
+    prl_prefix: PrefixKV | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention interface of transformers. query: [1, H, N, d]; key, value: [1, H_kv, N, d];
-    returns [1, N, H, d]. Without `prl_blocks`: SDPA, unchanged."""
+    returns [1, N, H, d]. With `prl_prefix` instead: a decode step over a shared-prefix store
+    (model/prefix_attention.py). Without either: SDPA, unchanged."""
+    if prl_prefix is not None:
+        return prefix_attention(module, query, key, value, prl_prefix, scaling)
     if prl_blocks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)  # type: ignore[no-any-return]
     if query.shape[0] != 1 or kwargs.get("sliding_window"):
