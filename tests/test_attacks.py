@@ -58,7 +58,9 @@ def attacked(run_dir: Path, attack: Callable[[zmq.Context, Config], Any]) -> Any
     cluster = LocalCluster(cfg, workers=WORKERS, log_dir=run_dir / "logs")
     ctx = zmq.Context()
     try:
-        wait_for(run_dir, lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator" and e["epoch"] == 1)
+        # a deadline for a cluster of 5+ processes starting on a busy 2-core host (not a timing claim)
+        opened = lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator" and e["epoch"] == 1  # noqa: E731
+        wait_for(run_dir, opened, timeout=60.0)
         result = attack(ctx, cfg)
         assert cluster.wait(60), "the attacked run did not finish"
     finally:

@@ -105,6 +105,10 @@ def test_k1_overlaps_and_keeps_the_invariants(tmp_path: Path, model_dir: Path) -
     stale_rows = [r for r in rows if r.get("staleness_1")]
     assert stale_rows and all(r["is_ratio_max"] > 1.0 + 1e-4 for r in stale_rows)  # the correction sees it
     events = read_logs(run_dir)
-    opened = [e["t_mono"] for e in events if e["event"] == "epoch_open" and e.get("epoch") == 1]
-    stepped0 = [e["t_mono"] for e in events if e["event"] == "optimizer_step" and e.get("epoch") == 0]
-    assert opened and stepped0 and opened[0] < stepped0[0]  # epoch 1 opened before v1 existed
+    # some epoch e opened before v_e existed. Per epoch this is a race (the coordinator opens e once
+    # e - 1 is generated, with a round trip to the buffer; the trainer may train the last group and
+    # step first), so it is asserted over the run's epochs: with periodic's rule (open at v_e) it never holds
+    opened = {e["epoch"]: e["t_mono"] for e in events if e["event"] == "epoch_open"}
+    stepped = {e["epoch"]: e["t_mono"] for e in events if e["event"] == "optimizer_step"}
+    early = [e for e in opened if e >= 1 and e - 1 in stepped and opened[e] < stepped[e - 1]]
+    assert set(opened) == {0, 1, 2} and set(stepped) == {0, 1, 2} and early, (opened, stepped)
