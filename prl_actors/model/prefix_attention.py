@@ -10,8 +10,9 @@ and the per-row copies are what the cache's row selections copy. `PrefixKV` keep
 
 and a decode step's attention (`attend`) scores a row's query against both: the prompt part as one
 matrix product per group (the group's G queries, times its H / H_kv query heads, against one prompt:
-a real matrix product instead of G matrix-vector products), the suffix part per row. One softmax
-runs over both parts together, so the result is the same attention as over [prompt | own tokens].
+a real matrix product instead of G matrix-vector products), the suffix part per row. Each part is
+normalised on its own and the two are merged by their log-sum-exp (as cascade attention kernels do),
+which is exactly the softmax over [prompt | own tokens].
 
 It runs through transformers' attention interface: the model is called with `use_cache=False` and a
 `prl_prefix` keyword (model/block_attention.py's implementation dispatches it here); each layer's
@@ -49,6 +50,7 @@ class PrefixKV:
         self.owner = torch.zeros(0, dtype=torch.long)  # [R] the row's prefix
         self.slots = torch.zeros((0, 0), dtype=torch.long)  # [Gp, m] rows of each prefix (R: none)
         self.place = torch.zeros(0, dtype=torch.long)  # [R] the row's index in slots.flatten()
+        self.whole = True  # slots.flatten() is the rows in order (every prefix has m rows)
         self.calls = 0  # layers that attended in the open step
 
     @property
@@ -68,9 +70,8 @@ class PrefixKV:
         if len(kv) != self.layers:
             raise ValueError(f"{len(kv)} layers of prompt keys for a {self.layers}-layer store")
         device = valid.device
-        bias = torch.zeros(valid.shape, device=device, dtype=_acc(kv[0][0])).masked_fill(~valid, float("-inf"))[
-            :, None, None, :
-        ]
+        bias = torch.zeros(valid.shape, device=device, dtype=_acc(kv[0][0])).masked_fill(~valid, float("-inf"))
+        bias = bias[:, None, None, :]  # [k, 1, 1, P]
         first = int(self.prefix_bias.shape[0]) if self.rows else 0
         if first:  # prompts side by side, padded on the right (RoPE is in the keys: order is free)
             width = max(self.prefix_bias.shape[-1], bias.shape[-1])
@@ -93,9 +94,7 @@ class PrefixKV:
         else:
             self.sk = [k.new_zeros((n, k.shape[1], ROOM, k.shape[3])) for k, _ in kv]
             self.sv = [v.new_zeros((n, v.shape[1], ROOM, v.shape[3])) for _, v in kv]
-        unread = torch.full(
-            (n, self.width), float("-inf"), device=device, dtype=bias.dtype
-        )  # the new rows' earlier columns
+        unread = torch.full((n, self.width), float("-inf"), device=device, dtype=bias.dtype)  # earlier columns
         self.suffix_bias = torch.cat([self.suffix_bias, unread])
         self.owner = torch.cat([self.owner, owners])
         self._index()
@@ -132,6 +131,7 @@ class PrefixKV:
         self.slots[self.owner[order], rank] = order
         self.place = torch.empty(r, dtype=torch.long, device=device)
         self.place[order] = self.owner[order] * m + rank
+        self.whole = r == gp * m and torch.equal(self.place, torch.arange(r, device=device))  # slots = rows
 
     # --- one decode step ---------------------------------------------------------------------------
 
@@ -171,7 +171,7 @@ class PrefixKV:
         scale = d**-0.5 if scale is None else scale
         n_rep, gp, m = h // hkv, kp.shape[0], self.slots.shape[1]
         q = query.reshape(r, hkv, n_rep, d) * scale  # a row's query heads, by the key head they read
-        full = r == gp * m  # every prefix has m rows, in order: the slots are the rows themselves
+        full = self.whole  # every prefix has m rows, in order: the slots are the rows themselves
         # the prompt part, per prefix: its rows' queries [Gp, H_kv, m * n_rep, d] against its prompt
         qg = q if full else torch.cat([q, q.new_zeros((1, hkv, n_rep, d))])[self.slots.flatten()]
         qg = qg.reshape(gp, m, hkv, n_rep, d).transpose(1, 2).reshape(gp, hkv, m * n_rep, d)
