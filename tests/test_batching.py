@@ -11,7 +11,7 @@ import torch
 
 from prl_actors.config import load_config
 from prl_actors.engines.base import EngineBusy
-from prl_actors.engines.batching import draw, uniforms
+from prl_actors.engines.batching import draw, routes_prefix, uniforms
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model import prepare_model
 from prl_actors.protocol.messages import Prompt
@@ -116,7 +116,7 @@ def test_done_rows_leaving_early_the_shared_prefix_and_the_in_place_cache_change
 
     def run(shared: bool) -> tuple[dict[int, list[tuple[list[int], list[float]]]], int, int]:
         e = engine(model_dir, 1000)
-        assert e.batch.can_share  # the built-in model routes the shared-prefix store
+        assert routes_prefix(e.model)  # the built-in model routes the shared-prefix store
         e.batch.can_share = shared
         e.batch.max_new_tokens = 24
         e.admit(prompts(TEXTS), 8)
@@ -169,3 +169,11 @@ def test_the_growing_cache_holds_what_concatenation_would_without_copying_each_s
     for _ in range(80):  # past the room: the buffer grows
         both(torch.randn(2, 2, 1, 3), torch.randn(2, 2, 1, 3))
     assert grown.keys.shape == plain.keys.shape == (2, 2, 5 + 41 + 1 - 4 + 80, 3)
+
+
+def test_short_prompts_keep_the_per_row_cache_and_never_pay_for_the_store_check(model_dir: Path) -> None:
+    e = engine(model_dir, 1000)
+    groups = e.generate(prompts(TEXTS), 4)  # prompts of a few tokens: below SHARE_FROM
+    assert len(groups) == len(TEXTS)
+    assert e.batch.can_share is None and not e.batch.shared  # the model was never checked
+    assert e.model.config._attn_implementation == "sdpa"

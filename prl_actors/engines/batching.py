@@ -153,7 +153,7 @@ class RunningBatch:
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [B, T]
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
         self.window = _sliding_window(model)
-        self.can_share = self.window is None and routes_prefix(model)  # the model routes the shared-prefix store
+        self.can_share: bool | None = None  # the model routes the shared-prefix store (checked when first wanted)
         self.shared = False  # the running batch decodes from it (`store`), not from `cache`
         self.store: PrefixKV | None = None
 
@@ -230,7 +230,7 @@ class RunningBatch:
         sizes = torch.tensor([g.size for g in new], device=self.device)
         cache = out.past_key_values
         if not self.rows:  # an empty batch picks its cache: the shared store where it pays
-            self.shared = self.can_share and ids.shape[1] >= SHARE_FROM and any(g.size > 1 for g in new)
+            self.shared = ids.shape[1] >= SHARE_FROM and any(g.size > 1 for g in new) and self._can_share()
         if self.shared:  # the prompts' keys/values once per group (model/prefix_attention.py)
             self._store(cache).add([(x.keys, x.values) for x in cache.layers], mask.bool(), sizes.tolist())
         else:  # G copies of each prompt's cache
@@ -252,6 +252,13 @@ class RunningBatch:
         start = len(self.rows)
         self.rows += rows
         self._sample(logits, list(range(start, len(self.rows))))
+
+    def _can_share(self) -> bool:
+        """Does the model route the shared-prefix store? Checked at the first batch that would use it
+        (`routes_prefix`, a few tiny forwards), so a run of short prompts never pays for the check."""
+        if self.can_share is None:
+            self.can_share = self.window is None and routes_prefix(self.model)
+        return self.can_share
 
     def _store(self, cache: Any) -> PrefixKV:
         """The shared-prefix store (a fresh one for an empty batch)."""
