@@ -177,3 +177,19 @@ def test_short_prompts_keep_the_per_row_cache_and_never_pay_for_the_store_check(
     assert len(groups) == len(TEXTS)
     assert e.batch.can_share is None and not e.batch.shared  # the model was never checked
     assert e.model.config._attn_implementation == "sdpa"
+
+
+def test_the_engine_says_once_which_decode_attention_its_model_got(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prl_actors.engines import batching
+    from prl_actors.engines.base import engine_notes
+
+    monkeypatch.setattr(batching, "SHARE_FROM", 0)
+    e = engine(model_dir, 1000)
+    e.generate(prompts(TEXTS[:2]), 4)
+    ((event, fields),) = engine_notes(e)
+    assert event == "decode_attention" and fields["shared_prefix"] is True
+    assert fields["why"].startswith("logits match"), fields
+    e.generate(prompts(TEXTS[2:4]), 4)
+    assert engine_notes(e) == []  # said once

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prl_actors.engines.batching import routes_prefix
+from prl_actors.engines.batching import prefix_check, routes_prefix
 from prl_actors.model.builtin import load_model
 from prl_actors.model.prefix_attention import PrefixKV
 from prl_actors.model.tiny import build_family
@@ -111,9 +111,13 @@ class Swallows(torch.nn.Module):
 
 def test_only_models_that_route_the_store_use_it(tmp_path: Path) -> None:
     qwen = load_model(build_family("qwen2", tmp_path / "qwen2"), dtype="float32")
-    assert routes_prefix(qwen)
+    assert routes_prefix(qwen) and prefix_check(qwen)[1].startswith("logits match")
     mistral = load_model(build_family("mistral", tmp_path / "mistral"), dtype="float32")
-    assert not routes_prefix(mistral)  # a sliding window: the ordinary cache
+    assert prefix_check(mistral) == (False, "sliding-window attention")  # the ordinary cache
     other = load_model(build_family("llama", tmp_path / "llama"), dtype="float32")
-    assert not routes_prefix(Swallows(other))
+    routed, why = prefix_check(Swallows(other))
+    assert not routed and "0 of 2 layers used the shared-prefix attention" in why, why
     assert other.config._attn_implementation == "sdpa"  # switched back after the failed check
+    eager = load_model(build_family("gpt2", tmp_path / "gpt2"), dtype="float32")
+    eager.config._attn_implementation = "eager"
+    assert prefix_check(eager) == (False, "attention implementation 'eager' (the store needs sdpa)")

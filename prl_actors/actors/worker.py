@@ -30,7 +30,7 @@ from prl_actors.actors.pulls import announced, drift_estimate, should_pull
 from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
-from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights
+from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights, engine_notes
 from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
     EpochStart,
@@ -488,6 +488,8 @@ class WorkerCore(Core):
             else:
                 self._engine_failed(exc)
             finished = []
+        for event, fields in engine_notes(self.engine):  # e.g. which decode attention the model got
+            self.log(event, **fields)
         if finished and self.evaluating is not None:
             self._eval_finished(finished)
         elif finished:

@@ -87,6 +87,14 @@ class EngineBusy(RuntimeError):
     """Weights cannot change while groups are generating (one version per batch)."""
 
 
+def engine_notes(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
+    """Facts an engine learned about how it runs (an event name and its fields, each said once), for
+    the worker to log: an engine may offer `drain_notes()` (the torch engine: which decode attention
+    a model got, and why); others have none."""
+    drain = getattr(engine, "drain_notes", None)
+    return list(drain()) if callable(drain) else []
+
+
 def generate_all(engine: Engine, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
     """`Engine.generate` for any engine with admit/step: every group, in prompt order."""
     if engine.busy:

@@ -155,6 +155,7 @@ class RunningBatch:
         self.window = _sliding_window(model)
         self.can_share: bool | None = None  # the model routes the shared-prefix store (checked when first wanted)
         self.shared = False  # the running batch decodes from it (`store`), not from `cache`
+        self.notes: list[tuple[str, dict[str, Any]]] = []  # for the worker's log (drain_notes)
         self.store: PrefixKV | None = None
 
     # --- the caller's API ------------------------------------------------------------------------
@@ -257,8 +258,14 @@ class RunningBatch:
         """Does the model route the shared-prefix store? Checked at the first batch that would use it
         (`routes_prefix`, a few tiny forwards), so a run of short prompts never pays for the check."""
         if self.can_share is None:
-            self.can_share = self.window is None and routes_prefix(self.model)
+            self.can_share, why = prefix_check(self.model) if self.window is None else (False, "sliding window")
+            self.notes.append(("decode_attention", {"shared_prefix": self.can_share, "why": why}))
         return self.can_share
+
+    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
+        """What the batch learned about its model since the last call (engines/base.py engine_notes)."""
+        notes, self.notes = self.notes, []
+        return notes
 
     def _store(self, cache: Any) -> PrefixKV:
         """The shared-prefix store (a fresh one for an empty batch)."""
@@ -455,30 +462,43 @@ PROBE_PROMPTS = ([1, 2, 3, 1, 2], [3, 2])
 
 
 def routes_prefix(model: torch.nn.Module) -> bool:
-    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? Checked once
-    per model (two prompts, two rows each, three steps, both ways, the same logits up to float noise):
-    a model whose attention does not run through transformers' interface with its keywords, or adds
-    to it (soft-capping, sinks), fails and keeps the ordinary cache. Needs an SDPA model (switched to
-    "prl_blocks", which is SDPA without the keyword)."""
+    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? (`prefix_check`)"""
+    return prefix_check(model)[0]
+
+
+def prefix_check(model: torch.nn.Module) -> tuple[bool, str]:
+    """(routed, why), checked once per model (two prompts, two rows each, three steps, both ways, the
+    same logits up to float noise): a model whose attention does not run through transformers'
+    interface with its keywords, or adds to it (soft-capping, sinks), fails and keeps the ordinary
+    cache. Needs an SDPA model (switched to "prl_blocks", which is SDPA without the keyword)."""
     known = getattr(model, "_prl_routes_prefix", None)
     if known is not None:
-        return bool(known)
+        return known
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)
-    ok = False
-    if config is not None and _sliding_window(model) is None and use_blocks(model):
+    if config is None:
+        found = (False, "not a transformers model (no config)")
+    elif _sliding_window(model) is not None:
+        found = (False, "sliding-window attention")
+    elif not use_blocks(model):
+        found = (False, f"attention implementation {before!r} (the store needs sdpa)")
+    else:
         try:
-            ok = _same_both_ways(model)
-        except Exception:  # noqa: BLE001 - any failure means: not routed (the ordinary cache serves)
-            ok = False
-        if not ok:
+            worst, tolerance = _both_ways(model)
+            ok = worst <= tolerance
+            found = (ok, f"logits {'match' if ok else 'differ'}: {worst:.2e} (tolerance {tolerance:.2e})")
+        except Exception as exc:  # noqa: BLE001 - any failure means: not routed (the ordinary cache serves)
+            found = (False, f"the check failed: {type(exc).__name__}: {exc}"[:300])
+        if not found[0]:
             config._attn_implementation = before
-    setattr(model, "_prl_routes_prefix", ok)  # noqa: B010 - nn.Module types its attributes as tensors or modules
-    return ok
+    setattr(model, "_prl_routes_prefix", found)  # noqa: B010 - nn.Module types its attributes as tensors or modules
+    return found
 
 
 @torch.no_grad()
-def _same_both_ways(model: torch.nn.Module) -> bool:
+def _both_ways(model: torch.nn.Module) -> tuple[float, float]:
+    """The largest logit difference between the store and the KV cache over a few steps, and the
+    tolerance for the model's dtype."""
     device = next(model.parameters()).device
     ids, mask = (t.to(device) for t in left_pad([list(p) for p in PROBE_PROMPTS], 0))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -505,7 +525,7 @@ def _same_both_ways(model: torch.nn.Module) -> bool:
         worst = max(worst, float((a.logits.float() - b.logits.float()).abs().max()))
         scale = max(scale, float(a.logits.float().abs().max()))
     dtype = next(model.parameters()).dtype
-    return worst <= (1e-4 if dtype == torch.float32 else 3e-2) * (1.0 + scale)
+    return worst, (1e-4 if dtype == torch.float32 else 3e-2) * (1.0 + scale)
 
 
 def _sliding_window(model: torch.nn.Module) -> int | None:

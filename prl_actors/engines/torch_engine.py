@@ -150,6 +150,10 @@ class TorchEngine:
     def abort(self) -> list[int]:
         return self.batch.abort()
 
+    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
+        """Facts about the decode path, said once (engines/base.py engine_notes)."""
+        return self.batch.drain_notes()
+
     @property
     def busy(self) -> bool:
         return self.batch.busy
