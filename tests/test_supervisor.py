@@ -235,8 +235,8 @@ def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> 
     sup.proc.kill()
     sup.proc.wait()
     deadline = time.monotonic() + 10.0
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not (out.exists() and out.read_text() == "gone"):
+        time.sleep(0.05)  # the file exists from open() on: wait for what the callback wrote, not only for it
     assert out.read_text() == "gone"
 
 

@@ -53,7 +53,7 @@ concatenation costs less than the buffer's bookkeeping (demo shape: 12.7 vs 19.7
 SHARE_FROM = 48
 """An empty batch whose first prompts are this wide (padded) decodes from the shared-prefix store; with
 shorter prompts the per-row cache costs less than the store's extra small operations (chat model, 8
-groups x 8: 0.93x at 32 tokens, 1.25x at 64, 1.42x at 128; BENCHMARKS §12)."""
+groups x 8: 0.93x at 32 tokens, 1.25x at 64, 1.42x at 128; BENCHMARKS §11, fourth round)."""
 _M1, _M2, _ROW = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -258,7 +258,7 @@ class RunningBatch:
         """Does the model route the shared-prefix store? Checked at the first batch that would use it
         (`routes_prefix`, a few tiny forwards), so a run of short prompts never pays for the check."""
         if self.can_share is None:
-            self.can_share, why = prefix_check(self.model) if self.window is None else (False, "sliding window")
+            self.can_share, why = prefix_check(self.model)  # a sliding window says no there
             self.notes.append(("decode_attention", {"shared_prefix": self.can_share, "why": why}))
         return self.can_share
 
