@@ -11,7 +11,7 @@ import torch
 
 from prl_actors.config import load_config
 from prl_actors.engines.base import EngineBusy
-from prl_actors.engines.batching import draw, routes_prefix, uniforms
+from prl_actors.engines.batching import draw, prefix_check, uniforms
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model import prepare_model
 from prl_actors.protocol.messages import Prompt
@@ -116,7 +116,7 @@ def test_done_rows_leaving_early_the_shared_prefix_and_the_in_place_cache_change
 
     def run(shared: bool) -> tuple[dict[int, list[tuple[list[int], list[float]]]], int, int]:
         e = engine(model_dir, 1000)
-        assert routes_prefix(e.model)  # the built-in model routes the shared-prefix store
+        assert prefix_check(e.model)[0]  # the built-in model routes the shared-prefix store
         e.batch.can_share = shared
         e.batch.max_new_tokens = 24
         e.admit(prompts(TEXTS), 8)

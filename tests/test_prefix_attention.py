@@ -1,6 +1,6 @@
 """Shared-prefix decode attention (model/prefix_attention.py): one prompt per group in the store, the
 same attention as SDPA over each row's [prompt | own tokens], and the engine's check that a model
-routes it (engines/batching.py `routes_prefix`)."""
+routes it (engines/batching.py `prefix_check`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prl_actors.engines.batching import prefix_check, routes_prefix
+from prl_actors.engines.batching import prefix_check
 from prl_actors.model.builtin import load_model
 from prl_actors.model.prefix_attention import PrefixKV
 from prl_actors.model.tiny import build_family
@@ -111,7 +111,8 @@ class Swallows(torch.nn.Module):
 
 def test_only_models_that_route_the_store_use_it(tmp_path: Path) -> None:
     qwen = load_model(build_family("qwen2", tmp_path / "qwen2"), dtype="float32")
-    assert routes_prefix(qwen) and prefix_check(qwen)[1].startswith("logits match")
+    routed, why = prefix_check(qwen)
+    assert routed and why.startswith("logits match"), why
     mistral = load_model(build_family("mistral", tmp_path / "mistral"), dtype="float32")
     assert prefix_check(mistral) == (False, "sliding-window attention")  # the ordinary cache
     other = load_model(build_family("llama", tmp_path / "llama"), dtype="float32")

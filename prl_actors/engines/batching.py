@@ -9,7 +9,7 @@ One step of `RunningBatch.step()`:
 3. every group whose G rows are all done (eos or `max_new_tokens`) is returned; done rows leave the
    batch (the KV cache) as soon as they are at least 1/COMPACT of it, not when their group ends.
 
-A model whose attention runs through transformers' interface (checked once per model: `routes_prefix`)
+A model whose attention runs through transformers' interface (checked once per model: `prefix_check`)
 decodes prompts of SHARE_FROM tokens or more from a shared-prefix store (model/prefix_attention.py):
 each group's prompt keys/values are held once and its G rows each keep only the tokens they
 generated, instead of G copies of the prompt in the KV cache. Otherwise the batch keeps that ordinary
@@ -154,9 +154,8 @@ class RunningBatch:
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
         self.window = _sliding_window(model)
         self.can_share: bool | None = None  # the model routes the shared-prefix store (checked when first wanted)
-        self.shared = False  # the running batch decodes from it (`store`), not from `cache`
+        self.store: PrefixKV | None = None  # the running batch's shared-prefix store (None: it uses `cache`)
         self.notes: list[tuple[str, dict[str, Any]]] = []  # for the worker's log (drain_notes)
-        self.store: PrefixKV | None = None
 
     # --- the caller's API ------------------------------------------------------------------------
 
@@ -179,6 +178,11 @@ class RunningBatch:
     @property
     def busy(self) -> bool:
         return bool(self.pending or self.groups)
+
+    @property
+    def shared(self) -> bool:
+        """Does the running batch decode from the shared-prefix store (not from `cache`)?"""
+        return self.store is not None
 
     @property
     def running_rows(self) -> int:
@@ -230,10 +234,11 @@ class RunningBatch:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         sizes = torch.tensor([g.size for g in new], device=self.device)
         cache = out.past_key_values
-        if not self.rows:  # an empty batch picks its cache: the shared store where it pays
-            self.shared = ids.shape[1] >= SHARE_FROM and any(g.size > 1 for g in new) and self._can_share()
-        if self.shared:  # the prompts' keys/values once per group (model/prefix_attention.py)
-            self._store(cache).add([(x.keys, x.values) for x in cache.layers], mask.bool(), sizes.tolist())
+        wide = ids.shape[1] >= SHARE_FROM and any(g.size > 1 for g in new)
+        if not self.rows and wide and self._can_share():  # an empty batch picks its cache: the store where it pays
+            self.store = PrefixKV(len(cache.layers))
+        if self.store is not None:  # the prompts' keys/values once per group (model/prefix_attention.py)
+            self.store.add([(x.keys, x.values) for x in cache.layers], mask.bool(), sizes.tolist())
         else:  # G copies of each prompt's cache
             if ids.shape[1] + self.max_new_tokens >= GROW_FROM:
                 cache = _growing(cache)
@@ -256,7 +261,7 @@ class RunningBatch:
 
     def _can_share(self) -> bool:
         """Does the model route the shared-prefix store? Checked at the first batch that would use it
-        (`routes_prefix`, a few tiny forwards), so a run of short prompts never pays for the check."""
+        (`prefix_check`, a few tiny forwards), so a run of short prompts never pays for the check."""
         if self.can_share is None:
             self.can_share, why = prefix_check(self.model)  # a sliding window says no there
             self.notes.append(("decode_attention", {"shared_prefix": self.can_share, "why": why}))
@@ -267,16 +272,10 @@ class RunningBatch:
         notes, self.notes = self.notes, []
         return notes
 
-    def _store(self, cache: Any) -> PrefixKV:
-        """The shared-prefix store (a fresh one for an empty batch)."""
-        if self.store is None or not self.rows:
-            self.store = PrefixKV(len(cache.layers))
-        return self.store
-
     def _merge(self, cache: Any, mask: torch.Tensor, pos: torch.Tensor) -> None:
         """Append rows (their cache, mask [n, P], next positions [n]) to the batch (with the shared
         store, the rows are in it already: only their positions)."""
-        if self.shared:
+        if self.store is not None:
             self.pos = pos if not self.rows else torch.cat([self.pos, pos])
             return
         if self.cache is None or not self.rows:
@@ -294,7 +293,7 @@ class RunningBatch:
     def _decode(self) -> None:
         last = [r.tokens[-1] if r.tokens else self.pad_id for r in self.rows]
         ids = torch.tensor(last, dtype=torch.long, device=self.device)[:, None]  # [B, 1]
-        if self.shared and self.store is not None:
+        if self.store is not None:
             out = _decode_shared(self.model, ids, self.pos, self.store)
         else:
             self.mask = torch.cat([self.mask, torch.ones_like(ids)], dim=1)  # [B, T + 1]
@@ -357,7 +356,7 @@ class RunningBatch:
             self.pos = self.pos[:0]
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        if self.shared and self.store is not None:
+        if self.store is not None:
             self.store.select(index)
             self.rows = [self.rows[i] for i in keep]
             self.pos = self.pos[index]
@@ -458,20 +457,16 @@ def _decode_shared(model: torch.nn.Module, ids: torch.Tensor, pos: torch.Tensor,
 
 
 PROBE_PROMPTS = ([1, 2, 3, 1, 2], [3, 2])
-"""Two prompts of different lengths (left padding) with two rows each: `routes_prefix`'s check."""
-
-
-def routes_prefix(model: torch.nn.Module) -> bool:
-    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? (`prefix_check`)"""
-    return prefix_check(model)[0]
+"""Two prompts of different lengths (left padding) with two rows each: `prefix_check`'s check."""
 
 
 def prefix_check(model: torch.nn.Module) -> tuple[bool, str]:
-    """(routed, why), checked once per model (two prompts, two rows each, three steps, both ways, the
+    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? (routed, why),
+    checked once per model (two prompts, two rows each, three steps, both ways, the
     same logits up to float noise): a model whose attention does not run through transformers'
     interface with its keywords, or adds to it (soft-capping, sinks), fails and keeps the ordinary
     cache. Needs an SDPA model (switched to "prl_blocks", which is SDPA without the keyword)."""
-    known = getattr(model, "_prl_routes_prefix", None)
+    known = getattr(model, "_prl_prefix_check", None)
     if known is not None:
         return known
     config = getattr(model, "config", None)
@@ -491,7 +486,7 @@ def prefix_check(model: torch.nn.Module) -> tuple[bool, str]:
             found = (False, f"the check failed: {type(exc).__name__}: {exc}"[:300])
         if not found[0]:
             config._attn_implementation = before
-    setattr(model, "_prl_routes_prefix", found)  # noqa: B010 - nn.Module types its attributes as tensors or modules
+    setattr(model, "_prl_prefix_check", found)  # noqa: B010 - nn.Module types its attributes as tensors or modules
     return found
 
 
@@ -504,14 +499,13 @@ def _both_ways(model: torch.nn.Module) -> tuple[float, float]:
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     pos = mask.sum(-1).repeat_interleave(2)  # [4] next position per row
     plain = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+    store = PrefixKV(len(plain.layers))
+    store.add([(x.keys, x.values) for x in plain.layers], mask.bool(), [2, 2])  # before the repeat replaces them
     plain.batch_repeat_interleave(2)
-    fresh = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
-    store = PrefixKV(len(fresh.layers))
-    store.add([(x.keys, x.values) for x in fresh.layers], mask.bool(), [2, 2])
     full = mask.repeat_interleave(2, dim=0)
     worst, scale = 0.0, 0.0
-    for step, token in enumerate(([1], [2], [3])):
-        tok = torch.tensor(token * 4, device=device)[:, None] + torch.arange(4, device=device)[:, None] % 2
+    for step in range(3):
+        tok = (step + 1 + torch.arange(4, device=device) % 2)[:, None]  # [4, 1]: tokens 1 2 / 2 3 / 3 4
         full = torch.cat([full, torch.ones_like(tok)], dim=1)
         a = model(
             input_ids=tok,
