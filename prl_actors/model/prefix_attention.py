@@ -18,7 +18,7 @@ It runs through transformers' attention interface: the model is called with `use
 `prl_prefix` keyword (model/block_attention.py's implementation dispatches it here); each layer's
 attention appends its new key/value to the suffix at the step's column and attends. A model whose
 attention does not pass the keyword on (or computes attention differently: soft-capping, sinks) is
-found by `routes_prefix`, which compares a few steps of both paths once per model; the engine then
+found by `prefix_check` (engines/batching.py), which compares a few steps of both paths once per model; the engine then
 keeps its ordinary cache.
 """
 
@@ -73,6 +73,10 @@ class PrefixKV:
         bias = torch.zeros(valid.shape, device=device, dtype=_acc(kv[0][0])).masked_fill(~valid, float("-inf"))
         bias = bias[:, None, None, :]  # [k, 1, 1, P]
         first = int(self.prefix_bias.shape[0]) if self.rows else 0
+        owners = torch.arange(first, first + len(sizes), device=device).repeat_interleave(
+            torch.tensor(sizes, device=device)
+        )
+        n = int(owners.numel())
         if first:  # prompts side by side, padded on the right (RoPE is in the keys: order is free)
             width = max(self.prefix_bias.shape[-1], bias.shape[-1])
             self.pk = [torch.cat([_pad(a, width), _pad(b, width)]) for a, (b, _) in zip(self.pk, kv, strict=True)]
@@ -80,20 +84,14 @@ class PrefixKV:
             self.prefix_bias = torch.cat(
                 [_pad(self.prefix_bias, width, 3, float("-inf")), _pad(bias, width, 3, float("-inf"))]
             )
-        else:  # an empty batch starts afresh
-            self.pk, self.pv, self.prefix_bias = [k for k, _ in kv], [v for _, v in kv], bias
-            self.suffix_bias = torch.zeros((0, 0), device=device, dtype=bias.dtype)
-            self.owner = torch.zeros(0, dtype=torch.long, device=device)
-        owners = torch.arange(first, first + len(sizes), device=device).repeat_interleave(
-            torch.tensor(sizes, device=device)
-        )
-        n = int(owners.numel())
-        if first:
             self.sk = [torch.cat([b, b.new_zeros((n, *b.shape[1:]))]) for b in self.sk]
             self.sv = [torch.cat([b, b.new_zeros((n, *b.shape[1:]))]) for b in self.sv]
-        else:
+        else:  # an empty batch starts afresh
+            self.pk, self.pv, self.prefix_bias = [k for k, _ in kv], [v for _, v in kv], bias
             self.sk = [k.new_zeros((n, k.shape[1], ROOM, k.shape[3])) for k, _ in kv]
             self.sv = [v.new_zeros((n, v.shape[1], ROOM, v.shape[3])) for _, v in kv]
+            self.suffix_bias = torch.zeros((0, 0), device=device, dtype=bias.dtype)
+            self.owner = torch.zeros(0, dtype=torch.long, device=device)
         unread = torch.full((n, self.width), float("-inf"), device=device, dtype=bias.dtype)  # earlier columns
         self.suffix_bias = torch.cat([self.suffix_bias, unread])
         self.owner = torch.cat([self.owner, owners])
