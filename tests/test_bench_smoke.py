@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +192,45 @@ def test_replay_timeline_without_matplotlib_is_one_error_line(
     result = CliRunner().invoke(app, ["replay", str(run_dir), "--timeline", str(png)])
     assert result.exit_code == 2 and not png.exists()
     assert "prl-actors[plots]" in result.output and "Traceback" not in result.output
+
+
+HARNESS = """
+import sys, time
+from pathlib import Path
+from prl_bench.common import run_up
+pid_file = Path(sys.argv[1])
+sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+run_up(sleeper, 120, on_start=lambda proc: pid_file.write_text(str(proc.pid)))
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a killed child of ours waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_a_run_started_by_the_bench_ends_when_the_bench_does(tmp_path: Path, how: signal.Signals) -> None:
+    """`up` runs in its own session, out of reach of the terminal's Ctrl-C and of a kill of the bench's
+    group: the bench stops it on the way out (Ctrl-C), and the kernel does when the bench is killed
+    outright (PR_SET_PDEATHSIG). Before, either left a cluster running after the bench."""
+    pid_file = tmp_path / "pid"
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(pid_file)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and harness.poll() is None, "the harness never started its run"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    harness.send_signal(how)
+    harness.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, f"the run outlived the bench ({how.name})"

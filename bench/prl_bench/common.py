@@ -9,6 +9,7 @@ when the goal is absolute. Raw numbers go in `raw`, untouched, so results.json c
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import math
 import os
@@ -157,22 +158,45 @@ def free_port(block: int = 1) -> int:
     raise OSError("no free block of tcp ports in 20000-32000")
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def dies_with_us() -> None:
+    """A child's preexec_fn: SIGTERM to the child when this process is gone, however it ends (SIGKILL
+    included; Linux prctl, elsewhere nothing). A run started in its own session hears neither the
+    terminal's Ctrl-C nor a kill of our group, and would keep its actors busy after the bench."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def run_up(
     cmd: list[str],
     timeout_s: float,
     on_start: Callable[[subprocess.Popen], None] | None = None,  # type: ignore[type-arg]
     env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
-    """Run `prl-actors up` in its own session; on timeout the whole group (every actor) is killed."""
+    """Run `prl-actors up` in its own session. On timeout, and when the bench itself stops (Ctrl-C, an
+    error, a kill), `up` is stopped too: killed with its group here, or by `dies_with_us`; its actors
+    follow it (supervisor.py)."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+        preexec_fn=dies_with_us,
     )
-    if on_start is not None:
-        on_start(proc)
     try:
+        if on_start is not None:
+            on_start(proc)
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return 124, f"timed out after {timeout_s}s"
+    finally:
+        if proc.poll() is None:  # the bench stopped before `up` ended (Ctrl-C, an error in on_start)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return proc.returncode, err

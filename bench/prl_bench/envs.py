@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from prl_bench.common import BenchContext, Entry, rounded
+from prl_bench.common import BenchContext, Entry, dies_with_us, rounded
 
 NAME = "envs"
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +68,9 @@ def _env_config(work: Path, n: int, port: int, auth: str) -> tuple[Any, Path]:
 
 def _spawn_env(config: Path, name: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "cli.main", "actor", "env", "--config", str(config), "--name", name]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_us
+    )
 
 
 def _rate(envs: Any, n: int, steps: int, repeats: int) -> float:

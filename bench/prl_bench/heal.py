@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prl_bench.common import BenchContext, Entry, free_port
+from prl_bench.common import BenchContext, Entry, dies_with_us, free_port
 
 GOAL = 0.90
 SEED = 23
@@ -131,7 +131,9 @@ def _run(ctx: BenchContext, name: str, epochs: int, interval_s: float | None, st
     err_path = ctx.work_dir / f"{name}.err"
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, preexec_fn=dies_with_us
+        )
         try:
             kills = _disturb(ctx, proc, run_dir, interval_s) if interval_s else []
             proc.wait(timeout=max(600.0, epochs * 20.0))
