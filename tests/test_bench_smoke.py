@@ -234,3 +234,25 @@ def test_a_run_started_by_the_bench_ends_when_the_bench_does(tmp_path: Path, how
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, f"the run outlived the bench ({how.name})"
+
+
+def test_the_schedule_model_releases_backwards_only_with_the_whole_group() -> None:
+    """bench/prl_bench/schedule_model.py on a hand-made epoch: generation ends at 1.0 s; group 0's
+    samples are done at 0.2 and 0.5 s, group 1's at 0.3 and 1.0 s. A group's backward waits for the
+    group, a sample's forward only for the sample; after 1.0 s the work runs `tail` times as fast."""
+    from prl_bench.schedule_model import Epoch, schedule
+
+    epoch = Epoch(
+        gen_s=1.0,
+        sample_done={(0, 0): 0.2, (0, 1): 0.5, (1, 0): 0.3, (1, 1): 1.0},
+        group_done={0: 0.5, 1: 1.0},
+        forward_s={(0, 0): 0.1, (0, 1): 0.1, (1, 0): 0.1, (1, 1): 0.1},
+        backward_s={0: 0.2, 1: 0.4},
+    )
+    assert epoch.train_s == pytest.approx(1.0)
+    # group level: 0.4 s from 0.5, then group 1's 0.6 s from 1.0: all after generation
+    assert schedule(epoch, sample_level=False, tail=1.0) == pytest.approx(1.6)
+    assert schedule(epoch, sample_level=False, tail=2.0) == pytest.approx(1.3)
+    # sample level: every forward but the last sample's before 1.0; then 0.1 + 0.4 s at the tail speed
+    assert schedule(epoch, sample_level=True, tail=1.0) == pytest.approx(1.5)
+    assert schedule(epoch, sample_level=True, tail=2.0) == pytest.approx(1.25)
