@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -155,7 +156,9 @@ def test_a_member_whose_key_is_refused_fails_at_once_with_the_reason(run_dir: Pa
         host = start_actor("worker-x", cfg.model_copy(update={"transport": cfg.transport.model_copy(
             update={"keys_dir": str(own)})}), ctx, None, quiet=True)  # fmt: skip
         assert host.done.wait(20.0) and time.monotonic() - t0 < 20.0
-        assert host.error is not None and "the coordinator refused our key" in host.error, host.error
+        # the worker connects to every server at once: whichever refuses first is the one it names
+        assert host.error is not None, "no error"
+        assert re.search(r"the (coordinator|publisher|buffer) refused our key", host.error), host.error
     finally:
         cluster.close()
         auth.close_context(ctx)
