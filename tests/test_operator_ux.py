@@ -236,6 +236,9 @@ def test_a_joined_worker_says_what_it_is_doing(run_dir: Path) -> None:
     cluster = LocalCluster(sim_config(run_dir, run__epochs=3), workers=1, log_dir=run_dir / "logs")
     try:
         assert cluster.wait(60)
+        # the coordinator's Shutdown reaches the worker after the coordinator is done: the worker stops
+        # on it (and says so); closing the cluster first would stop it before it heard
+        assert cluster.hosts["worker-0"].done.wait(10)
     finally:
         cluster.close()
         stop.set()
