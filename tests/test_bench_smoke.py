@@ -256,3 +256,39 @@ def test_the_schedule_model_releases_backwards_only_with_the_whole_group() -> No
     # sample level: every forward but the last sample's before 1.0; then 0.1 + 0.4 s at the tail speed
     assert schedule(epoch, sample_level=True, tail=1.0) == pytest.approx(1.5)
     assert schedule(epoch, sample_level=True, tail=2.0) == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("way", ["reencoded", "cached", "prefix_blocks"])
+def test_a_groups_samples_forwarded_in_pieces_give_the_packed_log_probs_and_gradients(way: str) -> None:
+    """bench/prl_bench/sample_forwards.py: the prototypes whose cost BENCHMARKS section 11 reports give
+    the trainer's packed group's log-probs and gradients, k samples per call. A float64 model, but
+    Qwen2's RMSNorm runs in float32 inside it, so differently grouped sums agree to float32 precision
+    (a wrong mask or a lost prompt gradient is off by orders of magnitude more)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from prl_actors.model.block_attention import use_blocks
+    from prl_bench.sample_forwards import WAYS, packed
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).double()
+    assert use_blocks(model)
+    prompt = torch.randint(0, 64, (11,)).tolist()
+    responses = [torch.randint(0, 64, (n,)).tolist() for n in (1, 5, 9, 2, 7)]
+
+    def run(fn: object) -> tuple[torch.Tensor, torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        logp = fn()  # type: ignore[operator]
+        logp.sum().backward()
+        return logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    want, want_grad = run(lambda: packed(model, prompt, responses))
+    for k in (1, 3, 5):
+        got, got_grad = run(lambda k=k: WAYS[way](model, prompt, responses, k))
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-6, rtol=0), (k, float((got - want).abs().max()))
+        assert torch.allclose(got_grad, want_grad, atol=1e-5, rtol=1e-5), (k, float((got_grad - want_grad).abs().max()))
