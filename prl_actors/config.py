@@ -158,7 +158,8 @@ class RunSection(_Section):
         3,
         ge=1,
         description="A group whose generation or scoring failed this many times (a worker gave it back "
-        "with an exception) is given up: see task.on_error.",
+        "with an exception), or that the trainer could not train this many times (its forward/backward "
+        "failed on it alone), is given up: see task.on_error.",
     )
 
     def staleness_bound(self) -> int:
@@ -667,7 +668,7 @@ class TaskSection(_Section):
     reward: str | None = Field(None, description="module:function reward plugin (see docs).")
     on_error: Literal["fail", "skip", "fail_first"] = Field(
         "fail_first",
-        description="A group that failed generation or scoring run.max_group_failures times: fail = the "
+        description="A group that failed generation, scoring or training run.max_group_failures times: fail = the "
         "run fails naming the prompt and exception; skip = the group is dropped from its epoch (the step "
         "trains the rest; logged and on the console); fail_first = fail while no epoch has been trained "
         "yet (a broken config or plugin is caught at once), skip afterwards.",

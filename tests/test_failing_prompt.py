@@ -8,11 +8,16 @@ Reward errors have their own policy (task.on_reward_error, tests of the rewards)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from prl_actors.config import load_config
 from prl_actors.process import LocalCluster
-from tests.conftest import port_base, read_logs
+from prl_actors.protocol.messages import Group
+from tests.conftest import port_base, read_logs, sim_config
 
 
 def test_a_group_whose_generation_always_fails_ends_the_run_with_its_cause_and_bounded_logs(
@@ -57,3 +62,42 @@ def test_a_group_whose_generation_always_fails_ends_the_run_with_its_cause_and_b
     print(f"run ended {done['t_mono'] - failed[0]['t_mono']:.2f}s after the first failure")
     assert done["t_mono"] - failed[0]["t_mono"] < 15.0  # seconds: three tries, not a stall
     assert sum(p.stat().st_size for p in (run_dir / "logs").glob("*.jsonl")) < 2_000_000
+
+
+@pytest.mark.parametrize("on_error", ["fail_first", "skip"])
+def test_a_group_the_trainer_cannot_train_is_the_groups_fault_not_the_workers(tmp_path: Path, on_error: str) -> None:
+    """A group whose forward/backward always fails in the trainer (too long for its memory, a loss that
+    breaks on it) fails from every worker alike. It is counted against the group (run.max_group_failures,
+    task.on_error), never against the workers. Before, each refusal counted against the worker that
+    generated it: both workers were expelled and the run stalled ("no worker is registered") for good."""
+    run_dir = tmp_path / "run"
+    cfg = sim_config(run_dir, task__on_error=on_error)
+    cluster = LocalCluster(cfg, log_dir=run_dir / "logs")
+    learner = cluster.hosts["trainer"].core.learner  # type: ignore[attr-defined]
+    accumulate, train_one = learner.accumulate, learner.train_one
+
+    def untrainable(train: Callable[[Group], Any]) -> Callable[[Group], Any]:
+        def run(group: Group) -> Any:
+            if group.group_id == 3:
+                raise RuntimeError("cannot train group 3")
+            return train(group)
+
+        return run
+
+    learner.accumulate, learner.train_one = untrainable(accumulate), untrainable(train_one)
+    try:
+        assert cluster.wait(60), "a group the trainer cannot train hung the run"
+    finally:
+        cluster.close()
+    events = read_logs(run_dir)
+    assert not [e for e in events if e["event"] == "member_expelled"]
+    (done,) = [e for e in events if e["event"] == "run_done"]
+    given_up = [e for e in events if e["event"] == "group_given_up"]
+    assert given_up and all(e["group_id"] == 3 and len(e["causes"]) == 3 for e in given_up)
+    assert "the trainer could not train it: RuntimeError: cannot train group 3" in given_up[0]["causes"][-1]
+    if on_error == "skip":  # each epoch drops group 3 and trains the rest
+        assert len(given_up) == 3 and not done["reason"].startswith("failed"), done
+        dropped = {e["msg_epoch"] for e in events if e["event"] == "group_dropped"}
+        assert dropped == {0, 1, 2}
+    else:  # nothing trained yet: the run ends at once, naming the group and the trainer's error
+        assert done["reason"].startswith("failed: group 3 of epoch 0") and "cannot train group 3" in done["reason"]

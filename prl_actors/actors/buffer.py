@@ -15,11 +15,12 @@ Admission (in this order; the first failing rule is the rejection reason, counte
   dropped                     the coordinator gave up on the group (task.on_error skip)
   expelled                    its sender was expelled (below)
 Content (actors/group_check.py, after the rules above): non_finite, bad_tokens, too_long,
-wrong_prompt, bad_text, reward_mismatch. A group refused for its content (or for its size), or
-refused later by the trainer (GroupRefused train_failed: its forward/backward failed alone), is
+wrong_prompt, bad_text, reward_mismatch. A group refused for its content (or for its size) is
 counted against its worker and reported to the coordinator (GroupRefused), which requeues it for
 another worker; the `max_bad_groups`-th refusal expels the worker (`expel` in that report): its
-groups are refused from then on.
+groups are refused from then on. A group the trainer refuses later (GroupRefused train_failed: its
+forward/backward failed alone) is requeued the same way but counted against the group, not the
+worker: the coordinator gives it up after run.max_group_failures failures (task.on_error).
 Accepted groups go to the Trainer as `TrainGroup` under credit-based flow control: one credit per
 group, returned by the trainer after consuming it. `periodic` streams each group on arrival; `sync`
 holds the epoch's groups and releases the whole batch when the last one arrives.
@@ -237,11 +238,14 @@ class BufferCore(Core):
         self.reply(inbound, GroupAck(reply_to=msg.id, group_id=gid, accepted=False, reason=reason))
         self._bad_group(msg.epoch, gid, msg.group.worker, reason, detail, msg.id)
 
-    def _bad_group(self, epoch: int, gid: int, worker: str, reason: RejectReason, detail: str, msg_id: str) -> None:
-        """Count a refused group against `worker` and tell the coordinator to requeue it."""
+    def _bad_group(
+        self, epoch: int, gid: int, worker: str, reason: RejectReason, detail: str, msg_id: str, blame: bool = True
+    ) -> None:
+        """Count a refused group against `worker` (unless not `blame`) and tell the coordinator to
+        requeue it."""
         self.count(f"rejected.{reason}")
-        n = self.bad[worker] = self.bad.get(worker, 0) + 1
-        expel = bool(self.max_bad_groups) and n >= self.max_bad_groups and worker not in self.expelled
+        n = self.bad[worker] = self.bad.get(worker, 0) + int(blame)
+        expel = blame and bool(self.max_bad_groups) and n >= self.max_bad_groups and worker not in self.expelled
         if expel:
             self.expelled.add(worker)
         self.log(
@@ -256,14 +260,17 @@ class BufferCore(Core):
     @handles(GroupRefused)
     def on_group_refused(self, now: float, inbound: Inbound[GroupRefused]) -> None:
         """The trainer could not train this group alone: it is no longer accepted (a regenerated one
-        is), and it counts against the worker that sent it."""
+        is). It does not count against the worker that sent it: its content passed the checks, and a
+        group the trainer cannot train (too long for its memory, a loss that fails on it) fails from
+        every worker alike, so blaming them expelled every worker and stalled the run. The coordinator
+        counts it against the group instead (run.max_group_failures, task.on_error)."""
         msg = inbound.msg
         if msg.epoch != self.epoch or msg.group_id not in self.accepted:
             self.log("late_refusal_ignored", group_id=msg.group_id, msg_epoch=msg.epoch)
             return
         self.accepted.discard(msg.group_id)
         worker = self.senders.pop(msg.group_id, msg.worker)
-        self._bad_group(msg.epoch, msg.group_id, worker, msg.reason, msg.detail, msg.id)
+        self._bad_group(msg.epoch, msg.group_id, worker, msg.reason, msg.detail, msg.id, blame=False)
 
     def _not_assigned(self, msg: GroupResult) -> str:
         """Why `msg` is not a group the coordinator assigned to its sender ("" when it is)."""

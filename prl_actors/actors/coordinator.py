@@ -59,6 +59,7 @@ from prl_actors.protocol.messages import (
     Phase,
     Prompt,
     Register,
+    RejectReason,
     RequestStop,
     Role,
     Scale,
@@ -704,6 +705,13 @@ class CoordinatorCore(Core):
             if self.phase.is_(Phase.TRAINING):
                 self.phase.to(Phase.RUNNING)
             self.log("group_refused", group_id=msg.group_id, worker=msg.worker, reason=msg.reason, detail=msg.detail)
+            if msg.reason == RejectReason.TRAIN_FAILED:  # the group's failure, not the worker's (buffer.py)
+                causes = self.failures.setdefault(msg.group_id, [])
+                causes.append(f"the trainer could not train it: {msg.detail}")
+                if len(causes) >= self.s.max_group_failures:
+                    self._give_up(msg.group_id, causes)
+                    if self.phase.is_(Phase.DONE):
+                        return
         if msg.expel:
             self._expel(msg.worker, f"{msg.reason}: {msg.detail}")
         self._nudge()
