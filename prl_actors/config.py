@@ -201,7 +201,8 @@ class TransportSection(_Section):
         60.0,
         gt=0,
         description="A member gives up (exits with an error) when the coordinator does not answer its "
-        "register, or says nothing at all once it joined, for this long.",
+        "register, or says nothing at all once it joined, for this long. Also how long a run whose every "
+        "worker was expelled (run.max_bad_groups) waits for another to join before it fails.",
     )
 
 

@@ -88,6 +88,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             dynamic_sampling=cfg.coordinator.dynamic_sampling,
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
             max_staleness=cfg.run.staleness_bound(),
+            expelled_wait_s=cfg.transport.join_timeout_s,
         )
         task = load_task(cfg)
         return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))

@@ -119,6 +119,30 @@ def test_a_worker_refused_max_bad_groups_times_is_expelled_by_buffer_and_coordin
     assert isinstance(again, m.Error) and "expelled" in again.detail
 
 
+def test_a_run_whose_workers_were_all_expelled_ends_after_the_join_timeout_naming_why() -> None:
+    """Expelled names cannot come back and `up` does not replace them: with none left, the run waited
+    for good ("stalled: no worker is registered"). It now waits expelled_wait_s
+    (transport.join_timeout_s) for a worker to join, then fails naming the expulsions."""
+    coord = coordinator()
+    open_epoch(coord)  # worker-a and worker-b
+    assign = request_work(coord, "worker-a", 0)
+    assert isinstance(assign, m.WorkAssign)
+    refused = m.GroupRefused(
+        epoch=0, version=0, group_id=assign.prompts[0].group_id, worker="worker-a",
+        reason=m.RejectReason.WRONG_PROMPT, detail="prompt_ids are not the assigned prompt's tokenisation", expel=True,
+    )  # fmt: skip
+    drive(coord, 0.2, refused, "buffer")
+    wait = coord.s.expelled_wait_s
+    drive(coord, wait - 0.2, m.Register(role=m.Role.WORKER), "worker-c")  # a worker may still join ...
+    coord.tick(wait + 0.5)  # ... (worker-b fell silent: gone)
+    assert coord.phase.current == m.Phase.RUNNING and "worker-c" in coord.members
+    coord.tick(wait + 1.5)  # worker-c silent too: removed ...
+    coord.tick(wait + 1.6)  # ... none left, and none joined within `wait` of the expulsion
+    assert coord.phase.current == m.Phase.DONE
+    assert coord.done_reason.startswith("failed: no worker is left to generate the run's groups: worker-a expelled")
+    assert "wrong_prompt: prompt_ids are not" in coord.done_reason and f"within {wait:g}s" in coord.done_reason
+
+
 def test_a_group_refused_by_the_trainer_after_the_epoch_was_generated_is_generated_again() -> None:
     coord = coordinator()
     open_epoch(coord)

@@ -104,6 +104,7 @@ class CoordinatorSettings:
     hold_min_s: float = 30.0  # ... and at least this
     max_group_failures: int = 3  # a group given back this often is given up (on_error)
     on_error: str = "fail_first"  # fail | skip | fail_first (config.TaskSection.on_error)
+    expelled_wait_s: float = 60.0  # every worker expelled: how long one may still join (transport.join_timeout_s)
 
 
 NOTICES_KEPT = 20
@@ -144,6 +145,7 @@ class CoordinatorCore(Core):
         self.group_times: deque[float] = deque(maxlen=GROUP_TIMES_KEPT)  # assign -> accept, seconds
         self.failures: dict[int, list[str]] = {}  # group id -> why it failed, this epoch
         self.expelled: set[str] = set()  # member names refused for the rest of the run
+        self.expelled_at, self.expelled_why = 0.0, ""  # the last expulsion: when, and why
         self.expelled_keys: set[str] = set()  # and their keys, where the key is the member's own
         self.keys_of: dict[str, str] = {}  # member name -> the key it registered with ("" unauthenticated)
         self.notices: deque[str] = deque(maxlen=NOTICES_KEPT)
@@ -181,14 +183,33 @@ class CoordinatorCore(Core):
     def tick(self, now: float) -> None:
         silent = self.members.silent(now, self.s.heartbeat_timeout_s)
         overdue = self.work.overdue(now, self.assigned_at, self.hold_deadline_s()) if self.phase.epoch_open else {}
-        if silent or overdue or self.requests.any_due(now):  # it decides something
+        orphaned = self._orphaned(now)
+        if silent or overdue or self.requests.any_due(now) or orphaned:  # it decides something
             self.log("coord_input", now=now, tick=True)  # logged before its effects, which replay compares
         super().tick(now)
         for m in silent:
             self._remove(m, "heartbeat_timeout")
         for worker, groups in overdue.items():
             self._hold_expired(worker, groups)
+        if orphaned:
+            self._shutdown(orphaned)
+            return
         self._watch_stall(now)
+
+    def _orphaned(self, now: float) -> str:
+        """Why the run ends now ('' when it does not): workers were expelled and none is left, the open
+        epoch (or an evaluation) waits for groups, and no worker joined within expelled_wait_s of the
+        last expulsion. Expelled names cannot come back (`up` does not replace them), so without this
+        a run whose every worker was expelled waited for good."""
+        if not self.expelled or self.members.of_role(Role.WORKER) or now - self.expelled_at < self.s.expelled_wait_s:
+            return ""
+        if not (self.phase.is_(Phase.RUNNING) or self._eval_blocks()):
+            return ""
+        names = ", ".join(sorted(self.expelled)[:4]) + ("..." if len(self.expelled) > 4 else "")
+        return (
+            f"failed: no worker is left to generate the run's groups: {names} expelled (last: {self.expelled_why}), "
+            f"and none joined within {self.s.expelled_wait_s:g}s"
+        )
 
     def _watch_stall(self, now: float) -> None:
         """No silent hang: in every state but done, while the run makes no progress, say every
@@ -713,11 +734,13 @@ class CoordinatorCore(Core):
                     if self.phase.is_(Phase.DONE):
                         return
         if msg.expel:
+            self.expelled_at = now
             self._expel(msg.worker, f"{msg.reason}: {msg.detail}")
         self._nudge()
 
     def _expel(self, name: str, why: str) -> None:
         self.expelled.add(name)
+        self.expelled_why = why
         if self.keys_of.get(name) == name:  # its own key (a role-wide key would expel its peers too)
             self.expelled_keys.add(name)
         member = self.members.get(name)
