@@ -21,8 +21,8 @@ row carries its staleness histogram (`staleness_j`: groups generated j versions 
 Failure isolation (training/guard.py): when a forward/backward raises, no queued group is lost: each
 group not yet trained is retried alone; one that fails alone is refused (`train_refused`, GroupRefused
 to the buffer, which requeues it through the coordinator, counted against the group, not its worker)
-and the rest is trained. Every trained
-group is logged in `groups_trained` with its tokens (replay checks them against what was received).
+and the rest is trained. Every trained group is logged in `groups_trained` with its tokens (replay
+checks them against what was received).
 A learner without isolation, or one whose every retried group fails, fails the actor loudly.
 Before the step: a non-finite loss or gradient fails the actor (trainer.on_nonfinite fail: nothing
 is stepped, published or checkpointed) or skips the step (skip). Each epoch reports the share of
