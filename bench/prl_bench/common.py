@@ -192,11 +192,9 @@ def run_up(
             on_start(proc)
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         return 124, f"timed out after {timeout_s}s"
     finally:
-        if proc.poll() is None:  # the bench stopped before `up` ended (Ctrl-C, an error in on_start)
+        if proc.poll() is None:  # timed out, or the bench stopped first (Ctrl-C, an error in on_start)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, err

@@ -106,15 +106,19 @@ class Loop:
             max_new_tokens=s.max_new_tokens,
         )
 
-    def generate(self, it: int) -> list[Any]:
+    def admit(self, it: int) -> None:
+        """Queue iteration `it`'s B prompts, G samples each, in the running batch."""
         from prl_actors.model.tokenizer import encode_prompt
-        from prl_actors.protocol.messages import Group, Sample
 
-        prompts = self.task.prompts_for_epoch(it, self.B)
-        for p in prompts:
+        for p in self.task.prompts_for_epoch(it, self.B):
             key = self.seed_for(self.cfg.run.seed, self.learner.version, p.group_id)
             ids = encode_prompt(self.tokenizer, p.prompt, self.cfg.task.chat_template)
             self.batch.add(p.group_id, ids, key, self.G, tag=p)
+
+    def generate(self, it: int) -> list[Any]:
+        from prl_actors.protocol.messages import Group, Sample
+
+        self.admit(it)
         done = []
         while self.batch.busy:
             done += self.batch.step()

@@ -48,12 +48,8 @@ class Epoch:
 
 def generate(loop: Any, it: int) -> tuple[float, dict[tuple[int, int], float], dict[int, float], list[Any]]:
     """The batch as the engine generates it, with when each row and each group finished."""
-    from prl_actors.model.tokenizer import encode_prompt
-
-    batch, cfg = loop.batch, loop.cfg
-    for p in loop.task.prompts_for_epoch(it, loop.B):
-        ids = encode_prompt(loop.tokenizer, p.prompt, cfg.task.chat_template)
-        batch.add(p.group_id, ids, loop.seed_for(cfg.run.seed, loop.learner.version, p.group_id), loop.G, tag=p)
+    batch = loop.batch
+    loop.admit(it)
     running: dict[int, Any] = {}
     sample_done: dict[tuple[int, int], float] = {}
     group_done: dict[int, float] = {}
@@ -67,7 +63,7 @@ def generate(loop: Any, it: int) -> tuple[float, dict[tuple[int, int], float], d
         running.update({g.group_id: g for g in batch.groups})
         for gid, g in running.items():
             for i, row in enumerate(g.rows):
-                if (gid, i) not in sample_done and (row.eos or len(row.tokens) >= batch.max_new_tokens):
+                if (gid, i) not in sample_done and batch.row_done(row):
                     sample_done[(gid, i)] = now
         for f in out:
             group_done[f.group_id] = now

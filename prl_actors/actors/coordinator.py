@@ -684,13 +684,18 @@ class CoordinatorCore(Core):
         for g in groups:
             self.assigned_at.pop(g, None)
             self.work.give_back(g)
-            causes = self.failures.setdefault(g, [])
-            causes.append(why)
-            if len(causes) >= self.s.max_group_failures:
-                self._give_up(g, causes)
-                if self.phase.is_(Phase.DONE):
-                    return
+            if self._group_failed(g, why):
+                return
         self._nudge()
+
+    def _group_failed(self, group_id: int, why: str) -> bool:
+        """Count a failure of the (given back) group; the max_group_failures-th gives it up under
+        on_error. True when that ended the run."""
+        causes = self.failures.setdefault(group_id, [])
+        causes.append(why)
+        if len(causes) >= self.s.max_group_failures:
+            self._give_up(group_id, causes)
+        return self.phase.is_(Phase.DONE)
 
     def _give_up(self, group_id: int, causes: list[str]) -> None:
         prompt = self.prompts.get(group_id)
@@ -726,21 +731,16 @@ class CoordinatorCore(Core):
             if self.phase.is_(Phase.TRAINING):
                 self.phase.to(Phase.RUNNING)
             self.log("group_refused", group_id=msg.group_id, worker=msg.worker, reason=msg.reason, detail=msg.detail)
-            if msg.reason == RejectReason.TRAIN_FAILED:  # the group's failure, not the worker's (buffer.py)
-                causes = self.failures.setdefault(msg.group_id, [])
-                causes.append(f"the trainer could not train it: {msg.detail}")
-                if len(causes) >= self.s.max_group_failures:
-                    self._give_up(msg.group_id, causes)
-                    if self.phase.is_(Phase.DONE):
-                        return
+            failed = msg.reason == RejectReason.TRAIN_FAILED  # the group's failure, not the worker's (buffer.py)
+            if failed and self._group_failed(msg.group_id, f"the trainer could not train it: {msg.detail}"):
+                return
         if msg.expel:
-            self.expelled_at = now
-            self._expel(msg.worker, f"{msg.reason}: {msg.detail}")
+            self._expel(msg.worker, f"{msg.reason}: {msg.detail}", now)
         self._nudge()
 
-    def _expel(self, name: str, why: str) -> None:
+    def _expel(self, name: str, why: str, now: float) -> None:
         self.expelled.add(name)
-        self.expelled_why = why
+        self.expelled_at, self.expelled_why = now, why
         if self.keys_of.get(name) == name:  # its own key (a role-wide key would expel its peers too)
             self.expelled_keys.add(name)
         member = self.members.get(name)

@@ -306,7 +306,7 @@ class RunningBatch:
             )
             self.cache = out.past_key_values
         self.pos = self.pos + 1
-        live = [i for i, r in enumerate(self.rows) if not self._row_done(r)]
+        live = [i for i, r in enumerate(self.rows) if not self.row_done(r)]
         if live:
             self._sample(out.logits[live, -1, :].float(), live)
 
@@ -324,7 +324,8 @@ class RunningBatch:
             r.logprobs.append(lp)
             r.eos = e or (self.stopper is not None and self.stopper(r.tokens))
 
-    def _row_done(self, row: Row) -> bool:
+    def row_done(self, row: Row) -> bool:
+        """Has `row` ended (eos or max_new_tokens)?"""
         return row.eos or len(row.tokens) >= self.max_new_tokens
 
     # --- leaving ---------------------------------------------------------------------------------
@@ -337,11 +338,11 @@ class RunningBatch:
         its eos until then would cost attention and matmuls for nothing (at the chat shape ~2/3 of
         the row-steps). Dropping rows copies the cache once, so it waits until at least 1/COMPACT of
         the batch is done (or the batch is all done)."""
-        done = [g for g in self.groups if all(self._row_done(r) for r in g.rows)]
+        done = [g for g in self.groups if all(self.row_done(r) for r in g.rows)]
         if done:
             gone = {id(g) for g in done}
             self.groups = [g for g in self.groups if id(g) not in gone]
-        live = [i for i, r in enumerate(self.rows) if not self._row_done(r)]
+        live = [i for i, r in enumerate(self.rows) if not self.row_done(r)]
         dead = len(self.rows) - len(live)
         if dead and (dead * COMPACT >= len(self.rows) or not self.groups):
             self._select(live)
@@ -461,11 +462,11 @@ PROBE_PROMPTS = ([1, 2, 3, 1, 2], [3, 2])
 
 
 def prefix_check(model: torch.nn.Module) -> tuple[bool, str]:
-    """Does `model` decode from the shared-prefix store exactly as from its own KV cache? (routed, why),
-    checked once per model (two prompts, two rows each, three steps, both ways, the
-    same logits up to float noise): a model whose attention does not run through transformers'
-    interface with its keywords, or adds to it (soft-capping, sinks), fails and keeps the ordinary
-    cache. Needs an SDPA model (switched to "prl_blocks", which is SDPA without the keyword)."""
+    """(routed, why): does `model` decode from the shared-prefix store exactly as from its own KV cache?
+    Checked once per model (two prompts, two rows each, three steps, both ways, the same logits up to
+    float noise): a model whose attention does not run through transformers' interface with its
+    keywords, or adds to it (soft-capping, sinks), fails and keeps the ordinary cache. Needs an SDPA
+    model (switched to "prl_blocks", which is SDPA without the keyword)."""
     known = getattr(model, "_prl_prefix_check", None)
     if known is not None:
         return known
