@@ -63,10 +63,12 @@ class SideBySide(NamedTuple):
     learner: DistributedLearner
 
 
-def side_by_side(cfg: Config, model_dir: Path, groups: list[Group], strategy: str) -> SideBySide:
+def side_by_side(
+    cfg: Config, model_dir: Path, groups: list[Group], strategy: str, epochs: list[list[Group]] | None = None
+) -> SideBySide:
     """Epoch 0 on every group, epoch 1 on three others (a second, unclipped step is not scale-free),
-    by one process and by a 2-rank `strategy` group."""
-    epochs = [groups, groups[1:4]]
+    or the given `epochs`, by one process and by a 2-rank `strategy` group."""
+    epochs = epochs or [groups, groups[1:4]]
     one = single(cfg, model_dir)
     initial = one.weights()
     m1 = [train_epoch(one, gs, e) for e, gs in enumerate(epochs)]

@@ -10,8 +10,8 @@ import pytest
 
 from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
 from prl_actors.protocol.messages import Group, Sample
-from prl_actors.training.rank_group import RankEnv
-from prl_actors.training.rank_learner import group_cost, partition
+from prl_actors.training.rank_group import Piece, RankEnv
+from prl_actors.training.rank_learner import group_cost, partition, whole
 from tests.dist_utils import max_diff, rollouts, side_by_side
 
 
@@ -20,16 +20,48 @@ def group(gid: int, prompt: int, *responses: int) -> Group:
     return Group(group_id=gid, prompt="", prompt_ids=[1] * prompt, samples=samples, worker="w")
 
 
+def ids(share: list[Piece]) -> list[tuple[int, int, int]]:
+    """(group, first sample, samples) of each piece."""
+    return [(p.group.group_id, p.first, len(p.group.samples)) for p in share]
+
+
 def test_partition_balances_tokens_and_keeps_arrival_order() -> None:
     groups = [group(0, 2, 1, 1), group(1, 2, 30, 30), group(2, 2, 5, 5), group(3, 2, 20, 20), group(4, 2, 9, 9)]
     shares = partition(groups, 2)
-    assert sorted(g.group_id for s in shares for g in s) == [0, 1, 2, 3, 4]  # each group exactly once
-    loads = [sum(group_cost(g) for g in s) for s in shares]
+    assert sorted(p.group.group_id for s in shares for p in s) == [0, 1, 2, 3, 4]  # each group exactly once
+    assert all(p.first == 0 and p.group is groups[p.group.group_id] for s in shares for p in s)  # whole groups
+    loads = [sum(group_cost(p.group) for p in s) for s in shares]
     assert max(loads) - min(loads) <= max(group_cost(g) for g in groups[2:])  # LPT: within the largest
-    assert [g.group_id for g in shares[0]] == sorted(g.group_id for g in shares[0])  # arrival order kept
-    assert [g.group_id for g in shares[1]] == sorted(g.group_id for g in shares[1])
-    assert loads == [74, 66]  # 1 (62) -> r0, 3 (42) -> r1, 4 (20) -> r1, 2 (12) -> r0 (tie), 0 (4) -> r1
-    assert partition(groups[:1], 3) == [groups[:1], [], []]  # fewer groups than ranks: idle ranks
+    assert [p.group.group_id for p in shares[0]] == sorted(p.group.group_id for p in shares[0])  # arrival order
+    assert [p.group.group_id for p in shares[1]] == sorted(p.group.group_id for p in shares[1])
+    # 1 (62) -> r0, 3 (42) -> r1, 4 (20) -> r1, 2 (12) -> r0 (tie), 0 (4) -> r1; no cut of r0's groups
+    # shortens the round by more than the 2-token prompt it would repeat, so none is split
+    assert loads == [74, 66]
+
+
+def test_partition_splits_a_group_where_whole_groups_leave_a_rank_idle() -> None:
+    """One group on two ranks: each takes half its samples (the second piece repeats the prompt);
+    three ranks and one group: three pieces. Every sample is in exactly one piece, each piece carries
+    the whole group's rewards, and a short group is not split for less than the prompt it repeats."""
+    g = group(7, 10, 40, 40, 40, 40)
+    for i, s in enumerate(g.samples):
+        s.reward = float(i)
+    two = partition([g], 2)
+    assert [ids(s) for s in two] == [[(7, 0, 2)], [(7, 2, 2)]]
+    assert all(p.rewards == [0.0, 1.0, 2.0, 3.0] for s in two for p in s)
+    assert [s.reward for s in two[1][0].group.samples] == [2.0, 3.0]
+    three = partition([g], 3)  # 4 samples on 3 ranks: one holds 2 (90 tokens), a third cut cannot pay
+    assert sorted(x for s in three for x in ids(s)) == [(7, 0, 1), (7, 1, 1), (7, 2, 2)]
+    six = partition([group(8, 10, *[40] * 6)], 3)  # 250 tokens: 90 / 90 / 90 is best
+    assert sorted(x for s in six for x in ids(s)) == [(8, 0, 2), (8, 2, 1), (8, 3, 2), (8, 5, 1)]
+    assert [sum(group_cost(p.group) for p in s) for s in six] == [90, 90, 100]  # a piece per cut: 4 prompts
+    # three groups on two ranks, one long: whole groups give 170 / 100, a cut 130 / 150 (the long
+    # group's last sample and its prompt again)
+    long, a, b = group(0, 10, 40, 40, 40, 40), group(1, 10, 20, 20), group(2, 10, 20, 20)
+    cut = partition([long, a, b], 2)
+    assert [ids(s) for s in cut] == [[(0, 0, 3)], [(0, 3, 1), (1, 0, 2), (2, 0, 2)]]
+    assert [sum(group_cost(p.group) for p in s) for s in cut] == [130, 150]
+    assert partition([group(3, 10, 3, 3)], 2) == [[whole(group(3, 10, 3, 3))], []]  # 16 tokens: not worth it
 
 
 @pytest.mark.parametrize(
@@ -77,6 +109,26 @@ def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
     assert two.version == 2
     assert two.pending == 0 and two.flush() == 0  # the Learner interface's flush: nothing queued
+
+
+def test_a_group_split_across_two_ranks_trains_as_in_one_process(tmp_path: Path) -> None:
+    """One group per epoch: each rank trains half its samples, with advantages from the whole group's
+    rewards and the group counted once. Advantages from a piece's own rewards, or a group counted on
+    both ranks, give other weights or metrics. Tolerance: the prompt is encoded by both ranks and its
+    gradient goes through each piece's RMSNorm separately, which Hugging Face computes in float32 even
+    in a float64 model (measured 5e-8 apart; the steps move weights by ~1e-3)."""
+    cfg, model_dir, groups = rollouts(tmp_path, trainer__max_grad_norm=1e6)
+    epochs = [groups[:1], groups[3:4]]
+    for (g,) in epochs:
+        assert len({s.reward for s in g.samples}) > 1  # advantages that a split could get wrong
+        assert [len(s) for s in partition([g], 2)] == [1, 1]  # split: a piece on each rank
+    run = side_by_side(cfg, model_dir, groups, "ddp", epochs)
+    assert max_diff(run.one, run.initial) > 1e-4
+    assert max_diff(run.one, run.group) < 1e-6
+    for a, b in zip(run.one_metrics, run.group_metrics, strict=True):
+        for key in ("tokens", "samples", "groups", "reward_mean"):
+            assert b[key] == a[key], key
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
 
 
 def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:

@@ -5,7 +5,10 @@ The real learners: world size 1 is `GRPOLearner` in this process; world size 2 i
 as in a run), with strategy ddp and fsdp2. Every rank computes on one thread (trainer.threads = 1),
 so world size N uses N cores. Groups are synthetic (random tokens and 0/1 rewards; the cost of a
 group depends only on its lengths). Each case alternates its epochs with world size 1's (a shared
-machine's load then hits both alike): one warm-up pair, then `epochs` timed pairs, medians.
+machine's load then hits both alike): one warm-up pair, then `epochs` timed pairs, medians. A last
+ddp case flushes after every group, as the trainer does when groups arrive one by one, with varied
+response lengths: each round then holds one group, which rank_learner.partition splits across the
+ranks (whole groups would leave rank 1 idle).
 
 Bound: speed-up T(1) / T(N) <= min(N, cores) (the ranks' compute in parallel; the collectives and
 rank 0's commands are the overhead the ratio shows). Reference: world size 1 on min(2, cores)
@@ -25,16 +28,24 @@ from typing import Any
 from prl_bench.common import BenchContext, Entry, rounded
 
 
-def make_groups(n: int, group_size: int, prompt: int, response: int, vocab: int, seed: int) -> list[Any]:
+def make_groups(
+    n: int, group_size: int, prompt: int, response: int, vocab: int, seed: int, varied: bool = False
+) -> list[Any]:
+    """`n` groups of random tokens and 0/1 rewards; `varied`: response lengths geometric with mean
+    `response`, capped at 4x (the chat shape's long tail), else all `response` long."""
     from prl_actors.protocol.messages import Group, Sample
 
     rng = random.Random(seed)
+
+    def length() -> int:
+        return min(4 * response, max(1, int(rng.expovariate(1 / response)))) if varied else response
+
     out = []
     for gid in range(n):
         samples = [
             Sample(
                 text="",
-                token_ids=[rng.randrange(3, vocab) for _ in range(response)],
+                token_ids=[rng.randrange(3, vocab) for _ in range(length())],
                 logprobs=[],
                 reward=float(rng.random() < 0.5),
                 finished=True,
@@ -66,20 +77,26 @@ def setup(ctx: BenchContext) -> tuple[Any, Path]:
     return cfg, prepare_model(cfg, ctx.work_dir)
 
 
-def one_epoch(learner: Any, groups: list[Any], epoch: int, threads: int) -> float:
-    """Seconds for one epoch (begin, accumulate every group, step) with `threads` torch threads here."""
+def one_epoch(learner: Any, groups: list[Any], epoch: int, threads: int, per_flush: int = 0) -> float:
+    """Seconds for one epoch (begin, accumulate every group, step) with `threads` torch threads here;
+    `per_flush` > 0: a flush after every that many groups, as the trainer does when groups arrive one
+    by one (a rank group trains each flush as one round)."""
     import torch
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     learner.begin_epoch(epoch, len(groups))
-    for g in groups:
+    for i, g in enumerate(groups, start=1):
         learner.accumulate(g)
+        if per_flush and i % per_flush == 0:
+            learner.flush()
     learner.step()
     return time.perf_counter() - t0
 
 
-def paired(cfg: Any, model_dir: Path, groups: list[Any], epochs: int, strategy: str, threads: int) -> dict[str, Any]:
+def paired(
+    cfg: Any, model_dir: Path, groups: list[Any], epochs: int, strategy: str, threads: int, per_flush: int = 0
+) -> dict[str, Any]:
     """Epochs of world size 1 (one thread) and of the other case, alternated (a shared machine's
     load then hits both alike); after one warm-up pair, the median time of each and of their ratio."""
     import torch
@@ -99,7 +116,7 @@ def paired(cfg: Any, model_dir: Path, groups: list[Any], epochs: int, strategy: 
     pairs = []
     try:
         for e in range(epochs + 1):
-            pairs.append((one_epoch(base, groups, e, 1), one_epoch(other, groups, e, threads)))
+            pairs.append((one_epoch(base, groups, e, 1, per_flush), one_epoch(other, groups, e, threads, per_flush)))
     finally:
         torch.set_num_threads(before)
         if strategy != "single":
@@ -109,6 +126,7 @@ def paired(cfg: Any, model_dir: Path, groups: list[Any], epochs: int, strategy: 
         "strategy": strategy,
         "world_size": trainer.world_size,
         "threads": threads,
+        "per_flush": per_flush,
         "one_s": statistics.median(p[0] for p in pairs),
         "epoch_s": statistics.median(p[1] for p in pairs),
         "speedup": statistics.median(p[0] / p[1] for p in pairs),
@@ -126,8 +144,13 @@ def run(ctx: BenchContext) -> list[Entry]:
     cases = [("single", min(2, cores)), ("ddp", 1), ("fsdp2", 1)]
     cases = ctx.size(cases, cases, [cases[1]])  # smoke: the structure, one group launch
     results = [paired(cfg, model_dir, groups, epochs, strategy, threads) for strategy, threads in cases]
+    # groups arriving one by one, lengths varied (a round per group): whole groups leave rank 1 idle,
+    # so each round's group is split across the ranks (rank_learner.partition)
+    arriving = make_groups(b, g, p, r, vocab, seed=1, varied=True)
+    results += [paired(cfg, model_dir, arriving, epochs, "ddp", 1, per_flush=1)]
     for res in results:
         what = f"{res['strategy']} x{res['world_size']} ({res['threads']} thread(s) each)"
+        what += ", a round per arriving group (varied lengths)" if res["per_flush"] else ""
         ctx.say(f"  trainer epoch, {what}: {res['epoch_s']:.3f}s vs 1 process on 1 thread {res['one_s']:.3f}s")
     raw = {
         "cores": cores,
@@ -145,7 +168,7 @@ def run(ctx: BenchContext) -> list[Entry]:
     return [
         Entry(
             "dist_step",
-            f"trainer epoch {res['strategy']} world_size 2",
+            f"trainer epoch {res['strategy']} world_size 2{', a round per arriving group' if res['per_flush'] else ''}",
             "T(world size 1) / T(world size 2), one thread per rank, gloo; paired epochs, median",
             res["speedup"],
             "x",

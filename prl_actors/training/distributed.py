@@ -2,7 +2,8 @@
 
 Rank 0 alone talks ZeroMQ. `DistributedLearner` is the Learner the TrainerCore drives (the actor does
 not know it is distributed): it collects arriving groups into rounds of world_size x
-micro_batch_groups, splits each round into token-balanced shares, sends every rank the round
+micro_batch_groups, splits each round into token-balanced shares (a group's samples across ranks
+where whole groups cannot balance it: rank_learner.partition), sends every rank the round
 (`Command`, training/rank_group.py) and trains its own share; at EpochComplete every rank takes the
 one step (training/rank_learner.py). Publishing and checkpointing run on rank 0 (fsdp2: with every
 rank's part gathered).

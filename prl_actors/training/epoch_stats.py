@@ -45,8 +45,10 @@ class EpochStats:
             self.ratio_min = min(self.ratio_min, float(ratio.min()))
             self.ratio_max = max(self.ratio_max, float(ratio.max()))
 
-    def add_rewards(self, rewards: list[float]) -> None:
-        self.groups += 1
+    def add_rewards(self, rewards: list[float], whole: bool = True) -> None:
+        """A group's rewards (or, `whole` False, those of the part of a group a trainer rank holds
+        besides its first samples: the group is counted where they are)."""
+        self.groups += int(whole)
         self.samples += len(rewards)
         self.reward_sum += sum(rewards)
         self.correct += sum(r >= 1.0 for r in rewards)

@@ -263,8 +263,7 @@ class GRPOLearner(GuardedGRPO):
         batch = collate(pairs, self.cfg.shared_prompt).to(self.device)
         if batch.targets.numel() == 0:
             return
-        rewards = [torch.tensor([s.reward for s in g.samples], dtype=torch.float64) for g in groups]
-        adv = torch.cat([scaled_advantages(r, self.cfg.scale_rewards, self.batch_std) for r in rewards])  # [S]
+        adv = torch.cat([self._advantages(g) for g in groups])  # [S]
         context = response_contexts(pairs) if self.tri.transform.penalised else None  # [N, C]
         with self._autocast():
             old = self._old_logprobs(batch, context)  # [N] or None (the policy's own)
@@ -284,6 +283,11 @@ class GRPOLearner(GuardedGRPO):
         self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped)
         if self.first_pass:  # the same ratios on every pass (old = the epoch-start policy)
             self.stats.add_is(rho[keep].cpu(), corrected[keep].cpu())
+
+    def _advantages(self, group: Group) -> torch.Tensor:
+        """[G] float64: the advantages of `group`'s samples under trainer.scale_rewards."""
+        rewards = torch.tensor([s.reward for s in group.samples], dtype=torch.float64)  # [G]
+        return scaled_advantages(rewards, self.cfg.scale_rewards, self.batch_std)
 
     def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
         """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the

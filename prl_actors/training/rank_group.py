@@ -186,12 +186,23 @@ def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
+class Piece(msgspec.Struct, kw_only=True):
+    """A group, or some of its samples, in a rank's share of a round (training/rank_learner.py's
+    `partition` splits a group across ranks where that shortens the round). `group.samples` are the
+    piece's; `rewards` are the whole group's (its advantages need every one) and `first` is the index of
+    the piece's first sample among them."""
+
+    group: Group
+    rewards: list[float]
+    first: int = 0
+
+
 class Command(msgspec.Struct, kw_only=True):
-    """One instruction from rank 0 to every rank. `shares[r]` are rank r's groups for a round."""
+    """One instruction from rank 0 to every rank. `shares[r]` are rank r's pieces for a round."""
 
     op: str
     epoch: int = -1
-    shares: list[list[Group]] = []
+    shares: list[list[Piece]] = []
     path: str = ""
 
 

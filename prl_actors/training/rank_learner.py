@@ -1,8 +1,9 @@
 """One trainer rank's GRPO learner: its share of each round, the epoch's sums over the group, one step.
 
 Rank 0 splits each round of arriving groups into one share per rank (`partition`, balanced by token
-count); every rank forward/backwards its share as one micro-batch (`run_round`), gradients summed,
-never normalised. At the step (`_synchronise`, called by GRPOLearner.step before it scales):
+count, a group's samples split across ranks where whole groups cannot balance the round); every rank
+forward/backwards its share as one micro-batch (`run_round`), gradients summed, never normalised.
+At the step (`_synchronise`, called by GRPOLearner.step before it scales):
 * the epoch's stats (token count included) are all-reduced, so every rank divides by the same total
   and the update equals world_size 1's, up to float summation order;
 * ddp: the summed gradients are all-reduced (SUM) once, in flat buckets. DDP's Reducer is not used:
@@ -26,6 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -36,7 +38,8 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
 from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
 from prl_actors.training.lora import TOKENIZER_FILES
-from prl_actors.training.rank_group import Joined, RankEnv
+from prl_actors.training.losses import scaled_advantages
+from prl_actors.training.rank_group import Joined, Piece, RankEnv
 
 SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
@@ -53,15 +56,65 @@ def group_cost(g: Group) -> int:
     return len(g.prompt_ids) + sum(len(s.token_ids) for s in g.samples)
 
 
-def partition(groups: list[Group], n: int) -> list[list[Group]]:
-    """n shares of `groups`, balanced by `group_cost` (longest first onto the least-loaded rank, ties
-    to the lowest rank: deterministic); each share keeps arrival order."""
-    loads, owner = [0] * n, [0] * len(groups)
+def whole(g: Group) -> Piece:
+    """All of `g` as one piece."""
+    return Piece(group=g, rewards=[s.reward for s in g.samples])
+
+
+def partition(groups: list[Group], n: int) -> list[list[Piece]]:
+    """n shares of `groups`, balanced by `group_cost`: whole groups first (longest first onto the
+    least-loaded rank, ties to the lowest rank), then, while that pays (at most 2 (n - 1) times), the
+    busiest rank hands the last samples of one of its groups to the least busy one: where that cuts
+    the larger of the two loads by more than the prompt the second piece encodes again (a round of one
+    group on two ranks; three groups, one long). Deterministic; each share keeps arrival order, a split
+    group's pieces in sample order."""
+    loads = [0] * n
+    shares: list[list[tuple[int, Piece]]] = [[] for _ in range(n)]  # (arrival index, piece)
     for i in sorted(range(len(groups)), key=lambda i: (-group_cost(groups[i]), i)):
         r = min(range(n), key=lambda r: (loads[r], r))
         loads[r] += group_cost(groups[i])
-        owner[i] = r
-    return [[g for g, o in zip(groups, owner, strict=True) if o == r] for r in range(n)]
+        shares[r].append((i, whole(groups[i])))
+    for _ in range(2 * (n - 1)):
+        heavy = max(range(n), key=lambda r: (loads[r], -r))
+        light = min(range(n), key=lambda r: (loads[r], r))
+        split = _best_split(shares[heavy], loads[heavy], loads[light])
+        if split is None:
+            break
+        j, keep, moved = split
+        i, piece = shares[heavy][j]
+        head, tail = _cut(piece, keep)
+        shares[heavy][j] = (i, head)
+        shares[light].append((i, tail))
+        loads[heavy] -= moved
+        loads[light] += moved + len(piece.group.prompt_ids)
+    return [[p for _, p in sorted(share, key=lambda x: (x[0], x[1].first))] for share in shares]
+
+
+def _best_split(share: list[tuple[int, Piece]], heavy: int, light: int) -> tuple[int, int, int] | None:
+    """(piece index in `share`, samples it keeps, response tokens it hands over) of the cut that leaves
+    the smaller larger-load of the two ranks, if that is below `heavy` by more than the prompt repeated
+    (ties: the first piece, the most samples kept)."""
+    best: tuple[int, int, int, int] | None = None  # (larger load after, j, keep, moved)
+    for j, (_, piece) in enumerate(share):
+        lens = [len(s.token_ids) for s in piece.group.samples]
+        prompt = len(piece.group.prompt_ids)
+        for keep in range(len(lens) - 1, 0, -1):
+            moved = sum(lens[keep:])
+            span = max(heavy - moved, light + moved + prompt)
+            if heavy - span > prompt and (best is None or span < best[0]):
+                best = (span, j, keep, moved)
+    return None if best is None else best[1:]
+
+
+def _cut(piece: Piece, keep: int) -> tuple[Piece, Piece]:
+    """`piece` as its first `keep` samples and the rest (each with the whole group's rewards)."""
+    g = piece.group
+    head = msgspec.structs.replace(g, samples=g.samples[:keep])
+    tail = msgspec.structs.replace(g, samples=g.samples[keep:])
+    return (
+        Piece(group=head, rewards=piece.rewards, first=piece.first),
+        Piece(group=tail, rewards=piece.rewards, first=piece.first + keep),
+    )
 
 
 def on_rank_device(cfg: Config, env: RankEnv) -> Config:
@@ -130,6 +183,7 @@ class RankLearner(GRPOLearner):
         super().__init__(on_rank_device(cfg, joined.env), model_dir)
         self.rank, self.world_size, self.group = joined.env.rank, joined.env.world_size, joined.compute
         self.strategy = cfg.trainer.strategy
+        self._pieces: dict[int, Piece] = {}  # id(piece.group) -> piece, during run_round
         if self.strategy not in ("ddp", "fsdp2"):
             raise ConfigError(f"a trainer rank needs strategy ddp or fsdp2, not {self.strategy}")
         self._broadcast_initial()
@@ -158,15 +212,30 @@ class RankLearner(GRPOLearner):
 
     # --- the epoch -----------------------------------------------------------------------------
 
-    def run_round(self, share: list[Group]) -> None:
-        """Forward/backward this rank's share of a round as one micro-batch (fsdp2: exactly one pass)."""
-        for g in share:
-            self.stats.add_rewards([s.reward for s in g.samples])
-        if any(s.token_ids for g in share for s in g.samples):
-            self._pending = list(share)
-            self._flush()
-        elif self.strategy == "fsdp2":
-            self._idle_pass()
+    def run_round(self, share: list[Piece]) -> None:
+        """Forward/backward this rank's share of a round as one micro-batch (fsdp2: exactly one pass).
+        A group split across ranks counts once (on the rank holding its first sample); its samples'
+        advantages come from the whole group's rewards (`_advantages`)."""
+        for p in share:
+            self.stats.add_rewards([s.reward for s in p.group.samples], whole=p.first == 0)
+        self._pieces = {id(p.group): p for p in share}
+        try:
+            if any(s.token_ids for p in share for s in p.group.samples):
+                self._pending = [p.group for p in share]
+                self._flush()
+            elif self.strategy == "fsdp2":
+                self._idle_pass()
+        finally:
+            self._pieces = {}
+
+    def _advantages(self, group: Group) -> torch.Tensor:
+        """[k] the advantages of a piece's k samples: its slice of the whole group's."""
+        piece = self._pieces.get(id(group))
+        if piece is None:
+            return super()._advantages(group)
+        rewards = torch.tensor(piece.rewards, dtype=torch.float64)  # [G]
+        every = scaled_advantages(rewards, self.cfg.scale_rewards, self.batch_std)  # [G]
+        return every[piece.first : piece.first + len(group.samples)]
 
     def _idle_pass(self) -> None:
         """A zero-loss forward/backward: joins the round's all-gathers and reduce-scatters, adds nothing."""
