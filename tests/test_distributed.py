@@ -10,9 +10,9 @@ import pytest
 
 from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
 from prl_actors.protocol.messages import Group, Sample
-from prl_actors.training.rank_group import Piece, RankEnv
+from prl_actors.training.rank_group import Command, Piece, RankEnv
 from prl_actors.training.rank_learner import group_cost, partition, whole
-from tests.dist_utils import max_diff, rollouts, side_by_side
+from tests.dist_utils import group_of, max_diff, rollouts, side_by_side, single, train_epoch
 
 
 def group(gid: int, prompt: int, *responses: int) -> Group:
@@ -129,6 +129,33 @@ def test_a_group_split_across_two_ranks_trains_as_in_one_process(tmp_path: Path)
         for key in ("tokens", "samples", "groups", "reward_mean"):
             assert b[key] == a[key], key
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
+
+
+def test_a_round_goes_out_at_every_ranks_token_budget(tmp_path: Path) -> None:
+    """trainer.micro_batch_tokens bounds a rank's forward as it bounds one process's: a round goes out
+    once it holds world_size x micro_batch_tokens tokens, not only at world_size x micro_batch_groups
+    groups (512 by default: a burst of groups would be one forward per rank, however long)."""
+    cfg, model_dir, groups = rollouts(tmp_path, trainer__max_grad_norm=1e6, trainer__micro_batch_tokens=20)
+    one = single(cfg, model_dir)
+    train_epoch(one, groups)
+    two = group_of(cfg, model_dir, "ddp")
+    rounds: list[list[int]] = []  # per round, each rank's tokens
+    send = two.channel.send
+
+    def spy(cmd: Command) -> None:
+        if cmd.op == "round":
+            rounds.append([sum(group_cost(p.group) for p in share) for share in cmd.shares])
+        send(cmd)
+
+    two.channel.send = spy  # type: ignore[method-assign]
+    try:
+        train_epoch(two, groups)  # no flush between groups: only the budget cuts rounds
+        weights = two.weights()
+    finally:
+        two.close()
+    assert len(rounds) >= 3  # 5 groups of 19-23 tokens, rounds of >= 40
+    assert max(max(r) for r in rounds) <= 20 + max(group_cost(g) for g in groups)  # a share: the budget + one group
+    assert max_diff(one.weights(), weights) < 1e-6  # the same update (split groups: see above)
 
 
 def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:

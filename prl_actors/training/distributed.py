@@ -1,8 +1,8 @@
 """The trainer as a torch.distributed group: rank 0 is the Trainer actor, ranks 1..N-1 follow it.
 
 Rank 0 alone talks ZeroMQ. `DistributedLearner` is the Learner the TrainerCore drives (the actor does
-not know it is distributed): it collects arriving groups into rounds of world_size x
-micro_batch_groups, splits each round into token-balanced shares (a group's samples across ranks
+not know it is distributed): it collects arriving groups into rounds of at most world_size x
+micro_batch_groups groups or about world_size x micro_batch_tokens tokens, splits each round into token-balanced shares (a group's samples across ranks
 where whole groups cannot balance it: rank_learner.partition), sends every rank the round
 (`Command`, training/rank_group.py) and trains its own share; at EpochComplete every rank takes the
 one step (training/rank_learner.py). Publishing and checkpointing run on rank 0 (fsdp2: with every
@@ -47,7 +47,7 @@ from prl_actors.training.rank_group import (
     rank_log_dir,
     start_local_group,
 )
-from prl_actors.training.rank_learner import RankLearner, partition
+from prl_actors.training.rank_learner import RankLearner, group_cost, partition
 
 
 def _no_fatal(reason: str) -> None:
@@ -63,21 +63,26 @@ class DistributedLearner:
         self.closed = False
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
         self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
+        self.round_tokens = self.env.world_size * cfg.trainer.micro_batch_tokens
         self.local = self._guard(lambda: RankLearner(cfg, model_dir, joined), "start rank 0")
         self.pending_groups: list[Group] = []
+        self.pending_tokens = 0
 
     @property
     def version(self) -> int:
         return self.local.version
 
     def begin_epoch(self, epoch: int, n_groups: int) -> None:
-        self.pending_groups = []
+        self.pending_groups, self.pending_tokens = [], 0
         self._everywhere(Command(op="begin", epoch=epoch), lambda: self.local.begin_epoch(epoch, n_groups))
 
     def accumulate(self, group: Group) -> dict[str, float]:
-        """Queue `group`; a full round goes out to the ranks at once."""
+        """Queue `group`; a full round goes out to the ranks at once: world_size x micro_batch_groups
+        groups, or world_size x micro_batch_tokens tokens (each rank trains its share as one
+        micro-batch, so the token budget bounds a rank's forward as it bounds one process's)."""
         self.pending_groups.append(group)
-        if len(self.pending_groups) >= self.round_size:
+        self.pending_tokens += group_cost(group)
+        if len(self.pending_groups) >= self.round_size or self.pending_tokens >= self.round_tokens:
             self._round()
         rewards = [s.reward for s in group.samples]
         tokens = sum(len(s.token_ids) for s in group.samples)
@@ -98,6 +103,7 @@ class DistributedLearner:
 
     def _round(self) -> None:
         shares, self.pending_groups = partition(self.pending_groups, self.env.world_size), []
+        self.pending_tokens = 0
         self._everywhere(Command(op="round", shares=shares), lambda: self.local.run_round(shares[0]))
 
     def step(self) -> dict[str, float]:
