@@ -2,11 +2,11 @@
 
 Rank 0 alone talks ZeroMQ. `DistributedLearner` is the Learner the TrainerCore drives (the actor does
 not know it is distributed): it collects arriving groups into rounds of at most world_size x
-micro_batch_groups groups or about world_size x micro_batch_tokens tokens, splits each round into token-balanced shares (a group's samples across ranks
-where whole groups cannot balance it: rank_learner.partition), sends every rank the round
-(`Command`, training/rank_group.py) and trains its own share; at EpochComplete every rank takes the
-one step (training/rank_learner.py). Publishing and checkpointing run on rank 0 (fsdp2: with every
-rank's part gathered).
+micro_batch_groups groups or about world_size x micro_batch_tokens tokens, splits each round into
+token-balanced shares (a group's samples across ranks where whole groups cannot balance it:
+rank_learner.partition), sends every rank the round (`Command`, training/rank_group.py) and trains
+its own share; at EpochComplete every rank takes the one step (training/rank_learner.py). Publishing
+and checkpointing run on rank 0 (fsdp2: with every rank's part gathered).
 
 Failure is loud: a rank that dies makes rank 0's next command or collective fail at once (its sockets
 close); one that hangs, within `trainer.dist_timeout_s`. Rank 0 then reports the cause through
