@@ -256,6 +256,11 @@ def test_the_schedule_model_releases_backwards_only_with_the_whole_group() -> No
     # sample level: every forward but the last sample's before 1.0; then 0.1 + 0.4 s at the tail speed
     assert schedule(epoch, sample_level=True, tail=1.0) == pytest.approx(1.5)
     assert schedule(epoch, sample_level=True, tail=2.0) == pytest.approx(1.25)
+    # reference early (half of each forward): the four 0.05 s reference jobs from each sample's end,
+    # the groups' 0.3 and 0.5 s at theirs: 0.25, 0.35, 0.55, 0.85, then 1.05 and 1.55
+    epoch.reference_s = {k: 0.05 for k in epoch.forward_s}
+    assert schedule(epoch, False, tail=1.0, reference_early=True, early_cost=1.0) == pytest.approx(1.55)
+    assert schedule(epoch, False, tail=1.0, reference_early=True, early_cost=2.0) == pytest.approx(1.6)
 
 
 @pytest.mark.parametrize("way", ["reencoded", "cached", "prefix_blocks"])
