@@ -18,7 +18,7 @@ from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
 from prl_actors.supervisor import STANDBY_ENV as STANDBY_ENV  # set by `up` for a spare core actor
 from prl_actors.supervisor import START_GATE_ENV as START_GATE_ENV  # set by `up` for the trainer and workers
-from prl_actors.supervisor import STOP_SIGNALS
+from prl_actors.supervisor import STOP_SIGNALS, watch_supervisor
 from prl_actors.supervisor import SUPERVISOR_ENV as SUPERVISOR_ENV  # set by `up` for the actors it starts
 from prl_actors.threads import LOCAL_WORKERS_ENV as LOCAL_WORKERS_ENV  # set by `up` for its local actors
 from prl_actors.threads import limit_actor_threads
@@ -36,16 +36,20 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     SIGTERM/SIGINT/SIGHUP ask it to stop (a worker leaves gracefully first). An actor that has not
     stopped `run.stop_grace_s` later (a thread stuck in a handler or an engine) is given up on: the
     caller exits the process anyway (`exit_now`), as on a second signal. Started by `up`, an actor
-    whose supervisor has gone (SIGKILLed) stops by itself. A spare (STANDBY_ENV) first waits to be
+    whose supervisor has gone (SIGKILLed) stops by itself, while it is still building too
+    (`exit_if_orphaned_while_starting`). A spare (STANDBY_ENV) first waits to be
     needed (`await_standby`)."""
     await_standby()
     limit_actor_threads(role_of(name), cfg)
+    starting = exit_if_orphaned_while_starting(name)
     ctx = zmq.Context()
     try:
         host = start_actor(name, cfg, ctx, Path(cfg.run.run_dir) / "logs", quiet=quiet, gate=start_gate(cfg))
     except (StartFailed, KeysError) as exc:  # KeysError: its own or a peer's key file is missing
         close_context(ctx)
         raise ActorFailed(f"{name}: {exc}") from None
+    finally:
+        starting.clear()
     reason = serve_until_stopped(host, cfg.run.stop_grace_s)
     if reason:
         raise ActorFailed(f"{name}: did not stop within {cfg.run.stop_grace_s:g}s of {reason} (a stuck thread?)")
@@ -56,6 +60,29 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
 
 
 GATE_POLL_S = 0.02
+ORPHAN_POLL_S = 0.2
+
+
+def exit_if_orphaned_while_starting(name: str) -> threading.Event:
+    """Started by `up` (SUPERVISOR_ENV): until the returned event is cleared (the actor has started or
+    failed to), exit 1 with one line as soon as `up` is gone. A SIGKILLed `up` stops no one, and an
+    actor building itself (imports, a model load that takes minutes for a large model) reaches the
+    start gate's check only once the build is done, holding its memory meanwhile. After the start,
+    serve_until_stopped watches the supervisor instead."""
+    starting = threading.Event()
+    starting.set()
+
+    def gone() -> None:
+        if starting.is_set():
+            print(
+                f"error: {name}: failed to start: prl-actors up exited while it was starting",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+    watch_supervisor(gone, poll_s=ORPHAN_POLL_S)
+    return starting
 
 
 def start_gate(cfg: Config) -> Callable[[], None] | None:

@@ -244,3 +244,41 @@ def test_a_dead_coordinator_or_publisher_ends_up_within_seconds(tmp_path: Path, 
     finally:
         proc.kill()
         kill_all(pids)
+
+
+SLOW_PLUGIN = """
+import os, time
+if os.environ.get("PRL_SUPERVISOR_PID"):  # an actor `up` started: its build takes a minute (a big model)
+    time.sleep(60)
+
+
+def reward(completion, answer):
+    return 0.0
+"""
+
+
+def test_an_actor_still_building_when_up_is_killed_exits_at_once(
+    tmp_path: Path, run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor loads its model (minutes, for a large one) before it checks the start gate; an `up`
+    SIGKILLed meanwhile stops no one. The actor notices within a second, says so in one line and
+    exits 1, instead of finishing the load (holding its memory) and failing only then."""
+    (tmp_path / "slow_build.py").write_text(SLOW_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cfg = sim_config(run_dir, transport="tcp", task__reward="slow_build:reward")
+    proc = start_up(cfg, tmp_path)
+    pids: list[int] = []
+    try:
+        wait_for(run_dir, lambda e: e["actor"] == "worker-0" and e["event"] == "actor_start", timeout=60)
+        pids = [actor_pids(run_dir)["worker-0"]]
+        time.sleep(0.5)  # in the plugin's import now
+        proc.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        assert not wait_gone(pids, 10.0), "the worker finished its build before noticing `up` was gone"
+        assert time.monotonic() - t0 < 5.0
+        err = (tmp_path / "up.err").read_text()
+        assert "error: worker-0: failed to start: prl-actors up exited while it was starting" in err, err
+    finally:
+        proc.kill()
+        kill_all(pids)
