@@ -286,8 +286,11 @@ class GRPOLearner(GuardedGRPO):
 
     def _advantages(self, group: Group) -> torch.Tensor:
         """[G] float64: the advantages of `group`'s samples under trainer.scale_rewards."""
-        rewards = torch.tensor([s.reward for s in group.samples], dtype=torch.float64)  # [G]
-        return scaled_advantages(rewards, self.cfg.scale_rewards, self.batch_std)
+        return self._scaled([s.reward for s in group.samples])
+
+    def _scaled(self, rewards: list[float]) -> torch.Tensor:
+        """[G] float64: the advantages of one whole group's `rewards` under trainer.scale_rewards."""
+        return scaled_advantages(torch.tensor(rewards, dtype=torch.float64), self.cfg.scale_rewards, self.batch_std)
 
     def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
         """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the

@@ -38,7 +38,6 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
 from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
 from prl_actors.training.lora import TOKENIZER_FILES
-from prl_actors.training.losses import scaled_advantages
 from prl_actors.training.rank_group import Joined, Piece, RankEnv
 
 SUMS = (
@@ -233,9 +232,7 @@ class RankLearner(GRPOLearner):
         piece = self._pieces.get(id(group))
         if piece is None:
             return super()._advantages(group)
-        rewards = torch.tensor(piece.rewards, dtype=torch.float64)  # [G]
-        every = scaled_advantages(rewards, self.cfg.scale_rewards, self.batch_std)  # [G]
-        return every[piece.first : piece.first + len(group.samples)]
+        return self._scaled(piece.rewards)[piece.first : piece.first + len(group.samples)]
 
     def _idle_pass(self) -> None:
         """A zero-loss forward/backward: joins the round's all-gathers and reduce-scatters, adds nothing."""
