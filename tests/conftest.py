@@ -58,6 +58,15 @@ def sim_config(run_dir: Path, transport: str = "inproc", **overrides: object) ->
     return load_config(None, base)
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (a killed child of ours waits to be reaped). A process that exits while
+    its stat file is read is not alive either (ProcessLookupError)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
 def read_logs(run_dir: Path) -> list[dict]:
     """Every event of every actor, ordered by monotonic time."""
     events = []

@@ -25,6 +25,7 @@ from prl_bench.logspans import epoch_phases, run_phases
 from prl_bench.report import main as report_main
 from prl_bench.report import write_report
 from prl_bench.suite import BENCHMARKS, UnknownBenchmark, resolve, run_suite
+from tests.conftest import alive
 
 ENTRY_KEYS = {"benchmark", "name", "metric", "measured", "unit", "ratio", "goal", "op", "bound", "raw", "passed"}
 
@@ -204,14 +205,6 @@ run_up(sleeper, 120, on_start=lambda proc: pid_file.write_text(str(proc.pid)))
 """
 
 
-def _alive(pid: int) -> bool:
-    """Running, not a zombie (a killed child of ours waits to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
 def test_a_run_started_by_the_bench_ends_when_the_bench_does(tmp_path: Path, how: signal.Signals) -> None:
     """`up` runs in its own session, out of reach of the terminal's Ctrl-C and of a kill of the bench's
@@ -224,16 +217,16 @@ def test_a_run_started_by_the_bench_ends_when_the_bench_does(tmp_path: Path, how
         assert time.monotonic() < deadline and harness.poll() is None, "the harness never started its run"
         time.sleep(0.05)
     child = int(pid_file.read_text())
-    assert _alive(child)
+    assert alive(child)
     harness.send_signal(how)
     harness.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = _alive(child)
-    if alive:
+    left = alive(child)
+    if left:
         os.kill(child, signal.SIGKILL)
-    assert not alive, f"the run outlived the bench ({how.name})"
+    assert not left, f"the run outlived the bench ({how.name})"
 
 
 def test_the_schedule_model_releases_backwards_only_with_the_whole_group() -> None:

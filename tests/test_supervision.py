@@ -17,17 +17,10 @@ from prl_actors.config import Config, load_config
 from prl_actors.launcher import Launcher, RunFailed
 from prl_actors.rundir import RunDir
 from prl_actors.training.sim import SimLearner
-from tests.conftest import read_logs, run_keys, sim_config, wait_for
+from tests.conftest import alive, read_logs, run_keys, sim_config, wait_for
 from tests.test_processes import CLI, write_config
 
 pytestmark = pytest.mark.integration
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def actor_pids(run_dir: Path) -> dict[str, int]:
