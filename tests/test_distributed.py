@@ -4,6 +4,9 @@ hung-rank and whole-run cases are in test_distributed_slow.py (`make test-dist`)
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
 import random
 from pathlib import Path
 
@@ -190,6 +193,31 @@ def test_a_round_goes_out_at_every_ranks_token_budget(tmp_path: Path) -> None:
     assert len(rounds) >= 3  # 5 groups of 19-23 tokens, rounds of >= 40
     assert max(max(r) for r in rounds) <= 20 + max(group_cost(g) for g in groups)  # a share: the budget + one group
     assert max_diff(one.weights(), weights) < 1e-6  # the same update (split groups: see above)
+
+
+def test_a_closed_group_closes_no_fd_of_someone_else(tmp_path: Path) -> None:
+    """The rendezvous store owns its listening socket and closes it when the group goes; Python must
+    not close that number a second time later. It did (the socket object outlived the store): the
+    number, reused meanwhile, was here a pipe; in a full test run, a zmq context's eventfd, and libzmq
+    aborted the whole pytest process at the next Context.destroy."""
+    cfg, model_dir, _ = rollouts(tmp_path)
+    learner = group_of(cfg, model_dir, "ddp", world_size=1)  # rank 0's own store, no other process
+    learner.close()
+    pipes = [fd for _ in range(16) for fd in os.pipe()]  # take the numbers the store freed
+    try:
+        del learner
+        gc.collect()
+        closed = []
+        for fd in pipes:
+            try:
+                os.fstat(fd)
+            except OSError:
+                closed.append(fd)
+        assert closed == []
+    finally:
+        for fd in pipes:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def test_resume_may_change_the_number_of_ranks_not_the_strategy() -> None:

@@ -99,7 +99,6 @@ class Joined:
     env: RankEnv
     channel: Channel
     compute: Any  # torch.distributed ProcessGroup (timeout trainer.dist_timeout_s)
-    listener: socket.socket | None = None  # rank 0 of a local group: the store's socket
 
 
 def start_local_group(cfg: Config) -> tuple[Joined, list[Child]]:
@@ -107,22 +106,33 @@ def start_local_group(cfg: Config) -> tuple[Joined, list[Child]]:
     ranks 1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is
     gone), wait until each has joined (one that exits first is reported at once), join. Everything
     listens on loopback only: the store (its own socket) and gloo (GLOO_SOCKET_IFNAME=lo, unless set)."""
-    import torch.distributed as dist
-
     n = cfg.trainer.world_size
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # this process and the ranks it starts
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = int(listener.getsockname()[1])
-    store = dist.TCPStore("127.0.0.1", port, n, True, _startup(cfg), False, master_listen_fd=listener.fileno())
+    store, port = serve_store(n, _startup(cfg))
     env0 = RankEnv(0, n, 0, "127.0.0.1", port)
     procs = [_spawn_rank(cfg, RankEnv(r, n, r, env0.master_addr, env0.master_port)) for r in range(1, n)]
     try:
-        joined = _join(cfg, env0, store, procs, rank_log_dir(cfg))
-        joined.listener = listener  # the store serves on this socket: keep it open
-        return joined, procs
+        return _join(cfg, env0, store, procs, rank_log_dir(cfg)), procs
     except BaseException:
         stop_children(procs, 0.0)
+        raise
+
+
+def serve_store(world_size: int, timeout: datetime.timedelta) -> tuple[Any, int]:
+    """A rendezvous store serving on a loopback port the OS picks, and that port. The store owns the
+    socket (it closes it when it is freed, with the process group): the fd is detached from Python,
+    whose close of the same number later could hit whatever reused it (a zmq context's eventfd, and
+    libzmq aborts the process)."""
+    import torch.distributed as dist
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = int(listener.getsockname()[1])
+        fd = listener.detach()
+    try:
+        return dist.TCPStore("127.0.0.1", port, world_size, True, timeout, False, master_listen_fd=fd), port
+    except BaseException:
+        os.close(fd)
         raise
 
 
