@@ -182,6 +182,7 @@ class LocalCluster:
         if cfg.authenticated():  # the run's keys, as `prl-actors up` makes them
             create_keys(cfg.keys_path(), run_key_names())
         self.hosts: dict[str, ActorHost] = {}
+        self.removed: list[ActorHost] = []  # their sockets are still the context's until they are done
         self._next_worker = 0
         try:
             for name in ("coordinator", "publisher", "buffer", "trainer"):
@@ -201,6 +202,7 @@ class LocalCluster:
 
     def remove_worker(self, name: str, graceful: bool = True) -> None:
         host = self.hosts.pop(name)
+        self.removed.append(host)
         if graceful:
             request_stop(host, "removed")
         else:  # like SIGKILL: no Leave, the coordinator must notice the silence
@@ -212,10 +214,16 @@ class LocalCluster:
         """True when the coordinator finished the run within `timeout_s`."""
         return self.hosts["coordinator"].done.wait(timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop every actor, then destroy the context. An actor still running `timeout_s` later keeps
+        the context (closing a socket under a live thread aborts the whole process in libzmq): a
+        RuntimeError names it instead."""
         for host in self.hosts.values():
             if not host.done.is_set():
                 host.actor_ref.stop(block=False)
-        for host in self.hosts.values():
-            host.done.wait(5.0)
+        deadline = time.monotonic() + timeout_s
+        hosts = [*self.hosts.values(), *self.removed]
+        running = [h.core.name for h in hosts if not h.done.wait(max(0.0, deadline - time.monotonic()))]
+        if running:
+            raise RuntimeError(f"{', '.join(running)} still running {timeout_s:g}s after close; zmq context left open")
         close_context(self.ctx)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import msgspec
@@ -38,6 +39,29 @@ def test_sim_policy_learns(run_dir: Path) -> None:
     run(cfg)
     rewards = [msgspec.json.decode(r)["reward_mean"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+
+
+def test_close_leaves_the_context_to_an_actor_still_stopping(run_dir: Path) -> None:
+    """Destroying the zmq context closes every socket, a live actor's too, and libzmq aborts the
+    whole process for that. close() names an actor that has not stopped in time instead."""
+    cluster = LocalCluster(sim_config(run_dir), workers=1, log_dir=run_dir / "logs")
+    host = cluster.hosts["worker-0"]
+    release = threading.Event()
+    on_stop = host.on_stop
+
+    def slow_stop() -> None:
+        release.wait(30)
+        on_stop()
+
+    host.on_stop = slow_stop  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="worker-0 still running 0.5s after close"):
+            cluster.close(timeout_s=0.5)
+        assert not cluster.ctx.closed
+    finally:
+        release.set()
+        cluster.close()
+    assert cluster.ctx.closed
 
 
 def test_worker_joining_mid_run_gets_weights_then_work(run_dir: Path) -> None:

@@ -307,3 +307,24 @@ def test_a_busy_learner_port_is_a_clear_error(tmp_path) -> None:  # type: ignore
             Hub(learner_settings(cfg))
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_hub_closed_under_a_busy_core_keeps_its_context(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Destroying the context closes the core's sockets under its live thread (libzmq aborts the
+    process); a core that has not stopped in time keeps it, and a later close ends both."""
+    import threading
+
+    from prl_actors.envs.hub import Hub, learner_settings
+    from tests.env_utils import env_config
+
+    hub = Hub(learner_settings(env_config(tmp_path)))
+    release = threading.Event()
+    try:
+        hub.tell(lambda now: release.wait(30))  # the core's thread is busy
+        hub.close(timeout_s=0.3)
+        assert not hub.host.done.is_set() and not hub.ctx.closed
+    finally:
+        release.set()
+    assert hub.host.done.wait(10)
+    hub.close()
+    assert hub.ctx.closed

@@ -149,11 +149,11 @@ class Hub:
             raise EnvUnavailable(f"the learner core has stopped ({self.host.error or 'finished'})")
         self.host.actor_ref.tell(Deferred(fn))
 
-    def close(self, reason: str = "finished") -> None:
+    def close(self, reason: str = "finished", timeout_s: float = 5.0) -> None:
         if not self.host.done.is_set():
             self.tell(lambda now: self.core.finish(reason))
-            self.host.done.wait(5.0)
-        if self.own_ctx:
+            self.host.done.wait(timeout_s)
+        if self.own_ctx and self.host.done.is_set():  # never under a live core: libzmq would abort
             close_context(self.ctx)
 
 

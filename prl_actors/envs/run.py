@@ -100,7 +100,8 @@ def run_env_actor(name: str, cfg: Config) -> int:
     try:
         stuck = serve_until_stopped(host, ENV_STOP_GRACE_S)
     finally:
-        close_context(ctx)
+        if host.done.is_set():  # a stuck actor keeps its sockets: closing them under it aborts in libzmq
+            close_context(ctx)
     return 1 if host.error or stuck else 0
 
 
