@@ -58,3 +58,6 @@ class EnvActors:
             if not host.done.is_set():
                 host.actor_ref.stop(block=False)
                 host.done.wait(5.0)
+        running = [name for name, host in self.hosts.items() if not host.done.is_set()]
+        # raised before the caller destroys the context: closing a live actor's sockets aborts in libzmq
+        assert not running, f"env actors still running after close: {running}"
