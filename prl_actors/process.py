@@ -190,7 +190,8 @@ class LocalCluster:
             for _ in range(cfg.run.workers if workers is None else workers):
                 self.add_worker()
         except BaseException:  # one actor failed to start: the ones already running must not leak
-            self.close()
+            with contextlib.suppress(RuntimeError):  # one that does not stop: the start error says more
+                self.close()
             raise
 
     def add_worker(self) -> str:
