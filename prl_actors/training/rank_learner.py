@@ -96,9 +96,9 @@ def _best_split(share: list[tuple[int, Piece]], heavy: int, light: int) -> tuple
     best: tuple[int, int, int, int] | None = None  # (larger load after, j, keep, moved)
     for j, (_, piece) in enumerate(share):
         lens = [len(s.token_ids) for s in piece.group.samples]
-        prompt = len(piece.group.prompt_ids)
+        prompt, moved = len(piece.group.prompt_ids), 0
         for keep in range(len(lens) - 1, 0, -1):
-            moved = sum(lens[keep:])
+            moved += lens[keep]  # the response tokens of samples keep.. (the cut hands them over)
             span = max(heavy - moved, light + moved + prompt)
             if heavy - span > prompt and (best is None or span < best[0]):
                 best = (span, j, keep, moved)
