@@ -1,0 +1,118 @@
+"""The Python API (prl_actors/api.py): configs from a path, dict or Config; reward callables and a
+dataset object reach the actors `up` starts; metrics, stop and the final model; the README example."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from prl_actors import api
+from prl_actors.config import ConfigError, load_config
+from prl_actors.rewards.load import load_function
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_config_from_a_path_a_dict_or_a_config(tmp_path: Path) -> None:
+    from_path = api.Run(ROOT / "configs" / "demo.yaml", run_dir=tmp_path / "a")
+    assert from_path.config.run.name == "demo" and from_path.config.run.run_dir == str(tmp_path / "a")
+    from_dict = api.Run({"run": {"epochs": 3}}, overrides={"trainer.lr": 3e-4})
+    assert (from_dict.config.run.epochs, from_dict.config.trainer.lr) == (3, 3e-4)
+    from_obj = api.Run(load_config(None, {"run.epochs": 7}))
+    assert from_obj.config.run.epochs == 7
+
+
+def test_bad_config_is_one_line_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.lrr.*did you mean trainer\.lr"):
+        api.Run({"trainer": {"lrr": 1}})
+    with pytest.raises(ConfigError, match="does not exist"):
+        api.Run(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="weights for rewards that are not given: other"):
+        api.Run(rewards=[len], weights={"other": 2.0})
+
+
+def test_rewards_and_dataset_become_the_task(tmp_path: Path) -> None:
+    def exact(record: object) -> float:
+        return 1.0
+
+    run = api.Run(rewards=[exact, exact], weights={"exact_2": 0.5}, dataset=[{"prompt": "1+1=", "answer": "2"}])
+    specs = run.config.task.rewards
+    assert [(s.fn, s.name, s.weight) for s in specs] == [
+        ("prl_actors.api:exact", "exact", 1.0),
+        ("prl_actors.api:exact_2", "exact_2", 0.5),
+    ]
+    assert run.config.task.name == "jsonl" and str(run.config.task.prompts_file).endswith("api/dataset.jsonl")
+    math = api.Run({"task": {"name": "math"}}, dataset=[{"question": "q", "answer": "1"}])
+    assert math.config.task.name == "math"  # a dataset task keeps its name
+
+
+def test_a_registered_callable_loads_by_its_spec() -> None:
+    def mine(record: object) -> float:
+        return 0.25
+
+    spec = api.register("mine_for_test", mine)
+    assert load_function(spec, "task.rewards[0].fn") is mine
+    with pytest.raises(ConfigError, match="has no attribute 'never_registered'"):
+        load_function("prl_actors.api:never_registered", "task.rewards[0].fn")
+
+
+def test_another_process_loads_the_callables_from_the_file(tmp_path: Path) -> None:
+    """What a forked or new actor process does: PRL_API_CALLABLES names the pickle; a closure over a
+    local value travels by value."""
+    secret = 0.75
+
+    def closure(record: object) -> float:
+        return secret
+
+    path = tmp_path / "callables.pkl"
+    path.write_bytes(cloudpickle.dumps({"closure": closure}))
+    code = "from prl_actors.rewards.load import load_function as f; print(f('prl_actors.api:closure', 'x')(None))"
+    env = {**os.environ, api.CALLABLES_ENV: str(path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0.75"
+
+
+def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_path: Path) -> None:
+    """The reward scores 1 only for the dataset's one row: every epoch's mean is 1 only if both the
+    closure and the dataset reached the worker. Stopped after two epochs, as Ctrl-C."""
+    prompt, answer = "7+8=", "15"
+
+    def right_row(record: api.Any) -> float:
+        return float(record.prompt == prompt and record.answer == answer)
+
+    config = {"run": {"epochs": 60, "workers": 1}, "coordinator": {"groups_per_epoch": 2}}
+    run = api.Run(config, rewards=[right_row], dataset=[{"prompt": prompt, "answer": answer}], run_dir=tmp_path)
+    rows = []
+    with run.start():
+        for row in run.metrics(timeout_s=120):
+            rows.append(row)
+            if len(rows) == 2:
+                break
+    assert run.returncode == 130  # stopped as Ctrl-C stops it
+    assert [r["reward/right_row"] for r in rows] == [1.0, 1.0]
+    model = run.final_model()
+    assert (model / "config.json").is_file() and (model / "generation_config.json").is_file()
+
+
+def test_readme_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- api-example -->\n```python\n(.*?)```", readme, re.S)
+    assert block is not None, "README has no api-example block"
+    code = block.group(1)
+    assert len([line for line in code.splitlines() if line.strip() and not line.startswith("#")]) <= 10
+    (tmp_path / "example.py").write_text(code)
+    out = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=240, env=os.environ
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines[:3]] == ["0", "1", "2"]
+    assert lines[-1].startswith("model: runs/api/final")
+    assert (tmp_path / "runs" / "api" / "final" / "config.json").is_file()
