@@ -2,7 +2,11 @@
 
 `Counters`: named counts; the refusal kinds (REFUSALS: failed handshakes, forbidden, malformed,
 unexpected) are also summed into `refused`, which every heartbeat carries. `loud` rate-limits their
-log lines (the first LOUD_FIRST of each kind, then one per LOUD_EVERY); their counts are exact.
+log lines (the first LOUD_FIRST of each kind, then one per LOUD_EVERY); their counts are exact, and
+every refusal not logged on its own is kept in `unlogged`, by (kind, message type, claimed sender,
+authenticated key), until the actor logs it as one `refusals` summary (Core.summarize_refusals, at
+most once per SUMMARY_EVERY_S and at its stop): so the logs account for every refusal, and replay
+settles the requests a flood had refused without a line each (replay/replies.py).
 
 `Trust`: may the *authenticated* sender (`Inbound.who`) send this message to this role? Its role
 (the part of its key name before '-') must be one `protocol.routes` lets send it; on the bound socket
@@ -21,12 +25,16 @@ from prl_actors.transport.port import Inbound, name_of_id
 REFUSALS = ("auth_refused", "auth_failed", "refused.forbidden", "refused.over_limit", "bad_frame.", "unexpected")
 LOUD_FIRST, LOUD_EVERY = 50, 1000  # log lines per kind of refusal: the first 50, then every 1000th
 VERDICTS_KEPT = 4096  # remembered admission verdicts per actor
+SUMMARY_EVERY_S = 1.0  # at most one `refusals` summary a second per actor
+SUMMARY_ROWS = 256  # distinct (kind, type, sender, key) rows per summary; more fold into sender "*"
+Who = tuple[str, str, str]  # (message type, claimed sender, authenticated key)
 
 
 class Counters:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.refused = 0  # the sum of the REFUSALS counters (sent in heartbeats)
+        self.unlogged: dict[tuple[str, str, str, str], int] = {}  # refusals awaiting their summary
 
     def count(self, key: str, n: int = 1) -> int:
         total = self.counts[key] = self.counts.get(key, 0) + n
@@ -34,10 +42,26 @@ class Counters:
             self.refused += n
         return total
 
-    def loud(self, key: str) -> bool:
-        """Count one of kind `key`; True when it should also be logged (rate limit)."""
+    def loud(self, key: str, who: Who | None = None) -> bool:
+        """Count one of kind `key`; True when it should also be logged (rate limit). One that is not
+        logged is kept for the next summary, by `who` sent it (a key's flood of made-up sender names
+        folds into sender "*" past SUMMARY_ROWS rows)."""
         n = self.count(key)
-        return n <= LOUD_FIRST or n % LOUD_EVERY == 0
+        if n <= LOUD_FIRST or n % LOUD_EVERY == 0:
+            return True
+        kind, sender, principal = who or ("", "", "")
+        row = (key, kind, sender, principal)
+        if row not in self.unlogged and len(self.unlogged) >= SUMMARY_ROWS:
+            row = (key, kind, "*", principal)
+        self.unlogged[row] = self.unlogged.get(row, 0) + 1
+        return False
+
+    def take_summary(self) -> list[dict[str, object]]:
+        """The refusals not logged since the last summary, one row per (kind, type, sender, key)."""
+        rows, self.unlogged = self.unlogged, {}
+        return [
+            {"kind": k, "type": t, "sender": s, "principal": p, "count": n} for (k, t, s, p), n in sorted(rows.items())
+        ]
 
 
 class Trust:

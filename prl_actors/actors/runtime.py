@@ -49,7 +49,7 @@ from prl_actors.actors.member_client import MembershipClient
 from prl_actors.actors.refusals import LOUD_EVERY as LOUD_EVERY  # re-exported (the worker's reward errors)
 from prl_actors.actors.refusals import LOUD_FIRST as LOUD_FIRST
 from prl_actors.actors.refusals import REFUSALS as REFUSALS  # re-exported (the coordinator's Status)
-from prl_actors.actors.refusals import Counters, Trust
+from prl_actors.actors.refusals import SUMMARY_EVERY_S, Counters, Trust, Who
 from prl_actors.actors.requests import Requests
 from prl_actors.logs import EventLog
 from prl_actors.protocol.codec import Frame, encode
@@ -69,7 +69,7 @@ from prl_actors.protocol.messages import (
 )
 from prl_actors.protocol.routes import receivable, senders_of
 from prl_actors.transport.auth import Security
-from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port
+from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port, name_of_id
 
 M = TypeVar("M", bound=Msg)
 
@@ -162,6 +162,7 @@ class Core:
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
         self.life = Lifecycle()
         self.tally = Counters()
+        self.next_summary = 0.0  # the next `refusals` summary is due then (summarize_refusals)
         self.trust = Trust(self.role, {t: senders_of(t, self.role) for t in self.receives})
         self.requests = Requests()
         self.membership_client = MembershipClient(self.membership_peer) if self.joins else None
@@ -217,9 +218,19 @@ class Core:
     def count(self, key: str, n: int = 1) -> int:
         return self.tally.count(key, n)
 
-    def count_loud(self, key: str) -> bool:
-        """Count one refusal of kind `key`; True when it should also be logged (rate limit)."""
-        return self.tally.loud(key)
+    def count_loud(self, key: str, who: Who | None = None) -> bool:
+        """Count one refusal of kind `key`; True when it should also be logged (rate limit); else it
+        waits, by `who` (type, sender, key), for the next `refusals` summary."""
+        return self.tally.loud(key, who)
+
+    def summarize_refusals(self, now: float, force: bool = False) -> None:
+        """Log the refusals not logged one by one as one `refusals` event (counts by kind, message
+        type, claimed sender and authenticated key), at most once per SUMMARY_EVERY_S (`force`: now,
+        at the actor's stop). The host calls it at every tick."""
+        if not self.tally.unlogged or (not force and now < self.next_summary):
+            return
+        self.next_summary = now + SUMMARY_EVERY_S
+        self.log("refusals", refused=self.tally.take_summary())
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -257,7 +268,7 @@ class Core:
 
     def _note_refusal(self, inbound: Inbound[Msg], event: str, key: str, code: ErrorCode, detail: str) -> bool:
         msg = inbound.msg
-        loud = self.count_loud(key)
+        loud = self.count_loud(key, (tag_of(msg), msg.sender, inbound.who))
         if loud:
             fields = dict(type=tag_of(msg), msg_id=msg.id, sender=msg.sender, principal=inbound.who)
             self.log(event, code=code, detail=detail, count=self.counters[key], **fields)
@@ -326,7 +337,7 @@ class Core:
         """A frame that failed decoding: log it, count it, answer with an Error; keep running."""
         err = bad.error
         key = f"bad_frame.{err.code}"
-        if self.count_loud(key):
+        if self.count_loud(key, ("bad_frame", err.sender, bad.peer or name_of_id(bad.identity))):
             self.log("bad_frame", code=err.code, detail=err.detail, msg_id=err.reply_to, sender=err.sender)
         dest = Dest.peer(bad.peer) if bad.peer else Dest.reply(bad.identity)
         self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail), log=False)
@@ -505,6 +516,7 @@ class ActorHost(pykka.ThreadingActor):
         elif isinstance(message, Tick):
             self._tick_queued.clear()
             self._run(self.core.tick)
+            self.core.summarize_refusals(message.now)
         elif isinstance(message, BadFrame):
             self._run(lambda now: self.core.bad_frame(now, message))
         elif isinstance(message, SendFailed):
@@ -559,6 +571,7 @@ class ActorHost(pykka.ThreadingActor):
             self._tell(Deferred(fn))
 
     def on_stop(self) -> None:
+        self.core.summarize_refusals(time.monotonic(), force=True)
         self._flush()
         self.port.flush(STOP_FLUSH_S)  # the port thread acknowledges it routed the last messages (Shutdown, Leave)
         self.port.stop(linger_ms=STOP_LINGER_MS)  # ... and libzmq may still put them on the wire
