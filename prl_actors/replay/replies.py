@@ -4,18 +4,24 @@ A request is a `send` of one of REQUESTS (an `epoch_open` only from the coordina
 only from the trainer: the others are stream markers and replies) or, for senders that keep no log
 (the CLI's status/scale/stop), the `recv` of one. A request R sent by A to P at time t is settled when:
 1. A logged a `recv` whose reply_to is R's id, or a `request_timeout` with R's id; else
-2. the end of the run explains it: P logged a reply at t_r and A stopped taking messages before
-   t_r + GRACE_S; or P logged receiving R at t_p, never replied, and P stopped before t_p + GRACE_S;
-   or P never logged R and A or P stopped before t + GRACE_S (sent to, or by, an actor shutting down).
+2. the end of the run explains it: P logged a reply at t_r and A or P stopped taking messages
+   before t_r + GRACE_S (P killed outright right after logging it: the reply never left); or P
+   logged receiving R at t_p, never replied, and P stopped before t_p + GRACE_S; or P never logged
+   R and A or P stopped before t + GRACE_S (sent to, or by, an actor shutting down);
+3. else P logged, in a `refusals` summary (actors/refusals.py: refusals past the first ones are not
+   logged one by one), a refusal of this type from this sender (or from sender "*": names folded)
+   that no other request has taken.
 Anything else is a violation, named by which of the three cases it is. "Stopped" is `ending_time`:
 an actor's first ending event (shutdown, stop_requested, actor_crashed, actor_stopped, run_done) or
-the coordinator's sending it Shutdown, whichever is first (else its last event). GRACE_S covers only
+the coordinator's sending it Shutdown, whichever is first (else its incarnation's last event: one
+killed outright logs no end). GRACE_S covers only
 delivery skew: an actor handles its inbox in order and every reply is sent at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from prl_actors.replay.events import Event, Run, Violation, at, ending_time
 
@@ -46,6 +52,8 @@ class ReplyReport:
     timed_out: int
     cut_off: int  # unanswered, explained by the end of the run
     violations: list[Violation]
+    refused: int = 0  # unanswered one by one, accounted for by a `refusals` summary
+    refusers: Counter[str] = field(default_factory=Counter)  # key -> refusals summarised (who flooded)
 
 
 def is_request(run: Run, e: Event, actor_role: str) -> bool:
@@ -67,9 +75,13 @@ class _Index:
         self.timeouts: set[tuple[str, str]] = set()
         self.received: dict[tuple[str, str], Event] = {}  # (receiver, msg_id)
         self.replied: dict[tuple[str, str], Event] = {}  # (replier, reply_to)
+        self.summarized: Counter[tuple[str, str, str]] = Counter()  # (refuser, sender, type) -> not yet taken
+        self.refusers: Counter[str] = Counter()
         for e in run.events:
             kind, actor = e["event"], e["actor"]
-            if kind == "recv":
+            if kind == "refusals":
+                self._summary(actor, e)
+            elif kind == "recv":
                 if e.get("reply_to"):
                     self.got_reply.add((actor, e["reply_to"]))
                 self.received.setdefault((actor, str(e.get("msg_id"))), e)
@@ -78,10 +90,25 @@ class _Index:
             elif kind == "send" and e.get("reply_to"):
                 self.replied.setdefault((actor, e["reply_to"]), e)
 
+    def _summary(self, actor: str, e: Event) -> None:
+        rows = e.get("refused")
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and isinstance(row.get("count"), int):
+                self.summarized[(actor, str(row.get("sender")), str(row.get("type")))] += row["count"]
+                self.refusers[f"{row.get('principal') or row.get('sender')} to {actor}"] += row["count"]
+
+    def take_summarized(self, refuser: str, sender: str, kind: str) -> bool:
+        """One refusal of a `kind` request from `sender` that `refuser` logged only in a summary."""
+        for key in ((refuser, sender, kind), (refuser, "*", kind)):
+            if self.summarized[key] > 0:
+                self.summarized[key] -= 1
+                return True
+        return False
+
 
 def check_replies(run: Run) -> ReplyReport:
     idx = _Index(run)
-    report = ReplyReport(0, 0, 0, 0, [])
+    report = ReplyReport(0, 0, 0, 0, [], refusers=idx.refusers)
     logged = set(run.actors)
     for e in run.events:
         role = run.role(e["actor"])
@@ -104,8 +131,8 @@ def _settle(run: Run, idx: _Index, r: Event, report: ReplyReport) -> None:
     what = f"{r.get('type')} from {at(r)} to {p}"
     reply, receipt = idx.replied.get((p, mid)), idx.received.get((p, mid))
     end_a = ending_time(run, a, t)
-    if reply is not None:
-        ok = end_a < reply["t"] + GRACE_S
+    if reply is not None:  # the reply may not have gone out: A stopped, or P died right after logging it
+        ok = min(end_a, ending_time(run, p, reply["t"])) < reply["t"] + GRACE_S
         why = f"{p} replied ({at(reply)}) but {a} never logged receiving it (still running at +{end_a:.3f}s)"
     elif receipt is not None:
         end_p = ending_time(run, p, receipt["t"])
@@ -116,6 +143,8 @@ def _settle(run: Run, idx: _Index, r: Event, report: ReplyReport) -> None:
         why = f"{p} never logged receiving it, and neither a reply nor a timeout was logged"
     if ok:
         report.cut_off += 1
+    elif idx.take_summarized(p, a, str(r.get("type"))):
+        report.refused += 1
     else:
         report.violations.append(Violation("replies", f"{what}: {why}"))
 
@@ -128,6 +157,8 @@ def _settle_unlogged(run: Run, idx: _Index, r: Event, report: ReplyReport) -> No
         report.answered += 1
     elif ending_time(run, p, r["t"]) < r["t"] + GRACE_S:
         report.cut_off += 1
+    elif idx.take_summarized(p, str(r.get("sender")), str(r.get("type"))):
+        report.refused += 1
     else:
         what = f"{r.get('type')} from {r.get('sender')} received by {at(r)}"
         report.violations.append(Violation("replies", f"{what}: never answered"))
