@@ -31,6 +31,7 @@ class GroupChecker:
     max_response_tokens: int = 0  # 0: unbounded
     prompt_of: Callable[[int, int], Prompt | None] | None = None  # (epoch, group id) -> the assigned prompt
     encode: Callable[[str], list[int] | None] | None = None  # a prompt's ids as the engines encode it (None: unknown)
+    encode_row: Callable[[Prompt], list[int] | None] | None = None  # multi-turn: the episode's rendered prompt ids
     decode: Callable[[list[int]], str | None] | None = None  # a response's text as the engines decode it
     score: Callable[[Prompt, str], float] | None = None  # buffer.verify_rewards: the task's reward
     length_penalty: Callable[[int], float] | None = None  # what the worker adds for a response's length
@@ -80,6 +81,8 @@ class GroupChecker:
                 f"prompt {_short(group.prompt)} is not the assigned {_short(assigned.prompt)}",
             )
         want = self.encode(assigned.prompt) if self.encode is not None else None
+        if self.encode_row is not None:
+            want = self.encode_row(assigned)
         if want is not None and group.prompt_ids != want:
             return RejectReason.WRONG_PROMPT, "prompt_ids are not the assigned prompt's tokenisation"
         return None

@@ -126,5 +126,32 @@ def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None
         return cut_at_stop(text, stop)  # the engines cut the text at a stop string, not the tokens
 
     checker.encode = encode
+    if cfg.task.multi_turn:  # prompt ids are the environment's reset rendered (envs_llm/registry.py)
+        checker.encode_row = _episode_prompt(cfg, loaded, box)
     if cfg.worker.engine == "torch":
         checker.decode = decode
+
+
+def _episode_prompt(
+    cfg: Config, loaded: threading.Event, box: dict[str, object]
+) -> Callable[[Prompt], list[int] | None]:
+    """A multi-turn group's prompt ids as its engine renders them; None (unchecked) without a
+    tokenizer or when the environment cannot be reset here."""
+    made: dict[str, Callable[[Prompt], list[int]]] = {}
+
+    def encode_row(row: Prompt) -> list[int] | None:
+        from prl_actors.envs_llm.base import EnvError
+        from prl_actors.envs_llm.registry import episode_prompt_ids
+        from prl_actors.tasks import load_task
+
+        loaded.wait()
+        if box.get("tok") is None:
+            return None
+        try:
+            if "ids" not in made:
+                made["ids"] = episode_prompt_ids(cfg, box["tok"], load_task(cfg).reward)
+            return made["ids"](row)
+        except EnvError:
+            return None
+
+    return encode_row

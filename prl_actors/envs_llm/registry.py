@@ -54,3 +54,27 @@ def env_factory(cfg: Config, reward: Callable[[str, str, str], float]) -> EnvFac
 def tool_schemas(cfg: Config) -> list[dict[str, Any]]:
     """The JSON schemas the chat template shows the model (empty without tools)."""
     return [t.schema for t in load_tools(cfg.task.tools)] if cfg.task.tools else []
+
+
+def episode_prompt_ids(
+    cfg: Config, tokenizer: Any, reward: Callable[[str, str, str], float]
+) -> Callable[[Any], list[int]]:
+    """row (a Prompt) -> the token ids of its episodes' shared initial prompt, exactly as the
+    multi-turn engine renders them (a fresh environment's `reset`, then the Renderer): what the
+    buffer checks a group's prompt_ids against. A reset that raises is an EnvError (the buffer then
+    refuses the group as the engine would have failed it)."""
+    from prl_actors.envs_llm.base import EnvError, reset_messages
+    from prl_actors.envs_llm.render import Renderer
+
+    renderer = Renderer(tokenizer, cfg.task.chat_template, tool_schemas(cfg))
+    factory = env_factory(cfg, reward)
+
+    def ids(row: Any) -> list[int]:
+        try:
+            return renderer.initial(reset_messages(factory(), row))
+        except EnvError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's reset may raise anything
+            raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
+
+    return ids

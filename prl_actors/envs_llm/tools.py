@@ -7,8 +7,10 @@ and each result comes back as a `{"role": "tool", "name": ..., "content": ...}` 
 
 `ToolEnv` turns any single-turn task into a multi-turn one: the model may call tools for up to
 `task.max_turns - 1` turns; its first turn without a tool call is its answer, scored by the task's
-reward (done). A malformed call, an unknown tool or a tool that raises gives an error message back as
-the tool's result (the model sees it and may try again), never a crash: the tool's text is data.
+reward (done). A malformed call (not JSON, too long, nested too deep, too many), an unknown tool or a
+tool that raises anything gives an error message back as the tool's result (the model sees it and
+may try again), never a failed group or run: the model's text is data. Every result is bounded
+(MAX_RESULT_CHARS) and valid UTF-8 (lone surrogates replaced), so the renderer can tokenise it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from prl_actors.protocol.messages import Prompt
 
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut to this (the context is the model's, not the tool's)
+MAX_CALLS = 8  # tool calls answered per turn; more get one error message
+MAX_CALL_CHARS = 16_000  # one <tool_call> body at most (a turn is bounded by max_turn_tokens anyway)
+MAX_DEPTH = 32  # bracket nesting of a call: the JSON parser recurses (1000 levels raise RecursionError)
+MAX_NAME_CHARS = 64
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -37,7 +43,7 @@ class Tool:
     schema: dict[str, Any]
 
     def __call__(self, arguments: dict[str, Any]) -> str:
-        return str(resolve(self.fn(**arguments)))
+        return str(resolve(self.fn(**arguments)))  # str() of a huge int may raise too: the caller catches it
 
 
 def tool(fn: Callable[..., Any], schema: dict[str, Any] | None = None) -> Tool:
@@ -60,47 +66,86 @@ def tool(fn: Callable[..., Any], schema: dict[str, Any] | None = None) -> Tool:
 
 
 def parse_tool_calls(text: str) -> list[tuple[str, dict[str, Any]] | str]:
-    """Every <tool_call> of `text`, in order: (name, arguments), or an error string for a call that
-    is not {"name": str, "arguments": object} JSON."""
+    """Every <tool_call> of `text`, in order (at most MAX_CALLS): (name, arguments), or an error
+    string for a call that is not {"name": str, "arguments": object} JSON within the bounds (size,
+    nesting depth). Never raises: whatever the model wrote is data."""
     calls: list[tuple[str, dict[str, Any]] | str] = []
-    for body in CALL.findall(text):
+    for n, body in enumerate(CALL.findall(text)):
+        if n == MAX_CALLS:
+            calls.append(f"error: at most {MAX_CALLS} tool calls per turn (the rest were not run)")
+            break
         try:
-            call = json.loads(body)
-        except json.JSONDecodeError as exc:
-            calls.append(f"error: the tool call is not JSON ({exc.msg})")
-            continue
-        args = call.get("arguments", {}) if isinstance(call, dict) else None
-        if isinstance(args, str):  # some templates serialise the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(args, dict):
-            calls.append('error: a tool call must be {"name": ..., "arguments": {...}}')
-            continue
-        calls.append((call["name"], args))
+            calls.append(_parse_call(body))
+        except Exception as exc:  # noqa: BLE001 - a parser failure of any kind is the model's error
+            calls.append(f"error: the tool call could not be read ({type(exc).__name__})")
     return calls
 
 
+def _parse_call(body: str) -> tuple[str, dict[str, Any]] | str:
+    if len(body) > MAX_CALL_CHARS:
+        return f"error: a tool call longer than {MAX_CALL_CHARS} characters"
+    if _depth(body) > MAX_DEPTH:
+        return f"error: a tool call nested deeper than {MAX_DEPTH} levels"
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return f"error: the tool call is not JSON ({exc.msg})"
+    args = call.get("arguments", {}) if isinstance(call, dict) else None
+    if isinstance(args, str):  # some templates serialise the arguments as a JSON string
+        try:
+            args = json.loads(args) if _depth(args) <= MAX_DEPTH else None
+        except json.JSONDecodeError:
+            args = None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(args, dict):
+        return 'error: a tool call must be {"name": ..., "arguments": {...}}'
+    return call["name"], args
+
+
+def _depth(text: str) -> int:
+    """The deepest bracket nesting of JSON `text` (brackets inside strings count too: an upper
+    bound, enough to refuse a call before the recursive parser sees it)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def clean(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    """`text` cut to `limit` characters with lone surrogates replaced (a tokenizer cannot encode them)."""
+    return text[:limit].encode("utf-8", "replace").decode("utf-8")
+
+
 def run_calls(text: str, tools: dict[str, Tool]) -> list[Message]:
-    """The tool messages answering every call in `text` (empty: the turn called no tool)."""
+    """The tool messages answering every call in `text` (empty: the turn called no tool). Never
+    raises; every content is clean and bounded."""
     out: list[Message] = []
     for call in parse_tool_calls(text):
         if isinstance(call, str):
             out.append({"role": "tool", "name": "error", "content": call})
             continue
         name, args = call
-        out.append({"role": "tool", "name": name, "content": _call(tools, name, args)[:MAX_RESULT_CHARS]})
+        out.append({"role": "tool", "name": clean(name, MAX_NAME_CHARS), "content": clean(_call(tools, name, args))})
     return out
 
 
 def _call(tools: dict[str, Tool], name: str, args: dict[str, Any]) -> str:
     if name not in tools:
-        return f"error: unknown tool {name!r} (tools: {', '.join(sorted(tools))})"
+        return f"error: unknown tool {clean(name, MAX_NAME_CHARS)!r} (tools: {', '.join(sorted(tools))})"
     try:
         return tools[name](args)
-    except Exception as exc:  # a tool's failure is the model's information, not the run's
-        return f"error: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's information, not the run's
+        return f"error: {type(exc).__name__}: {_text(exc)}"
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose str() raises still has a type
+        return "(unprintable)"
 
 
 class ToolEnv:
