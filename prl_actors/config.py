@@ -48,6 +48,7 @@ SAFE_ON_RESUME = (
     "worker.prefetch",
     "worker.threads",
     "worker.device",
+    "worker.impl",  # the same tokens either way, up to float noise (docs/ENGINES.md)
     "worker.weight_fetch_timeout_s",
     "buffer.",
     "trainer.threads",
@@ -301,6 +302,13 @@ class WorkerSection(_Section):
         le=1,
         description="vllm: share of the device's memory each worker's vLLM reserves (weights, activations, "
         "KV cache); on vLLM's CPU build the share of RAM. Workers on one host x share must fit.",
+    )
+    impl: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="torch engine's decode path: gpu = a static KV cache, decode steps of static shapes (CUDA "
+        "graphs on CUDA), sampling on the device, one host read per chunk of steps (Qwen2/Llama-shaped models; "
+        "others keep cpu, logged once); cpu = the Hugging Face running batch (fastest on CPU); auto = gpu on "
+        "cuda/npu, cpu on cpu. docs/ENGINES.md.",
     )
     enforce_eager: bool = Field(True, description="vllm: no CUDA graphs / torch.compile (faster start).")
     max_model_len: int | None = Field(

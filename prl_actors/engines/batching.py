@@ -188,6 +188,9 @@ class RunningBatch:
     def running_rows(self) -> int:
         return len(self.rows)
 
+    def weights_changed(self) -> None:
+        """Nothing to redo: every step calls the model afresh (StaticBatch keeps views of its tensors)."""
+
     def abort(self) -> list[int]:
         """Drop every group (running and pending); returns their ids."""
         dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]

@@ -25,9 +25,11 @@ from prl_actors.config import Config, SamplingSection
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, IncompatibleWeights, generate_all
 from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
+from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.stops import cut_at_stop
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device
+from prl_actors.model.lean import lean_support
 from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.protocol.messages import Prompt
@@ -54,6 +56,16 @@ def state_mismatch(expected: Mapping[str, torch.Tensor], given: Mapping[str, tor
     return ""
 
 
+def decode_impl(asked: str, device: torch.device, model: torch.nn.Module) -> tuple[str, str]:
+    """(impl, why): the decode path `worker.impl` gives on `device` for `model`. auto: gpu on an
+    accelerator, cpu on the CPU (the running batch is faster there: docs/ENGINES.md); gpu for a model
+    the lean decoder does not know: cpu, saying why."""
+    if asked == "cpu" or asked == "auto" and device.type == "cpu":
+        return "cpu", f"worker.impl={asked} on {device.type}"
+    ok, why = lean_support(model)
+    return ("gpu", why) if ok else ("cpu", f"the gpu path cannot run this model: {why}")
+
+
 class TorchEngine:
     """Engine protocol on a local HF model directory; holds exactly one weight version."""
 
@@ -68,7 +80,9 @@ class TorchEngine:
         self.eos_ids = self._eos_ids()
         self.max_rows = max(cfg.worker.max_batch_rows, cfg.worker.group_size)
         s = cfg.worker.sampling
-        self.batch = RunningBatch(
+        self.impl, why = decode_impl(cfg.worker.impl, self.device, self.model)
+        kind = StaticBatch if self.impl == "gpu" else RunningBatch
+        self.batch: RunningBatch | StaticBatch = kind(
             self.model,
             max_rows=self.max_rows,
             eos_ids=self.eos_ids,
@@ -77,6 +91,8 @@ class TorchEngine:
             max_new_tokens=s.max_new_tokens,
             stopper=self._stopper(s.stop),
         )
+        if "gpu" in (self.impl, cfg.worker.impl):  # the default CPU path says nothing new
+            self.batch.notes.append(("decode_path", {"impl": self.impl, "asked": cfg.worker.impl, "why": why}))
         self._sampling = s
         self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
 
@@ -123,6 +139,7 @@ class TorchEngine:
             raise EngineBusy(f"cannot load version {version} while {self.rows} rows of v{self.version} generate")
         if is_adapter(tensors):
             self.lora.load(version, tensors)
+            self.batch.weights_changed()
             self.version = version
             return
         state = {name: to_torch(t) for name, t in tensors.items()}
@@ -135,6 +152,7 @@ class TorchEngine:
         # on CPU with the model's dtypes the parameters become the received tensors themselves: no copy,
         # and same-host workers share one snapshot's pages (weights_shm.py maps it copy-on-write)
         self.model.load_state_dict(state, strict=True, assign=in_place)
+        self.batch.weights_changed()  # the gpu path reads the parameter tensors themselves
         self.version = version
 
     # --- streaming -------------------------------------------------------------------------------
