@@ -294,6 +294,13 @@ class WorkerSection(_Section):
     engine: Literal["torch", "sim", "vllm"] = Field("torch", description="Generation engine.")
     group_size: int = Field(8, ge=1, description="G: samples per prompt.")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or npu (torch engine); vllm: the kind its build runs on.")
+    impl: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="torch engine's decode path: gpu = a static KV cache, decode steps of static shapes (CUDA "
+        "graphs on CUDA), sampling on the device, one host read per chunk of steps (Qwen2/Llama-shaped models; "
+        "others keep cpu, logged once); cpu = the Hugging Face running batch (fastest on CPU); auto = gpu on "
+        "cuda/npu, cpu on cpu. docs/ENGINES.md.",
+    )
     sampling: SamplingSection = SamplingSection()
     weight_fetch_timeout_s: float = Field(30.0, gt=0)
     gpu_memory_utilization: float = Field(
@@ -302,13 +309,6 @@ class WorkerSection(_Section):
         le=1,
         description="vllm: share of the device's memory each worker's vLLM reserves (weights, activations, "
         "KV cache); on vLLM's CPU build the share of RAM. Workers on one host x share must fit.",
-    )
-    impl: Literal["auto", "cpu", "gpu"] = Field(
-        "auto",
-        description="torch engine's decode path: gpu = a static KV cache, decode steps of static shapes (CUDA "
-        "graphs on CUDA), sampling on the device, one host read per chunk of steps (Qwen2/Llama-shaped models; "
-        "others keep cpu, logged once); cpu = the Hugging Face running batch (fastest on CPU); auto = gpu on "
-        "cuda/npu, cpu on cpu. docs/ENGINES.md.",
     )
     enforce_eager: bool = Field(True, description="vllm: no CUDA graphs / torch.compile (faster start).")
     max_model_len: int | None = Field(
