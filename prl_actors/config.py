@@ -60,6 +60,8 @@ SAFE_ON_RESUME = (
     "trainer.credits",
     "trainer.checkpoint_every",
     "trainer.gradient_checkpointing",  # recomputes the same forward: the same update
+    "trainer.impl",  # the same update either way, up to float summation order (docs/LEARNING.md)
+    "trainer.micro_batch_tokens",  # micro-batching does not change the update (periodic == sync)
     "publisher.",
     "eval.",  # evaluation never trains (docs/OBSERVE.md)
     "run.log_completions",
@@ -375,6 +377,10 @@ class LoraSection(_Section):
         return self
 
 
+CPU_MICRO_BATCH_TOKENS = 2048
+"""trainer.micro_batch_tokens auto on the CPU (and on a device where the memory budget is not used)."""
+
+
 class TrainerSection(_Section):
     threads: Threads = Field(
         "auto",
@@ -391,11 +397,19 @@ class TrainerSection(_Section):
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio <= 1 + eps_high.")
     beta: float = Field(0.0, ge=0, description="KL(policy || reference) weight (k3 estimator).")
     max_grad_norm: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(
-        2048,
-        ge=1,
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
         description="Token budget of one forward/backward micro-batch (packed tokens: a group's prompt once plus "
-        "its responses). Groups that arrive while the trainer is busy are trained together up to this budget.",
+        "its responses). Groups that arrive while the trainer is busy are trained together up to this budget. "
+        f"auto: {CPU_MICRO_BATCH_TOKENS} on the CPU; with trainer.impl gpu on an accelerator, the tokens whose "
+        "activations fit in the device's free memory (model/memory.py: token_budget).",
+    )
+    impl: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="The training path. cpu: bucketed block attention, per-micro-batch metrics read on the host "
+        "(fastest on CPU); gpu: packed rows under one block mask, log-probs in vocabulary chunks, metrics kept on "
+        "the device and read once per step (a constant number of kernels and host syncs per micro-batch: "
+        "docs/LEARNING.md). auto: gpu on a cuda / npu device, cpu on the CPU. Both give the same update.",
     )
     micro_batch_groups: int = Field(256, ge=1, description="At most this many groups in one micro-batch.")
     shared_prompt: bool = Field(True, description="Pack a group as [prompt | r1..rG] with a shared mask.")
@@ -534,6 +548,10 @@ class TrainerSection(_Section):
         if self.importance_sampling_level is not None:
             return self.importance_sampling_level
         return "sequence" if self.loss_type == "gspo" else "token"
+
+    def fixed_micro_batch_tokens(self) -> int:
+        """micro_batch_tokens where no memory budget applies: the value set, or auto's CPU default."""
+        return CPU_MICRO_BATCH_TOKENS if self.micro_batch_tokens == "auto" else self.micro_batch_tokens
 
 
 def bounded_refused(cfg: Config) -> str:

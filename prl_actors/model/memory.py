@@ -117,6 +117,36 @@ def kv_cache_bytes_per_token(a: Arch) -> int:
     return 2 * a.layers * a.kv_heads * a.head_dim * 2
 
 
+VOCAB_CHUNK_TOKEN_BYTES = 3 * 8192 * 4
+"""Per token, the chunked head's working set: logits, their exp and their gradient, one 8192-row
+chunk in float32 (training/device_forward.py)."""
+BUDGET_MIN, BUDGET_MAX = 1024, 1 << 20
+"""Bounds of the memory-derived micro-batch (a group always trains whole, whatever the budget)."""
+
+
+def activation_bytes_per_token(
+    hidden: int, intermediate: int, layers: int, compute_bytes: int, checkpointing: bool = False
+) -> int:
+    """What one token of a micro-batch holds for the backward (an upper estimate).
+
+    Per decoder layer the backward keeps the inputs of the projections and of the MLP's product:
+    ~10 x hidden (norms, q/k/v/o inputs and outputs, attention output, residuals) plus 4 x
+    intermediate (gate and up outputs, their activation and product) in the compute dtype, and the
+    RMSNorms' float32 copies (2 x 2 x hidden x 4 bytes). With gradient checkpointing a layer keeps
+    only its input, plus one layer's full set while it is recomputed. Plus the chunked head's set."""
+    per_layer = (10 * hidden + 4 * intermediate) * compute_bytes + 16 * hidden
+    held = layers * hidden * compute_bytes + per_layer if checkpointing else layers * per_layer
+    return held + VOCAB_CHUNK_TOKEN_BYTES
+
+
+def token_budget(free_bytes: int, reserved_bytes: int, per_token_bytes: int, fraction: float = 0.7) -> int:
+    """Tokens of one micro-batch: `fraction` of the device's free memory, less what is still to be
+    allocated (`reserved_bytes`: gradients and optimizer state, created at the first backward and
+    step), divided by the bytes a token holds; within [BUDGET_MIN, BUDGET_MAX]."""
+    usable = fraction * free_bytes - reserved_bytes
+    return max(BUDGET_MIN, min(BUDGET_MAX, int(usable // max(per_token_bytes, 1))))
+
+
 def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 

@@ -63,7 +63,7 @@ class DistributedLearner:
         self.closed = False
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
         self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
-        self.round_tokens = self.env.world_size * cfg.trainer.micro_batch_tokens
+        self.round_tokens = self.env.world_size * cfg.trainer.fixed_micro_batch_tokens()
         self.local = self._guard(lambda: RankLearner(cfg, model_dir, joined), "start rank 0")
         self.pending_groups: list[Group] = []
         self.pending_tokens = 0

@@ -15,6 +15,11 @@ Invariants:
 * Groups of the open minibatch are trained in arrival order, in micro-batches: `accumulate` queues,
   and the queue is trained once it holds `trainer.micro_batch_tokens` packed tokens (or
   `micro_batch_groups` groups), or when the trainer calls `flush` because nothing else waits.
+* Two training paths give the same update (`trainer.impl`): cpu (`_flush_cpu`: bucketed block
+  attention, metrics read per micro-batch) and gpu (training/device_learner.py: packed rows under one
+  block mask, chunked head, metrics kept on the device and read by `_fold_stats`: a constant number of
+  kernels and no host sync per micro-batch). Whoever reads `stats` folds them first (step,
+  nonfinite_cause, skip_step, a rank's _synchronise).
 * Old log-probs: before the epoch's first optimizer step they are the policy's own, detached (see
   trimodel.py: ratio exactly 1, clip_frac 0); after it, from a frozen copy of the epoch-start policy
   (kept only when M x mu > 1), so the ratio departs from 1 and eps_low / eps_high / delta act.
@@ -47,16 +52,19 @@ from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
+from prl_actors.model.memory import activation_bytes_per_token, token_budget
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
+from prl_actors.training.device_learner import DeviceFlush, DeviceStats
 from prl_actors.training.epoch_stats import EpochStats as EpochStats  # re-exported (rank_learner)
 from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
     batch_reward_std,
     cispo_loss,
     engine_is_weights,
+    host_advantages,
     kl_estimate,
     log_ratio,
     normaliser,
@@ -125,7 +133,24 @@ def loss_mask(groups: list[Group]) -> torch.Tensor:
     return torch.tensor([m for g in groups for s in g.samples for m in s.model_mask()], dtype=torch.float64)
 
 
-class GRPOLearner(GuardedGRPO):
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """trainer.impl: auto is gpu on an accelerator (cuda, npu), cpu on the CPU."""
+    if impl != "auto":
+        return impl
+    return "cpu" if device.type == "cpu" else "gpu"
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on an accelerator (None on the CPU, or a backend that does not say)."""
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    info = getattr(backend, "mem_get_info", None)
+    if info is None:
+        return None
+    free, _total = info(device)
+    return int(free)
+
+
+class GRPOLearner(DeviceFlush, GuardedGRPO):
     """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
 
     def __init__(self, cfg: Config, model_dir: Path | str | None) -> None:
@@ -167,10 +192,30 @@ class GRPOLearner(GuardedGRPO):
         self.epoch_steps = 0  # optimizer steps taken in this epoch
         self.first_pass = True
         self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
+        self.impl = resolve_impl(cfg.trainer.impl, self.device)
+        self.device_stats = DeviceStats()  # the gpu impl's metrics, on the device until _fold_stats
+        self.micro_batch_tokens = self._micro_batch_tokens(trained)
 
     @property
     def policy(self) -> PreTrainedModel:
         return cast(PreTrainedModel, self.tri.policy)
+
+    def _micro_batch_tokens(self, trained: list[torch.nn.Parameter]) -> int:
+        """trainer.micro_batch_tokens, or for auto with the gpu impl on an accelerator the tokens whose
+        activations fit in the free memory (gradients and AdamW state not yet allocated are set aside)."""
+        free = free_memory(self.device) if self.impl == "gpu" else None
+        if self.cfg.micro_batch_tokens != "auto" or free is None:
+            return self.cfg.fixed_micro_batch_tokens()
+        c = self.policy.config
+        per_token = activation_bytes_per_token(
+            c.hidden_size,
+            getattr(c, "intermediate_size", 4 * c.hidden_size),
+            c.num_hidden_layers,
+            torch.empty((), dtype=self.dtype).element_size(),
+            self.cfg.gradient_checkpointing,
+        )
+        reserved = 3 * sum(p.numel() * p.element_size() for p in trained)  # gradient + AdamW m and v
+        return token_budget(free, reserved, per_token)
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
         """bfloat16 compute on the float32 master (a no-op when model.dtype is the master's dtype)."""
@@ -190,6 +235,7 @@ class GRPOLearner(GuardedGRPO):
         minibatches = max(1, min(self.cfg.num_minibatches, n_groups))
         self.run = EpochRun(MinibatchPlan(n_groups, minibatches), gated=self.cfg.scale_rewards == "batch")
         self.norm, self.batch_std, self.epoch_steps, self.first_pass = Norm(), None, 0, True
+        self.device_stats = DeviceStats()
 
     def accumulate(self, group: Group) -> dict[str, float]:
         """Hold `group` in its minibatch; if that is the open one, queue it (forward/backward once the
@@ -208,7 +254,7 @@ class GRPOLearner(GuardedGRPO):
     def _queue(self, group: Group) -> None:
         self._pending.append(group)
         self._pending_tokens += self._cost(group)
-        if self._pending_tokens >= self.cfg.micro_batch_tokens or len(self._pending) >= self.cfg.micro_batch_groups:
+        if self._pending_tokens >= self.micro_batch_tokens or len(self._pending) >= self.cfg.micro_batch_groups:
             self._flush()
 
     def _open_gate(self) -> None:
@@ -255,6 +301,13 @@ class GRPOLearner(GuardedGRPO):
         groups, self._pending, self._pending_tokens = self._pending, [], 0
         if not groups:
             return
+        if self.impl == "gpu":
+            self._flush_device(groups)
+        else:
+            self._flush_cpu(groups)
+
+    def _flush_cpu(self, groups: list[Group]) -> None:
+        """The cpu impl's micro-batch (packing.collate: block attention for long rows)."""
         pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
         samples = [s for g in groups for s in g.samples]
         keep_s = torch.tensor([s.finished or not self.cfg.mask_truncated_completions for s in samples])  # [S]
@@ -291,6 +344,14 @@ class GRPOLearner(GuardedGRPO):
     def _scaled(self, rewards: list[float]) -> torch.Tensor:
         """[G] float64: the advantages of one whole group's `rewards` under trainer.scale_rewards."""
         return scaled_advantages(torch.tensor(rewards, dtype=torch.float64), self.cfg.scale_rewards, self.batch_std)
+
+    def _advantage_values(self, group: Group) -> list[float]:
+        """`_advantages` as Python floats, computed on the host (the gpu impl: no torch op per group)."""
+        return host_advantages([s.reward for s in group.samples], self.cfg.scale_rewards, self.batch_std)
+
+    def _fold_stats(self) -> None:
+        """Bring the gpu impl's device-side metrics into `stats` (one host read; nothing on the cpu impl)."""
+        self.device_stats.fold(self.stats)
 
     def _old_logprobs(self, batch: ModelBatch, context: torch.Tensor | None) -> torch.Tensor | None:
         """[N] the epoch-start policy's log-probs: None (the policy's own, detached) before the
@@ -362,6 +423,7 @@ class GRPOLearner(GuardedGRPO):
         lr = self._lr()  # this epoch's
         self.version += 1
         self._sync_reference()
+        self._fold_stats()
         metrics = self.stats.metrics()
         grad_norm = self.stats.grad_norm_sum / max(self.stats.steps, 1)
         metrics.update(grad_norm=grad_norm, version=float(self.version), lr=lr)
@@ -397,7 +459,10 @@ class GRPOLearner(GuardedGRPO):
         self.norm = Norm()
         self.epoch_steps += 1
         self.stats.steps += 1
-        self.stats.grad_norm_sum += float(grad_norm)
+        if self.impl == "gpu":  # read with the other metrics (_fold_stats), no sync here
+            self.device_stats.add(self.device, grad_norm_sum=grad_norm)
+        else:
+            self.stats.grad_norm_sum += float(grad_norm)
 
     def _sync_reference(self) -> None:
         """trainer.ref_sync_epochs: every N versions, reference = alpha * policy + (1 - alpha) * reference."""

@@ -37,6 +37,8 @@ class GuardedGRPO:
     def _cost(self, group: Group) -> int:  # provided by GRPOLearner
         raise NotImplementedError
 
+    def _fold_stats(self) -> None: ...  # provided by GRPOLearner (the gpu impl's device-side metrics)
+
     def drop_pending(self) -> None:
         self._pending, self._pending_tokens = [], 0
 
@@ -55,6 +57,7 @@ class GuardedGRPO:
         self.stats.correct -= sum(r >= 1.0 for r in rewards)
 
     def nonfinite_cause(self) -> str:
+        self._fold_stats()
         if not math.isfinite(self.stats.loss_sum):
             return f"loss {self.stats.loss_sum}"
         grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
@@ -66,6 +69,7 @@ class GuardedGRPO:
         return ""
 
     def skip_step(self) -> dict[str, float]:
+        self._fold_stats()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         metrics = self.stats.metrics()

@@ -21,6 +21,9 @@ groups arrive in, nor on how they were cut into micro-batches). The recipes (doc
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 
 from prl_actors.training.behaviour import Behaviour, as_behaviour, shaped_logits
@@ -56,6 +59,25 @@ def scaled_advantages(rewards: torch.Tensor, scale: str, batch_std: float | None
     if batch_std is None:
         raise ValueError("scale_rewards batch needs the epoch's reward std")
     return centred / (batch_std + ADV_EPS)
+
+
+def host_advantages(rewards: Sequence[float], scale: str, batch_std: float | None = None) -> list[float]:
+    """`scaled_advantages` in plain Python floats (float64, as the tensor version up to summation
+    order): what the gpu impl computes on the host, so no torch op or sync is spent per group."""
+    n = len(rewards)
+    if n == 0 or all(r == rewards[0] for r in rewards):
+        return [0.0] * n
+    mean = math.fsum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = math.sqrt(math.fsum(c * c for c in centred) / n)
+    elif batch_std is None:
+        raise ValueError("scale_rewards batch needs the epoch's reward std")
+    else:
+        std = batch_std
+    return [c / (std + ADV_EPS) for c in centred]
 
 
 def batch_reward_std(rewards: list[float]) -> float:

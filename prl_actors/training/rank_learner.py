@@ -38,6 +38,7 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
 from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
 from prl_actors.training.lora import TOKENIZER_FILES
+from prl_actors.training.losses import host_advantages
 from prl_actors.training.rank_group import Joined, Piece, RankEnv
 
 SUMS = (
@@ -234,6 +235,14 @@ class RankLearner(GRPOLearner):
             return super()._advantages(group)
         return self._scaled(piece.rewards)[piece.first : piece.first + len(group.samples)]
 
+    def _advantage_values(self, group: Group) -> list[float]:
+        """`_advantages` as host floats (the gpu impl): a piece's slice of the whole group's."""
+        piece = self._pieces.get(id(group))
+        if piece is None:
+            return super()._advantage_values(group)
+        scaled = host_advantages(piece.rewards, self.cfg.scale_rewards, self.batch_std)
+        return scaled[piece.first : piece.first + len(group.samples)]
+
     def _idle_pass(self) -> None:
         """A zero-loss forward/backward: joins the round's all-gathers and reduce-scatters, adds nothing."""
         ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # [1, 1]
@@ -243,6 +252,7 @@ class RankLearner(GRPOLearner):
 
     def _synchronise(self) -> None:
         """Once per epoch: a rank group runs num_minibatches = num_iterations = 1 (config.py refuses more)."""
+        self._fold_stats()
         all_reduce_stats(self.stats, self.group)
         all_reduce_norm(self.norm, self.group)
         if self.strategy == "ddp":

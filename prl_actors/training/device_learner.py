@@ -1,0 +1,196 @@
+"""The GRPO learner's accelerator path (trainer.impl gpu): one micro-batch as a constant number of ops.
+
+`DeviceFlush` is mixed into GRPOLearner; `_flush` calls `_flush_device` when the learner's impl is
+gpu (auto: on a cuda / npu device). Same maths and the same gradients as the CPU path
+(`_flush_cpu`: tests/test_trainer_device_path.py), laid out for a device that pays per launched
+kernel and per host sync:
+
+* the batch is built on the host and moved as two tensors (training/device_batch.py), its counts
+  (the normaliser's tokens and sequences, trained tokens) come from the host lists: no sync;
+* attention runs over packed rows with a block mask made by tensor ops, the log-probs through the
+  chunked head (training/device_forward.py); the reference (and the frozen epoch-start policy,
+  when M x mu > 1) run on the same batch and mask, before the policy so their activations are gone
+  when the policy's are held;
+* advantages are computed on the host (losses.host_advantages), from Python floats;
+* the epoch's metrics stay on the device (`DeviceStats`: sums and peaks as two small tensors) and are
+  read once, by `_fold_stats`, when someone needs them (the step's metrics, the non-finite check, a
+  rank's all-reduce): one host sync per read, none per micro-batch. The gradient norm of each
+  optimizer step is added there too.
+Not covered (they work, with per-sample host ops): the repetition penalty's contexts
+(behaviour.response_contexts builds them per sample).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from prl_actors.protocol.messages import Group
+from prl_actors.training.behaviour import Behaviour, response_contexts
+from prl_actors.training.device_batch import DeviceBatch, allowed_mask, build
+from prl_actors.training.device_forward import attention_mask, device_logprobs
+from prl_actors.training.epoch_stats import EpochStats
+from prl_actors.training.losses import engine_is_weights, kl_estimate, token_weights
+from prl_actors.training.trimodel import TriLogprobs
+
+SUMS = (
+    "loss_sum",
+    "kl_sum",
+    "clipped",
+    "ratio_sum",
+    "diff_tokens",
+    "diff_sum",
+    "is_tokens",
+    "is_sum",
+    "is_corrected",
+    "grad_norm_sum",
+)
+PEAKS = ("ratio_max", "ratio_min", "diff_max", "is_max", "is_min")
+"""Peaks are kept as maxima; a minimum as the maximum of its negation."""
+COUNTS = frozenset({"clipped", "diff_tokens", "is_tokens", "is_corrected"})
+
+
+class DeviceStats:
+    """The epoch's metric sums [len(SUMS)] and peaks [len(PEAKS)] as float64 device tensors."""
+
+    def __init__(self) -> None:
+        self.sums: torch.Tensor | None = None
+        self.peaks: torch.Tensor | None = None
+
+    def add(self, device: torch.device, **values: torch.Tensor) -> None:
+        """Add named 0-dim tensors (sums by name in SUMS, peaks by name in PEAKS; others absent: 0 / -inf)."""
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        low = torch.full((), float("-inf"), dtype=torch.float64, device=device)
+        sums = torch.stack([values[k].to(torch.float64) if k in values else zero for k in SUMS])
+        peaks = torch.stack([_peak(k, values[k]) if k in values else low for k in PEAKS])
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.peaks = peaks if self.peaks is None else torch.maximum(self.peaks, peaks)
+
+    def fold(self, stats: EpochStats) -> None:
+        """Add what is held into `stats` (one host read) and start again from nothing."""
+        if self.sums is None or self.peaks is None:
+            return
+        values = torch.cat([self.sums, self.peaks]).tolist()
+        self.sums = self.peaks = None
+        for key, v in zip(SUMS, values, strict=False):
+            setattr(stats, key, getattr(stats, key) + (round(v) if key in COUNTS else v))
+        peak = dict(zip(PEAKS, values[len(SUMS) :], strict=True))
+        stats.ratio_max = max(stats.ratio_max, peak["ratio_max"])
+        stats.ratio_min = min(stats.ratio_min, -peak["ratio_min"])
+        stats.diff_max = max(stats.diff_max, peak["diff_max"])
+        stats.is_max = max(stats.is_max, peak["is_max"])
+        stats.is_min = min(stats.is_min, -peak["is_min"])
+
+
+def _peak(key: str, value: torch.Tensor) -> torch.Tensor:
+    v = value.to(torch.float64)
+    return -v if key.endswith("_min") else v
+
+
+def _where(mask: torch.Tensor, value: torch.Tensor, other: float) -> torch.Tensor:
+    return torch.where(mask, value, torch.full((), other, dtype=value.dtype, device=value.device))
+
+
+class DeviceFlush:
+    """The gpu impl's micro-batch (mixed into GRPOLearner, which provides these attributes)."""
+
+    cfg: Any
+    device: torch.device
+    tri: Any
+    frozen: torch.nn.Module | None
+    stats: EpochStats
+    norm: Any
+    first_pass: bool
+    epoch_steps: int
+    device_stats: DeviceStats
+    policy: Any
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:  # provided by GRPOLearner
+        raise NotImplementedError
+
+    def _advantage_values(self, group: Group) -> list[float]:  # provided by GRPOLearner
+        raise NotImplementedError
+
+    def _token_losses(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # GRPOLearner's
+        raise NotImplementedError
+
+    def _flush_device(self, groups: list[Group]) -> None:
+        """Forward/backward `groups` as one micro-batch; the summed loss adds to .grad."""
+        c = self.cfg
+        adv = [a for g in groups for a in self._advantage_values(g)]
+        batch = build(groups, adv, c.shared_prompt, c.mask_truncated_completions, self.device)
+        self.norm.sequences += batch.kept_samples
+        self.norm.samples += batch.samples
+        if batch.tokens == 0:
+            return
+        self.norm.tokens += batch.kept_tokens
+        out = self._tri_device(groups, batch)
+        adv_tok = batch.adv.to(out.policy.dtype)[batch.sample_index]  # [N]
+        is_w, rho, corrected = engine_is_weights(out.old, batch.engine, c.is_correction, c.is_cap)  # [N] x 3
+        per_token, ratio, clipped = self._token_losses(
+            out, adv_tok, batch.sample_index, batch.samples, is_w.to(out.policy)
+        )  # [N] x 3
+        weights = token_weights(c.loss_type, batch.keep, batch.sample_index, batch.samples).to(per_token)  # [N]
+        (weights * per_token).sum().backward()
+        self.stats.trained_tokens += batch.kept_tokens
+        if self.first_pass:
+            self.stats.tokens += batch.model_tokens
+        self._record_device(batch, out, per_token, ratio, clipped, rho, corrected)
+
+    def _tri_device(self, groups: list[Group], batch: DeviceBatch) -> TriLogprobs:
+        """Policy (with grad), old and reference log-probs over one mask; the no-grad ones first."""
+        b: Behaviour = self.tri.transform
+        context = None
+        if b.penalised:
+            pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
+            context = response_contexts(pairs).to(self.device)  # [N, C]
+        with self._autocast():
+            mask = attention_mask(self.policy, allowed_mask(batch.segment, batch.sample), batch.position_ids)
+            with torch.no_grad():
+                old = None
+                if self.epoch_steps > 0 and self.frozen is not None:
+                    old = device_logprobs(self.frozen, batch, mask, b, context)[0]
+                ref = None
+                if self.tri.reference is not None:
+                    ref = device_logprobs(self.tri.reference, batch, mask, b, context)[0]
+                elif self.tri.adapter_reference:
+                    with self.policy.disable_adapter():
+                        ref = device_logprobs(self.policy, batch, mask, b, context)[0]
+            logp, ent = device_logprobs(self.policy, batch, mask, b, context, self.cfg.entropy_coef > 0)
+        old_logp = logp.detach() if old is None else old.to(logp)
+        return TriLogprobs(policy=logp, old=old_logp, ref=ref, entropy=ent)
+
+    def _record_device(
+        self,
+        batch: DeviceBatch,
+        out: TriLogprobs,
+        per_token: torch.Tensor,
+        ratio: torch.Tensor,
+        clipped: torch.Tensor,
+        rho: torch.Tensor,
+        corrected: torch.Tensor,
+    ) -> None:
+        """The micro-batch's metric sums and peaks, added on the device (see DeviceStats)."""
+        keep = batch.keep  # [N] bool
+        v: dict[str, torch.Tensor] = {
+            "loss_sum": _where(keep, per_token.detach(), 0.0).sum(),
+            "clipped": (clipped & keep).sum(),
+            "ratio_sum": _where(keep, ratio, 0.0).sum(),
+            "ratio_max": _where(keep, ratio, float("-inf")).max(),
+            "ratio_min": _where(keep, ratio, float("inf")).min(),
+        }
+        if out.ref is not None:
+            kl = kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator)  # [N]
+            v["kl_sum"] = _where(keep, kl, 0.0).sum()
+        if self.first_pass:
+            diff = (batch.engine - out.old.to(torch.float64)).abs()  # [N], NaN where the engine gave none
+            known = ~diff.isnan()
+            v |= {"diff_tokens": known.sum(), "diff_sum": _where(known, diff, 0.0).sum()}
+            v["diff_max"] = _where(known, diff, float("-inf")).max()
+            seen = keep & ~rho.isnan()
+            v |= {"is_tokens": seen.sum(), "is_sum": _where(seen, rho, 0.0).sum()}
+            v |= {"is_max": _where(seen, rho, float("-inf")).max(), "is_min": _where(seen, rho, float("inf")).min()}
+            v["is_corrected"] = (corrected & seen).sum()
+        self.device_stats.add(self.device, **v)
