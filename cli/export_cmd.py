@@ -1,11 +1,13 @@
-"""`prl-actors export RUN_DIR --out DIR [--version N] [--adapter]`: a trained model as a standard
-Hugging Face directory (config.json, model.safetensors, tokenizer files, generation_config.json) that
-`transformers` loads as is (docs/OBSERVE.md).
+"""`prl-actors export RUN_DIR --out DIR [--version N] [--adapter] [--base DIR]`: a trained model as a
+standard Hugging Face directory (config.json, model.safetensors, tokenizer files, generation_config.json)
+that `transformers` loads as is (docs/OBSERVE.md). RUN_DIR may also be one checkpoint (RUN_DIR/checkpoints/vN).
 
 - a full-model run: the checkpoint's `model/` (single, ddp; under fsdp2 the consolidated export that
   rank 0 gathers at every checkpoint, docs/DISTRIBUTED.md), copied;
-- a LoRA run: the base with the adapter merged in (peft's merge_and_unload), or with `--adapter` the
-  peft adapter directory alone (plus the tokenizer files), for `PeftModel.from_pretrained`.
+- a LoRA run: the base with the adapter merged in (peft's merge_and_unload; `--base` names another
+  base than the one the adapter records), or with `--adapter` the peft adapter directory alone (plus
+  the tokenizer files), for `PeftModel.from_pretrained`.
+`export-merged` (the older name of the LoRA merge) is a hidden alias of this command.
 Imports only typer at module level; torch and transformers are imported when it runs.
 """
 
@@ -24,7 +26,9 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory (RUN_DIR/checkpoints/v<N>).")],
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory (its checkpoints/v<N>), or one checkpoint directory.")
+    ],
     out: Annotated[Path, typer.Option("--out", help="The directory to write (must not exist).")],
     version: Annotated[
         int | None, typer.Option("--version", help="The checkpoint of weights vN; default: the newest intact one.")
@@ -32,21 +36,46 @@ def export(
     adapter: Annotated[
         bool, typer.Option("--adapter", help="LoRA runs: export the adapter alone (default: merged into the base).")
     ] = False,
+    base: Annotated[
+        Path | None,
+        typer.Option("--base", help="LoRA runs: the base model directory; default: the one the adapter records."),
+    ] = None,
 ) -> None:
-    """Export a checkpoint as a Hugging Face model directory loadable by transformers."""
+    """Export a checkpoint as a Hugging Face model directory loadable by transformers (a LoRA run's
+    adapter merged into its base)."""
     from prl_actors.actors.runtime import one_line
 
     if out.exists():
         _fail(f"{out} exists: choose a new directory")
-    checkpoint = _checkpoint(run_dir, version)
+    checkpoint = _one_checkpoint(run_dir) if _is_checkpoint(run_dir) else _checkpoint(run_dir, version)
+    typer.echo(f"exporting {checkpoint} ...", err=True)
     try:
-        kind = export_checkpoint(checkpoint, out, adapter)
+        kind = export_checkpoint(checkpoint, out, adapter, base)
     except FileNotFoundError as exc:
+        shutil.rmtree(out, ignore_errors=True)
         _fail(str(exc))
     except Exception as exc:  # a damaged checkpoint, a missing base: one line, no traceback
         shutil.rmtree(out, ignore_errors=True)
         _fail(f"cannot export {checkpoint}: {one_line(exc)}", code=1)
     typer.echo(f"exported {kind} of {checkpoint} to {out}")
+
+
+def _is_checkpoint(path: Path) -> bool:
+    """One checkpoint directory (v<N> with a model or an adapter), rather than a run directory."""
+    from prl_actors.training import lora
+    from prl_actors.training.checkpoint import MODEL_DIR
+
+    return (path / MODEL_DIR / "config.json").is_file() or (path / lora.ADAPTER_DIR).is_dir()
+
+
+def _one_checkpoint(path: Path) -> Path:
+    """A checkpoint directory given as is: refused when damaged (as the newest intact one would be)."""
+    from prl_actors.rundir import checkpoint_damage
+
+    why = checkpoint_damage(path)
+    if why is not None:
+        _fail(f"checkpoint {path} is damaged ({why})")
+    return path
 
 
 def _checkpoint(run_dir: Path, version: int | None) -> Path:
@@ -74,7 +103,7 @@ def _checkpoint(run_dir: Path, version: int | None) -> Path:
     return found
 
 
-def export_checkpoint(checkpoint: Path, out: Path, adapter: bool = False) -> str:
+def export_checkpoint(checkpoint: Path, out: Path, adapter: bool = False, base: Path | None = None) -> str:
     """Write `out` from `checkpoint`; returns what was written ("model", "merged LoRA model", "LoRA adapter")."""
     from prl_actors.training import lora
     from prl_actors.training.checkpoint import MODEL_DIR
@@ -87,14 +116,15 @@ def export_checkpoint(checkpoint: Path, out: Path, adapter: bool = False) -> str
                 if (base / name).is_file():
                     shutil.copy2(base / name, out / name)
             return "LoRA adapter"
-        if (checkpoint / lora.MERGED_DIR / "config.json").is_file():
+        if base is None and (checkpoint / lora.MERGED_DIR / "config.json").is_file():
             shutil.copytree(checkpoint / lora.MERGED_DIR, out)
         else:
-            lora.export_merged(checkpoint, out)
+            lora.export_merged(checkpoint, out, base)
         write_generation_config(out)
         return "merged LoRA model"
-    if adapter:
-        raise FileNotFoundError(f"{checkpoint} holds no LoRA adapter (the run has no trainer.lora): drop --adapter")
+    if adapter or base is not None:
+        flag = "--adapter" if adapter else "--base"
+        raise FileNotFoundError(f"{checkpoint} holds no LoRA adapter (the run has no trainer.lora): drop {flag}")
     if not (checkpoint / MODEL_DIR / "config.json").is_file():
         raise FileNotFoundError(f"{checkpoint} holds no {MODEL_DIR}/config.json (not a model checkpoint)")
     shutil.copytree(checkpoint / MODEL_DIR, out)

@@ -11,10 +11,12 @@ from typing import Annotated, Any
 import typer
 
 from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from cli.config_cmd import config_app
 from cli.export_cmd import export
 from cli.keys_cmd import keys_app
-from cli.lora_cmd import export_merged
+from cli.labels import label
 from cli.replay_cmd import replay
+from cli.target import health, scale, status, stop
 
 app = typer.Typer(
     name="prl-actors",
@@ -22,7 +24,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,  # plain click help: no `<bool>` type column (readable labels: cli/labels.py)
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"prl-actors {version('prl-actors')}")
+        except PackageNotFoundError:
+            typer.echo("prl-actors (not installed: run from a source tree)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Periodic-asynchronous GRPO with five ZeroMQ actors. Start with `prl-actors up`."""
+
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config (see configs/). Default: built-in defaults.")
@@ -65,10 +90,31 @@ def _config(path: Path | None, sets: list[str] | None, extra: dict[str, Any] | N
 @app.command()
 def up(
     config: ConfigOpt = None,
-    workers: Annotated[int | None, typer.Option(help="Inference workers to start.", min=0)] = None,
-    epochs: Annotated[int | None, typer.Option(help="Iteration-epochs (optimizer steps).", min=1)] = None,
-    mode: Annotated[str | None, typer.Option(help="periodic (overlap) or sync (baseline).")] = None,
-    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Logs, metrics, checkpoints go here.")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Inference workers to start (default: the config's run.workers, 2).", min=0)
+    ] = None,
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            help="Iteration-epochs to train (default: the config's run.epochs, 5). An epoch generates "
+            "coordinator.groups_per_epoch groups and publishes one new weight version: one optimizer step, "
+            "or trainer.num_minibatches x trainer.num_iterations steps (DAPO's recipe: 16).",
+            min=1,
+        ),
+    ] = None,
+    mode: Annotated[
+        str | None,  # checked by the config (run.mode), whose error names the field
+        typer.Option(
+            metavar="periodic|sync|bounded",
+            help="periodic: train groups as they arrive; sync: wait for the whole batch (the baseline); "
+            "bounded: generate epoch e+1 while e trains, with run.max_staleness (default: the config's "
+            "run.mode, periodic).",
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option("--run-dir", help="Logs, metrics, checkpoints go here (default: the config's run.run_dir)."),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -79,6 +125,13 @@ def up(
         ),
     ] = False,
     compose: Annotated[bool, typer.Option("--compose", help="Run the services with docker compose instead.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Resolve and check the config and the task's data, print the resolved config, start nothing.",
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Run every actor as a local process until the run completes.
@@ -95,6 +148,7 @@ def up(
 
     128+N stopped by signal N.
     """
+    typer.echo(f"up: {'resuming' if resume else 'starting'} from {config or 'the built-in defaults'} ...", err=True)
     if compose and config is None:
         from prl_actors.compose import DEFAULT_CONFIG
 
@@ -106,6 +160,8 @@ def up(
         "run.run_dir": str(run_dir) if run_dir else None,
     }
     cfg = _resume_config(config, set_, flags) if resume else _config(config, set_, flags)
+    if dry_run:
+        _dry_run(cfg)
     if compose:
         from prl_actors.compose import compose_up
 
@@ -123,6 +179,19 @@ def up(
     except RunDirBusy as exc:
         fail(str(exc))
     raise typer.Exit(code)
+
+
+def _dry_run(cfg: Any) -> None:
+    """`up --dry-run`: the resolved config (every default filled in) and the task's check; exit 0."""
+    if cfg.env is None:
+        _check_task(cfg)
+    typer.echo(cfg.dump().rstrip())
+    typer.echo(
+        f"dry run: the config and the task check out; `up` would start {cfg.run.workers} workers for "
+        f"{cfg.run.epochs} epochs in {cfg.run.run_dir}",
+        err=True,
+    )
+    raise typer.Exit(0)
 
 
 def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -190,8 +259,9 @@ def _launch(cfg: Any, rd: Any) -> int:
 
 def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
     from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
-    from prl_actors.rundir import register_run
+    from prl_actors.rundir import register_run, unregister_run
 
+    typer.echo("checking the task and its prompts ...", err=True)
     _check_task(cfg)
     _run_keys(cfg)
     t0 = time.monotonic()
@@ -215,6 +285,8 @@ def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
         code = Launcher(cfg, rd.config, progress=sys.stderr.isatty(), zygote=zygote).run()
     except RunFailed as exc:
         fail(str(exc), code=1)
+    finally:
+        unregister_run(rd.root)  # a finished run is no longer one `status` & co. pick
     if code == 0:
         typer.echo(summary(rd.root, time.monotonic() - t0), err=True)
     return code
@@ -465,168 +537,17 @@ def _discover(cfg: Any, coordinator: str, name: str) -> None:
     cfg.transport.addresses = {**cfg.transport.addresses, "publisher": st.publisher_addr, "buffer": st.buffer_addr}
 
 
-def _target(config: Path | None, coordinator: str | None, keys: Path | None) -> tuple[str, Any]:
-    """(coordinator address, KeyStore or None) from the options, else the config: --config, else
-    the newest live run that `up` started on this machine (the run registry, whatever its run_dir),
-    else runs/latest/config.yaml; its coordinator address and its keys (RUN_DIR/keys)."""
-    from prl_actors.transport.auth import KeyStore
-
-    if config is None and coordinator is None:
-        config = _found_config()
-    cfg = _config(config, None)
-    if keys is None and cfg.authenticated() and cfg.keys_path().is_dir():
-        keys = cfg.keys_path()
-    return coordinator or str(cfg.address("coordinator")), KeyStore(keys) if keys is not None else None
-
-
-def _found_config() -> Path | None:
-    """The config of the run the operator most likely means (see `_target`), or None (defaults)."""
-    from prl_actors.rundir import live_run
-
-    live = live_run()
-    if live is not None:
-        return live / "config.yaml"
-    default = Path("runs/latest/config.yaml")
-    return default if default.exists() else None
-
-
-def _unreachable(exc: Exception, config: Path | None, coordinator: str | None) -> None:
-    """The request failed: say so, and which --config would reach a run."""
-    from prl_actors.rundir import live_run, registered_runs
-
-    hint, live = "", live_run() if coordinator is None and config is None else None
-    if live is not None:
-        hint = f"; the newest live run ({live}) does not answer: see {live / 'logs'}"
-    elif coordinator is None and config is None:
-        recent = registered_runs()[:3]
-        hint = "; no live run found on this machine" + (
-            f": pass the run's config, e.g. --config {recent[0] / 'config.yaml'}"
-            + (f" (other recent runs: {', '.join(str(p) for p in recent[1:])})" if recent[1:] else "")
-            if recent
-            else ": pass --config RUN_DIR/config.yaml of the run (written by `prl-actors up`)"
-        )
-    elif config is not None:
-        hint = f"; is the run of {config} still up? (`prl-actors up` of that run_dir must be running)"
-    fail(f"{exc}{hint}", code=1)
-
-
-@app.command()
-def status(
-    config: ConfigOpt = None,
-    coordinator: CoordOpt = None,
-    keys: KeysOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw Status message as JSON.")] = False,
-) -> None:
-    """Print the live run's epoch, version, members, progress and refusals (asks the coordinator)."""
-    import msgspec
-
-    from prl_actors.client import RequestFailed, request
-    from prl_actors.protocol.messages import StatusRequest
-
-    addr, store = _target(config, coordinator, keys)
-    try:
-        st: Any = request(addr, StatusRequest(), keys=store)
-    except RequestFailed as exc:
-        _unreachable(exc, config, coordinator)
-    if as_json:
-        typer.echo(msgspec.json.encode(st).decode())
-        return
-    typer.echo(
-        f"state {st.state}  mode {st.mode}  epoch {st.epoch}/{st.epochs_total}  version {st.version}  "
-        f"groups {st.groups_done}/{st.groups_per_epoch} done, {st.groups_outstanding} out"
-    )
-    if st.waiting_for:
-        typer.echo(f"stalled: {st.waiting_for}")
-    if st.eval:  # the latest finished evaluation (docs/OBSERVE.md)
-        ev = st.eval
-        scores = "  ".join(f"{k} {v:.3f}" for k, v in ev.items() if k.startswith("eval_") and k != "eval_s")
-        typer.echo(f"eval   v{int(ev.get('version', -1))} (epoch {int(ev.get('epoch', -1))}): {scores}")
-    for m in st.members:
-        refused = f"  refused {m.refused}" if m.refused else ""
-        typer.echo(
-            f"  {m.name:<16} {m.role:<12} v{m.version:<4} holds {m.outstanding}  seen {m.last_seen_s:.1f}s ago{refused}"
-        )
-    if st.refused:
-        typer.echo("coordinator refused: " + ", ".join(f"{k} {v}" for k, v in st.refused.items()))
-
-
-@app.command()
-def health(
-    config: ConfigOpt = None,
-    coordinator: CoordOpt = None,
-    keys: KeysOpt = None,
-    member: Annotated[
-        str | None, typer.Option(help="Also require this member (or name prefix, e.g. worker-HOST) to be registered.")
-    ] = None,
-    max_age: Annotated[
-        float | None, typer.Option(help="Seconds since last seen (default: coordinator.heartbeat_timeout_s).")
-    ] = None,
-) -> None:
-    """Exit 0 when the coordinator answers (and MEMBER is registered and recently seen): a healthcheck.
-
-    It asks with MEMBER's key (or its role's), else the operator key, from --keys (default RUN_DIR/keys).
-    """
-    from prl_actors.client import RequestFailed, request
-    from prl_actors.compose import health_problem
-    from prl_actors.protocol.messages import StatusRequest
-
-    cfg = _config(config or (_found_config() if coordinator is None else None), None)
-    addr, store = _target(config, coordinator, keys)
-    try:
-        st: Any = request(addr, StatusRequest(), timeout_s=5.0, keys=store, as_=member or "operator")
-    except RequestFailed as exc:
-        _unreachable(exc, config, coordinator)
-    problem = health_problem(st, member, max_age or cfg.coordinator.heartbeat_timeout_s)
-    if problem:
-        fail(problem, code=1)
-    typer.echo(f"healthy: {member or 'coordinator'} (state {st.state}, epoch {st.epoch})")
-
-
-@app.command()
-def scale(
-    workers: Annotated[int, typer.Option(help="Wanted number of inference workers.", min=0)],
-    config: ConfigOpt = None,
-    coordinator: CoordOpt = None,
-    keys: KeysOpt = None,
-) -> None:
-    """Change the worker count of a running `prl-actors up` (it starts or stops workers to match;
-    under `up --compose` it scales the inference service).
-
-    Needs the operator key; at most run.max_workers.
-    """
-    from prl_actors.client import RequestFailed, request
-    from prl_actors.protocol.messages import Scale
-
-    addr, store = _target(config, coordinator, keys)
-    try:
-        request(addr, Scale(workers=workers), keys=store)
-    except RequestFailed as exc:
-        _unreachable(exc, config, coordinator)
-    typer.echo(f"asked for {workers} workers")
-
-
-@app.command()
-def stop(config: ConfigOpt = None, coordinator: CoordOpt = None, keys: KeysOpt = None) -> None:
-    """Stop a running run cleanly (every actor gets Shutdown).
-
-    Needs the operator key.
-    """
-    from prl_actors.client import RequestFailed, request
-    from prl_actors.protocol.messages import RequestStop
-
-    addr, store = _target(config, coordinator, keys)
-    try:
-        request(addr, RequestStop(reason="prl-actors stop"), keys=store)
-    except RequestFailed as exc:
-        _unreachable(exc, config, coordinator)
-    typer.echo("stop requested")
-
-
+app.command()(status)
+app.command()(health)
+app.command()(scale)
+app.command()(stop)
 app.command()(replay)
 app.command()(bench)
 app.add_typer(keys_app)
-app.command("export-merged")(export_merged)
+app.add_typer(config_app)
 app.command("export")(export)
+app.command("export-merged", hidden=True)(export)  # the older name of a LoRA run's export
+label(app)
 
 
 def main() -> None:

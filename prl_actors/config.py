@@ -90,12 +90,19 @@ class _Section(BaseModel):
 class RunSection(_Section):
     name: str = Field("run", description="A label for the run (logs, metrics).")
     seed: int = Field(0, description="Seeds prompts, sampling and model init.")
-    epochs: int = Field(5, ge=1, description="Number of iteration-epochs (optimizer steps).")
+    epochs: int = Field(
+        5,
+        ge=1,
+        description="Number of iteration-epochs. An epoch generates coordinator.groups_per_epoch groups and "
+        "publishes one new weight version; it takes one optimizer step, or trainer.num_minibatches x "
+        "trainer.num_iterations steps (e.g. DAPO's recipe: 16).",
+    )
     mode: Literal["periodic", "sync", "bounded"] = Field(
         "periodic",
         description="periodic: train groups as they arrive; sync: wait for the whole batch; bounded: as periodic, "
         "but epoch e+1 is generated with weights up to run.max_staleness versions old while epoch e trains "
-        "(off-policy, corrected by trainer.is_correction: docs/LEARNING.md).",
+        "(off-policy, corrected by trainer.is_correction: tis unless given when max_staleness > 0; "
+        "docs/LEARNING.md).",
     )
     max_staleness: int = Field(
         0,
@@ -567,7 +574,7 @@ def bounded_refused(cfg: Config) -> str:
     if cfg.trainer.strategy != "single":
         return f"with trainer.strategy {cfg.trainer.strategy} is not supported yet: use strategy single"
     if cfg.eval.every_epochs > 0:
-        return "with evaluation (eval.every_epochs > 0) is not supported yet: set eval.every_epochs 0"
+        return "with evaluation (eval.every_epochs > 0) is not supported yet: add --set eval.every_epochs=0"
     return ""
 
 
@@ -834,6 +841,8 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _bounded_mode(self) -> Config:
+        if self.run.staleness_bound() > 0 and "is_correction" not in self.trainer.model_fields_set:
+            self.trainer.is_correction = "tis"  # stale samples need a correction: truncated IS, as peers default
         if self.run.mode == "bounded" and (unsupported := bounded_refused(self)):
             raise ValueError(f"run.mode bounded {unsupported}")
         if self.run.max_staleness and self.run.mode != "bounded":
@@ -1065,6 +1074,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     if is_text_field(key):
         return key, None if raw.strip() in ("null", "~") and accepts_none(key) else raw
     try:
+        if is_list_field(key) and not raw.strip().startswith(("[", "-")) and raw.strip() not in ("null", "~"):
+            return key, [yaml.safe_load(part) for part in raw.split(",") if part.strip()]  # a,b = [a, b]
         return key, yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
@@ -1113,13 +1124,57 @@ def is_text_field(dotted: str) -> bool:
     return annotation is str
 
 
+def is_list_field(dotted: str) -> bool:
+    """Is the field a list (`--set run.report_to=tensorboard,wandb` gives one value per comma)?"""
+    info = _field(dotted)
+    return info is not None and get_origin(_unwrap_optional(info.annotation)[0]) is list
+
+
 def accepts_none(dotted: str) -> bool:
     info = _field(dotted)
     return info is not None and _unwrap_optional(info.annotation)[1]
 
 
+# What users of other frameworks call a field (TRL, verl, OpenRLHF): the suggestion by meaning, where
+# spelling alone would point elsewhere (`trainer.learning_rate` is closest in spelling to `learner`).
+SYNONYMS = {
+    "learning_rate": "lr",
+    "num_generations": "group_size",
+    "n_samples": "group_size",
+    "num_samples": "group_size",
+    "kl_coef": "beta",
+    "kl_beta": "beta",
+    "epsilon": "eps_low",
+    "clip_range": "eps_low",
+    "epsilon_high": "eps_high",
+    "clip_grad_norm": "max_grad_norm",
+    "grad_clip": "max_grad_norm",
+    "max_completion_length": "max_new_tokens",
+    "max_tokens": "max_new_tokens",
+    "max_response_length": "max_new_tokens",
+    "num_epochs": "epochs",
+    "num_train_epochs": "epochs",
+    "max_steps": "epochs",
+    "batch_size": "groups_per_epoch",
+    "num_prompts": "groups_per_epoch",
+    "model_name_or_path": "path",
+    "model_name": "path",
+    "dataset": "prompts_file",
+    "dataset_path": "prompts_file",
+    "output_dir": "run_dir",
+    "reward_funcs": "rewards",
+    "reward_fn": "reward",
+    "num_workers": "workers",
+    "logging": "report_to",
+}
+
+
 def nearest_field(dotted: str) -> str:
-    """The existing field closest in spelling to an unknown dotted name ('' when none is close)."""
+    """The existing field an unknown dotted name most likely means ('' when none is close): by
+    meaning first (SYNONYMS, in this section or another), then by spelling."""
+    by_meaning = _synonym(dotted)
+    if by_meaning:
+        return by_meaning
     *parents, leaf = dotted.split(".")
     model: Any = Config
     if parents:
@@ -1129,6 +1184,21 @@ def nearest_field(dotted: str) -> str:
         return ""
     close = difflib.get_close_matches(leaf, list(model.model_fields), n=1, cutoff=0.6)
     return ".".join([*parents, close[0]]) if close else ""
+
+
+def _synonym(dotted: str) -> str:
+    """The field SYNONYMS names for the last part of `dotted`, in its section if it is there, else in
+    the one section that has it ('' when none)."""
+    *parents, leaf = dotted.split(".")
+    meant = SYNONYMS.get(leaf)
+    if meant is None:
+        return ""
+    if parents and _field(".".join([*parents, meant])) is not None:
+        return ".".join([*parents, meant])
+    sections = [name for name in Config.model_fields if _field(f"{name}.{meant}") is not None]
+    if len(sections) != 1:
+        sections = [name for name in ("worker.sampling",) if _field(f"{name}.{meant}") is not None] or sections
+    return f"{sections[0]}.{meant}" if sections else ""
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

@@ -366,6 +366,17 @@ def register_run(root: Path) -> None:
         return
 
 
+def unregister_run(root: Path) -> None:
+    """`up` of the run in `root` has ended: it is no longer one that `status` & co. may pick."""
+    where = registry_dir()
+    if where is not None:
+        name = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16] + ".json"
+        try:
+            (where / name).unlink(missing_ok=True)
+        except OSError:
+            return
+
+
 def registered_runs() -> list[Path]:
     """The run directories `up` started on this machine, newest first (those that still exist)."""
     where = registry_dir()
