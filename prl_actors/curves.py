@@ -1,8 +1,9 @@
 """`prl-actors replay RUN --curves curves.png`: one figure of a run's learning curves from metrics.jsonl.
 
 Panels (each drawn only when the run has the metric): reward (mean and accuracy) with eval pass@k and
-mean@k at the evaluated versions, KL to the reference, entropy, clip fraction, logprob_diff (max and
-mean: engine vs trainer log-probs), and seconds per epoch. x is the epoch; an evaluation of weights v_e
+mean@k at the evaluated versions, loss, grad norm, response length, KL to the reference, entropy, clip
+fraction (low/high where reported), logprob_diff (max and mean: engine vs trainer log-probs), and
+seconds per epoch. x is the epoch; an evaluation of weights v_e
 is drawn at x = e (the weights epoch e starts from; the final one at x = E).
 """
 
@@ -13,9 +14,12 @@ from typing import Any
 
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward_mean", "accuracy")),
+    ("loss", ("loss",)),
+    ("grad norm", ("grad_norm",)),
+    ("response length (tokens)", ("response_len",)),
     ("KL (policy || reference)", ("kl",)),
     ("entropy", ("entropy",)),
-    ("clip fraction", ("clip_frac",)),
+    ("clip fraction", ("clip_frac", "clip_frac_low", "clip_frac_high")),
     ("logprob_diff (engine vs trainer)", ("logprob_diff_max", "logprob_diff_mean")),
     ("seconds per epoch", ("wall_s", "gen_s", "train_s")),
 )

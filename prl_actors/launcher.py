@@ -84,6 +84,7 @@ PORT_STEP, PORT_TRIES = 10, 200  # pick_ports tries 27500, 27510, ...
 START_GATE = ".start-gate"
 STANDBY_GATE = ".standby-gate"  # created when the spare core is needed (run.standby_core)
 WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
+LONG_EPOCH_NOTE_S = 10.0  # without a terminal, a long epoch's progress is a line this often
 
 
 class Launcher:
@@ -111,6 +112,7 @@ class Launcher:
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
         self.last_note = time.monotonic()
+        self.long_epoch = LongEpochNotes()  # without a terminal: progress lines inside a long epoch
         self.zygote = zygote  # run.fork_server: forks the actors, imported once (`up` starts and closes it)
 
     # --- the run -----------------------------------------------------------------------------
@@ -459,6 +461,12 @@ class Launcher:
             if st.waiting_for and st.waiting_for != self.last_stall:
                 console(f"stalled: {st.waiting_for}")
             self.last_stall = st.waiting_for
+        workers = sum(m.role == "worker" for m in st.members)
+        if not self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
+            args = (st.epoch, st.epochs_total, st.groups_done, st.groups_per_epoch, workers)
+            note = self.long_epoch.line(time.monotonic(), *args)
+            if note:
+                console(note)
         if self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
             bar = progress_bar(st.groups_done, st.groups_per_epoch)
             sys.stderr.write(
@@ -596,6 +604,23 @@ def check_ports(cfg: Config) -> None:
                 f"port {port} on {host} ({role}) is in use, by another run? Choose other ports "
                 "(transport.base_port), or leave transport.base_port unset to pick free ones"
             )
+
+
+class LongEpochNotes:
+    """Progress inside a long epoch where no live bar is drawn (no terminal: a log, the Python API):
+    one line every `every_s` seconds while the same epoch stays open, none for short epochs."""
+
+    def __init__(self, every_s: float = LONG_EPOCH_NOTE_S) -> None:
+        self.every_s, self.epoch, self.since, self.last = every_s, -1, 0.0, 0.0
+
+    def line(self, now: float, epoch: int, epochs: int, done: int, groups: int, workers: int) -> str | None:
+        if epoch != self.epoch:
+            self.epoch, self.since, self.last = epoch, now, now
+            return None
+        if now - self.last < self.every_s:
+            return None
+        self.last = now
+        return f"  epoch {epoch}/{epochs}: {done}/{groups} groups done, {workers} workers, {now - self.since:.0f}s in"
 
 
 def progress_bar(done: int, total: int, width: int = 20) -> str:

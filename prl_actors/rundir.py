@@ -40,7 +40,20 @@ DONE = "DONE"
 LOCK = ".up.lock"
 COMPLETIONS_FILE = "completions.jsonl"  # run.log_completions rows (prl_actors/completions.py)
 EVAL = "eval"  # eval/epoch-<N>.jsonl: one evaluation each (write_eval)
-EPOCH_LINE_KEYS = ("reward_mean", "accuracy", "zero_adv_share", "samples_per_s", "gen_s", "train_s", "wall_s")
+# The epoch line's learning part: (metrics key, label, decimals), each shown when the row has it.
+EPOCH_LINE_KEYS = (
+    ("reward_mean", "reward", 3),
+    ("accuracy", "acc", 3),
+    ("loss", "loss", 4),
+    ("kl", "kl", 4),
+    ("grad_norm", "grad", 3),
+    ("clip_frac", "clip", 3),
+    ("clip_frac_low", "clip_lo", 3),
+    ("clip_frac_high", "clip_hi", 3),
+    ("response_len", "len", 1),
+    ("entropy", "ent", 3),
+    ("zero_adv_share", "zero_adv", 3),
+)
 SkipFn = Callable[[Path, str], None]
 
 
@@ -70,9 +83,15 @@ class TrainerSink(Protocol):
 
 
 def epoch_line(row: Mapping[str, Any]) -> str:
-    """The one console line per finished epoch."""
-    shown = "  ".join(f"{k}={row[k]:.3f}" for k in EPOCH_LINE_KEYS if k in row)
-    return f"epoch {row['epoch']:>3}  v{row['version']:<3} {shown}{dynamic_sampling_note(row)}"
+    """The one console line per finished epoch: what it learned (reward, loss, kl, grad norm, clip
+    fraction, response length, ...), then what it took (`0.11s (gen 0.09 train 0.03) 584 samples/s`)."""
+    shown = "  ".join(f"{label}={float(row[k]):.{d}f}" for k, label, d in EPOCH_LINE_KEYS if k in row)
+    took = f"  | {float(row['wall_s']):.2f}s" if "wall_s" in row else ""
+    if took and "gen_s" in row and "train_s" in row:
+        took += f" (gen {float(row['gen_s']):.2f} train {float(row['train_s']):.2f})"
+    if "samples_per_s" in row:
+        took += f" {float(row['samples_per_s']):.0f} samples/s"
+    return f"epoch {row['epoch']:>3}  v{row['version']:<3} {shown}{took}{dynamic_sampling_note(row)}"
 
 
 def dynamic_sampling_note(row: Mapping[str, Any]) -> str:
