@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-fast test-slow test-dist test-compose lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-fast test-slow test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,12 @@ test-slow: $(STAMP)
 # rank is killed and resumed (gloo on CPU, 2 ranks; docs/DISTRIBUTED.md). make test runs one DDP case.
 test-dist: $(STAMP)
 	$(BIN)/pytest -q -m dist
+
+# The trainer on CUDA (tests marked gpu: tests/test_gpu_trainer.py): its loss/gradients against the CPU
+# path (float32 and bfloat16), the packed rows against the dense reference, the op/sync proxies on the
+# device. Every test skips without a CUDA device. `prl-actors bench --only gpu` gives the speed.
+test-gpu: $(STAMP)
+	$(BIN)/pytest -q -m gpu
 
 # Needs a Docker engine (DOCKER_HOST; on the dev VM ../shared/tools/local-docker.sh); skips without one.
 # Where local wheels stand in for the PyTorch index (/opt/wheels, as in the dev VM's base image), the

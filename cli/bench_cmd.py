@@ -35,7 +35,8 @@ def bench(
         typer.Option(
             "--only",
             help="Run only these: pipeline, shared_prompt, weight_sync, lora_sync, control_plane, e2e, envs, "
-            "dist_step, multiturn, rewards, startup, minibatch, eval_cost, group_checks, bounded, burst_batching, heal "
+            "dist_step, multiturn, rewards, startup, minibatch, eval_cost, group_checks, bounded, burst_batching, "
+            "heal, gpu (the trainer and engine on CUDA at issue 37's shape; one skip line without CUDA) "
             "(repeatable or a,b).",
         ),
     ] = None,

@@ -300,3 +300,25 @@ def test_impl_auto_is_by_device_and_the_budget_comes_from_memory() -> None:
     assert 10_000 < token_budget(130 * 2**30, 3 * 4 * 358_000_000, per_token) < 100_000
     assert token_budget(0, 0, per_token) == BUDGET_MIN and token_budget(1 << 60, 0, 1) == BUDGET_MAX
     assert activation_bytes_per_token(896, 4864, 24, 2, checkpointing=True) < per_token / 5
+
+
+# --- bench --only gpu -------------------------------------------------------------------------------
+
+
+def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CUDA: one skip line and no entries; the smoke preset runs the same trainer code at a
+    tiny shape on the CPU (impl gpu and cpu), with finite numbers and the ops it dispatched."""
+    from prl_bench import gpu
+    from prl_bench.common import BenchContext
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said: list[str] = []
+    assert gpu.run(BenchContext(False, tmp_path, tmp_path / "work", said.append)) == []
+    assert said == ["[gpu] skipped: torch sees no CUDA device"]
+    entries = gpu.run(BenchContext(False, tmp_path, tmp_path / "work", said.append, smoke=True))
+    by = {e.name: e for e in entries}
+    assert {"trainer impl gpu tiny cpu", "trainer impl cpu tiny cpu"} <= set(by)
+    assert all(math.isfinite(e.measured) and e.measured > 0 for e in entries)
+    assert by["trainer impl gpu ops per epoch tiny cpu"].raw["syncs"] <= 10

@@ -37,6 +37,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
         ("bounded", _bounded),
         ("burst_batching", _burst_batching),
         ("heal", _heal),
+        ("gpu", _gpu),
     ):
         if by.get(name):
             path = out / f"{name}.png"
@@ -402,4 +403,21 @@ def _bounded(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     cx.set_ylabel("reward_mean")
     cx.set_title("reward curves")
     cx.legend(fontsize=6)
+    return fig
+
+
+def _gpu(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Training seconds per step by case (trainer impl, shape, device), the issue's goal as a line."""
+    rows = [e for e in entries if e["metric"] == "training s per step"]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(range(len(rows)), [e["measured"] for e in rows], color="tab:blue")
+    ax.set_xticks(range(len(rows)), [e["name"].replace("trainer ", "") for e in rows], fontsize=8, rotation=10)
+    goals = [e["goal"] for e in rows if e["goal"] is not None]
+    if goals:
+        ax.axhline(goals[0], color="tab:red", linestyle="--", label="goal")
+        ax.legend()
+    ax.set_ylabel("training seconds per step (median)")
+    ax.set_title("The trainer per step (bench --only gpu)")
     return fig

@@ -37,6 +37,7 @@ BENCHMARKS = {
     "bounded": "prl_bench.bounded",
     "burst_batching": "prl_bench.burst_batching",
     "heal": "prl_bench.heal",
+    "gpu": "prl_bench.gpu",
 }
 ALIASES = {
     "packing": "shared_prompt",
@@ -53,6 +54,7 @@ ALIASES = {
     "generated": "burst_batching",
     "ettr": "heal",
     "self_healing": "heal",
+    "cuda": "gpu",
 }
 
 
