@@ -37,6 +37,7 @@ from collections import deque
 
 from prl_actors.actors import tickets
 from prl_actors.actors.dynamic_sampling import informative
+from prl_actors.actors.faults import kill_point
 from prl_actors.actors.group_check import GroupChecker
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.scheduling import Bursts
@@ -128,6 +129,8 @@ class BufferCore(Core):
     def on_group_result(self, now: float, inbound: Inbound[GroupResult]) -> None:
         msg = inbound.msg
         group = msg.group
+        if self.accepted:  # a group of the epoch is in already
+            kill_point(self.name, "mid_epoch", self.epoch)
         why = self._not_assigned(msg)
         if why:
             self.refuse(inbound, why, ErrorCode.FORBIDDEN, quiet=True)
@@ -170,6 +173,7 @@ class BufferCore(Core):
 
     def _complete(self, now: float, groups: int, generated: int = 0) -> None:
         """End the epoch's stream: the held groups (sync), then EpochComplete."""
+        kill_point(self.name, "before_complete", self.epoch)
         self.stream.extend(self.held)
         self.held = []
         gen_s = round(now - self.opened_at, 6)

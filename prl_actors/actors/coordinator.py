@@ -30,6 +30,7 @@ import msgspec
 from prl_actors.actors import tickets
 from prl_actors.actors.dynamic_sampling import Rounds, epoch_stride
 from prl_actors.actors.epoch_work import Accept, EpochWork
+from prl_actors.actors.faults import armed, kill_point
 from prl_actors.actors.membership import Member, Membership
 from prl_actors.actors.phase import PhaseMachine
 from prl_actors.actors.pulls import to_wire
@@ -438,6 +439,9 @@ class CoordinatorCore(Core):
     @handles(StepDone)
     def on_step_done(self, now: float, inbound: Inbound[StepDone]) -> None:
         msg = inbound.msg
+        kill_point(self.name, "before_step_done", msg.epoch)
+        if armed():  # tests only: a later inbox item, once this input's replies are sent
+            self.defer(lambda now: kill_point(self.name, "after_step_done", msg.epoch))
         self.epochs_completed = max(self.epochs_completed, msg.epoch + 1)
         if self.s.max_staleness and "step_kl" in msg.metrics:  # bounded mode: the step's drift (actors/pulls.py)
             self.step_kls[msg.version - 1] = float(msg.metrics["step_kl"])

@@ -17,6 +17,7 @@ answered with Error `rejected` and the trainer sends chunks.
 
 from __future__ import annotations
 
+from prl_actors.actors.faults import kill_point
 from prl_actors.actors.runtime import Core, handles
 from prl_actors.actors.transfer import Assembler, Snapshot, TransferError, transfer_messages
 from prl_actors.logs import EventLog
@@ -164,6 +165,7 @@ class PublisherCore(Core):
         self._store(inbound, begin.id, Snapshot(begin.version, begin.tensors, mapped), 0.0)
 
     def _store(self, inbound: Inbound[WeightsEnd], begin_id: str, snap: Snapshot, upload_s: float) -> None:
+        kill_point(self.name, "before_ack", snap.version - 1)  # the epoch that made it
         self.current = snap
         self.version = snap.version
         self.log("weights_stored", new_version=snap.version, bytes=snap.nbytes, upload_s=round(upload_s, 6))
@@ -192,6 +194,7 @@ class PublisherCore(Core):
             self.refuse(inbound, "no weights published yet")
             return
         snap = self.current
+        kill_point(self.name, "after_ack", snap.version - 1)  # a worker fetches it: the ack is long out
         path = self._shm_path_for(msg)
         if path:
             self._serve_shared(inbound, snap, path)

@@ -9,10 +9,12 @@ rest is trained in micro-batches as big as the budget allows. Those decisions (a
 host's cores under `threads: auto`) are actors/scheduling.py's TrainerSchedule. With
 trainer.num_minibatches M > 1 the learner itself steps a minibatch (groups fixed by index) once its
 groups are in, inside `accumulate` (training/grpo.py). EpochComplete -> exactly one `learner.step` (the
-epoch's remaining optimizer steps, M x mu in all; version v_e -> v_{e+1}), a checkpoint, the upload of
-v_{e+1} to the publisher and, once the publisher has stored it, a metrics row and StepDone to the
-coordinator. Checkpoints and metrics go to an injected `TrainerSink` (the run directory in a run): the
-core itself touches no file.
+epoch's remaining optimizer steps, M x mu in all; version v_e -> v_{e+1}), the epoch's metrics row,
+a checkpoint, the upload of v_{e+1} to the publisher and, once the publisher has stored it, StepDone to
+the coordinator. The row goes before the checkpoint: whatever kills the trainer, publisher or core
+after the checkpoint, the epoch it marks done has its row (a resume drops rows past its checkpoint).
+Checkpoints and metrics go to an injected `TrainerSink` (the run directory in a run): the core itself
+touches no file.
 A TrainGroup whose version is not the learner's current version is refused (`train_rejected`): the
 on-policy invariant is enforced here a second time, not only in the buffer. Under run.mode bounded
 (k = run.max_staleness) a group of the open epoch e generated with v_{e-k} .. v_e is trained
@@ -36,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prl_actors.actors.faults import kill_point
 from prl_actors.actors.runtime import Core, handles, one_line
 from prl_actors.actors.scheduling import TrainerSchedule
 from prl_actors.actors.threads import ThreadPlan
@@ -116,9 +119,9 @@ class TrainerCore(Core):
         self.t_open = 0.0
         self.train_s = 0.0
         self.t_upload = 0.0
-        # weight version uploaded -> (epoch, t_open, metrics) of the step that made it: the publisher's
+        # weight version uploaded -> (epoch, metrics) of the step that made it: the publisher's
         # WeightsStored of one step can arrive after the next epoch was trained (other sockets first)
-        self.finished: dict[int, tuple[int, float, dict[str, float]]] = {}
+        self.finished: dict[int, tuple[int, dict[str, float]]] = {}
         self.flush_queued = False
         self.shm = shm  # same-host uploads through /dev/shm (weights_shm.py); None: chunks only
         self.run_id = ""
@@ -130,7 +133,9 @@ class TrainerCore(Core):
             ckpt = self.sink.latest_checkpoint(on_skip=self._checkpoint_skipped)
             if ckpt is not None:
                 self.learner.load_checkpoint(ckpt)
-                self.log("resumed", checkpoint=str(ckpt), new_version=self.learner.version)
+            # also without one (a core restarted before the first checkpoint): replay drops what the
+            # dead core trained past this version (replay/invariants.py `_kept`)
+            self.log("resumed", checkpoint=str(ckpt or ""), new_version=self.learner.version)
             rollback = getattr(self.sink, "rollback", None)
             if rollback is not None:  # epochs past the checkpoint (a damaged newer one) are redone
                 rollback(self.learner.version)
@@ -332,6 +337,7 @@ class TrainerCore(Core):
     @handles(EpochComplete)
     def on_epoch_complete(self, now: float, inbound: Inbound[EpochComplete]) -> None:
         msg = inbound.msg
+        t_in = time.monotonic()  # the row's wall_s: from the open to the row's writing (`now` + this handler)
         if msg.epoch == self.epoch and self.learner.pending:
             self._learn(lambda: self.learner.flush())
         if msg.epoch != self.epoch or self.consumed != msg.groups:
@@ -361,7 +367,19 @@ class TrainerCore(Core):
             optimizer_steps=inner,
         )
         self.log("span_end", span="optimizer_step", seconds=round(step_s, 6))
+        self._epoch_metrics(msg, metrics, wall=now - self.t_open + time.monotonic() - t_in)
+        kill_point(self.name, "before_checkpoint", self.epoch)
         self._checkpoint()
+        kill_point(self.name, "after_checkpoint", self.epoch)
+        # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
+        self.finished[self.learner.version] = (self.epoch, metrics)
+        self._upload()
+
+    def _epoch_metrics(self, msg: EpochComplete, metrics: dict[str, float], wall: float) -> None:
+        """The epoch's metrics row, written before the checkpoint that marks the epoch done: a crash
+        after the checkpoint keeps the row (the epoch is not redone), a crash before it leaves a row
+        that the resume's `rollback` drops (the epoch is redone). `metrics` (what StepDone carries)
+        gets the epoch's reward means, times and histograms too."""
         metrics.update(self.reward_means.metrics())
         metrics.update(gen_s=msg.gen_s, train_s=round(self.train_s, 6))
         if self.max_staleness:  # bounded mode: the epoch's staleness histogram
@@ -369,9 +387,10 @@ class TrainerCore(Core):
         if msg.generated:  # dynamic sampling: groups kept (trained) of those generated, and B
             kept, made, wanted = float(self.consumed), float(msg.generated), float(self.groups)
             metrics.update(groups_kept=kept, groups_generated=made, groups_target=wanted)
-        # the next EpochOpen may overtake the publisher's WeightsStored: keep this epoch's numbers apart
-        self.finished[self.learner.version] = (self.epoch, self.t_open, metrics)
-        self._upload()
+        row = {**metrics, "epoch": self.epoch, "version": self.learner.version}
+        row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / max(wall, 1e-9), 3))
+        self.log("epoch_metrics", **row)
+        self.sink.epoch_metrics(row)
 
     def _probe(self, before: bool) -> Any:
         """[N] log-probs of the probe's tokens under the epoch-start policy (before the step) or the
@@ -439,12 +458,8 @@ class TrainerCore(Core):
         finished = self.finished.pop(inbound.msg.version, None)
         if finished is None:  # the initial (or resumed) weights: no epoch was trained
             return
-        epoch, t_open, metrics = finished
-        wall = now - t_open
-        row = {**metrics, "epoch": epoch, "version": inbound.msg.version}
-        row.update(wall_s=round(wall, 6), samples_per_s=round(metrics.get("samples", 0.0) / max(wall, 1e-9), 3))
-        self.log("epoch_metrics", **row)
-        self.sink.epoch_metrics(row)
+        epoch, metrics = finished
+        kill_point(self.name, "after_ack", epoch)
         self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))
 
     def close(self) -> None:

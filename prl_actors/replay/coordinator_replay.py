@@ -58,6 +58,7 @@ DECISION_EVENTS = frozenset(
         "member_expelled",
     }
 )
+ENDED = frozenset({"run_done", "stop_requested", "actor_stopped", "actor_crashed"})  # it ended on its own
 VOLATILE = frozenset({"event", "actor", "role", "t_mono", "t_wall", "t", "where", "_seq", "msg_id", "trace"})
 NOT_AN_INPUT = frozenset(
     {
@@ -96,6 +97,7 @@ class Step:
     index: int
     event: Event
     recorded: list[Event] = field(default_factory=list)
+    cut: bool = False  # the last input of a coordinator killed outright: it may have logged only a part
 
 
 @dataclass
@@ -129,14 +131,18 @@ def recorded_steps(events: list[Event]) -> list[Step | Restart]:
     current: Step | None = None
     restart: Restart | None = None
     inputs = 0
+    ended = False  # the coordinator logged an end of its own since its last input
     for e in events:
+        ended = ended or e["event"] in ENDED
         if e["event"] == "actor_start":
+            _cut_short(out, ended)
             restart = Restart()
             out.append(restart)
             current = None
         elif e["event"] == "coord_settings" and restart is not None:
             restart.settings = e
         elif e["event"] == "coord_input":
+            ended = False
             current = Step(inputs, e)
             out.append(current)
             inputs += 1
@@ -144,7 +150,16 @@ def recorded_steps(events: list[Event]) -> list[Step | Restart]:
             current = None
         elif current is not None and (e["event"] == "send" or e["event"] in DECISION_EVENTS):
             current.recorded.append(e)
+    _cut_short(out, ended)
     return out
+
+
+def _cut_short(out: list[Step | Restart], ended: bool) -> None:
+    """The coordinator whose inputs `out` ends with stopped here: when it logged no end of its own
+    (SIGKILL), its last input may have been handled only in part (`Step.cut`)."""
+    last = out[-1] if out else None
+    if isinstance(last, Step) and not ended:
+        last.cut = True
 
 
 def new_core(run: Run, settings: Event | None = None) -> Any:
@@ -280,6 +295,8 @@ def compare(
     rec, got = _texts([logged_decision(s, step.recorded) for s in sends], [outbox_decision(d, m) for d, m in out])
     rec += [state_decision(e) for e in step.recorded if e["event"] in DECISION_EVENTS]
     got += [state_decision(e) for e in log.events if e["event"] in DECISION_EVENTS - unlogged]
+    if step.cut:  # killed while handling it: what it logged must be what the replay decides first
+        got = got[: len(rec)]
     diff = _first_difference(rec, got)
     if diff is None:
         return len(rec), None

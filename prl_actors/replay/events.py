@@ -212,12 +212,18 @@ def load_run(run_dir: Path) -> Run:
 
 @dataclass(frozen=True)
 class Lifecycle:
-    """When one actor started (each incarnation), stopped taking messages, and last logged."""
+    """When one actor started (each incarnation), stopped taking messages, and logged."""
 
     starts: list[float]
     ends: list[float]  # ending events, and the coordinator's sending it Shutdown
     first: float
     last: float
+    times: list[float] = field(default_factory=list)  # every event's time, in order
+
+    def last_before(self, until: float) -> float:
+        """The time of its last event before `until` (its first event when none is)."""
+        i = bisect_left(self.times, until)
+        return self.times[i - 1] if i else self.first
 
 
 def lifecycles(run: Run) -> dict[str, Lifecycle]:
@@ -229,18 +235,22 @@ def lifecycles(run: Run) -> dict[str, Lifecycle]:
     for actor, mine in run.by_actor.items():
         starts = [e["t"] for e in mine if e["event"] == "actor_start"]
         ends = sorted([e["t"] for e in mine if e["event"] in ENDING_EVENTS] + told[actor])
-        out[actor] = Lifecycle(starts, ends, mine[0]["t"], mine[-1]["t"])
+        out[actor] = Lifecycle(starts, ends, mine[0]["t"], mine[-1]["t"], [e["t"] for e in mine])
     return out
 
 
 def ending_time(run: Run, actor: str, after: float) -> float:
     """When `actor` stopped taking messages, for the incarnation alive at time `after`: the first of its
     ending events (shutdown, stop, crash, run_done) and the coordinator's sending it Shutdown (from then
-    on, what arrives may never be handled), else its last event; +inf for an actor without a log."""
+    on, what arrives may never be handled), else its last event before the next incarnation started
+    (one killed outright logs no ending: SIGKILL); +inf for an actor without a log."""
     life = run.lifecycles.get(actor)
     if life is None:
         return float("inf")
     i = bisect_right(life.starts, after)
     since = life.starts[i - 1] if i else life.first
+    until = life.starts[i] if i < len(life.starts) else float("inf")
     j = bisect_left(life.ends, since)
-    return life.ends[j] if j < len(life.ends) else life.last
+    if j < len(life.ends) and life.ends[j] < until:
+        return life.ends[j]
+    return life.last_before(until)
