@@ -129,6 +129,10 @@ class Launcher:
             except Interrupted as sig:
                 console(f"\n{sig}: stopping every actor ...")
                 self._stop_all(f"{sig} to prl-actors up")
+                if self.run_dir.has_checkpoint():  # else there is nothing to resume from
+                    console(
+                        f"stopped: {self._epochs_done()} of {self.cfg.run.epochs} epochs done. {self._resume_hint()}"
+                    )
                 return 128 + sig.signum
             except RunFailed as exc:
                 self.sup.failed = True  # a core actor is gone: nobody waits on a grace period it cannot use
@@ -307,12 +311,18 @@ class Launcher:
             )
         if done.get("reason") == "completed":
             return 0
-        epochs = max((int(r.get("epoch", -1)) for r in self.run_dir.metrics_rows()), default=-1) + 1
         console(
-            f"the run ended before its last epoch: {done.get('reason')}; {epochs} of {self.cfg.run.epochs} "
-            f"epochs done. Continue it with: prl-actors up --resume --run-dir {self.run_dir.root}"
+            f"the run ended before its last epoch: {done.get('reason')}; {self._epochs_done()} of "
+            f"{self.cfg.run.epochs} epochs done. {self._resume_hint()}"
         )
         return EXIT_STOPPED
+
+    def _epochs_done(self) -> int:
+        return max((int(r.get("epoch", -1)) for r in self.run_dir.metrics_rows()), default=-1) + 1
+
+    def _resume_hint(self) -> str:
+        """What continues this run (a `stop`, or Ctrl-C / a stop signal to `up`)."""
+        return f"Continue it with: prl-actors up --resume --run-dir {self.run_dir.root}"
 
     # --- processes ---------------------------------------------------------------------------
 
