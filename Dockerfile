@@ -22,6 +22,9 @@ ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 CMD ["prl-actors", "--help"]
 WORKDIR /app
 
+# bubblewrap: the code reward's sandbox (docs/SECURITY.md); it needs user namespaces in the container.
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+
 # The actors run as UID; the run-directory volume (/runs) and the secrets must be readable by it.
 # torch: default the PyTorch CPU index (PyPI's Linux wheel is the CUDA build); `--build-arg
 # TORCH_INDEX_URL=` turns the extra index off. constraints.txt pins the version.

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-fast test-slow test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm
+.PHONY: demo cartpole test test-fast test-slow test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm sandbox-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,7 +16,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install $(PIP_FLAGS) -e '.[dev,plots,data,lora,track]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) sandbox-tools
+
+# The code reward runs model-written programs in bubblewrap (docs/SECURITY.md): installed here with
+# apt-get when this is root and it is missing; otherwise one line says what to install.
+sandbox-tools:
+	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
+		|| echo "could not install bubblewrap: apt-get install bubblewrap (the code reward needs it)"; \
+	else echo "the code reward needs bubblewrap: apt-get install bubblewrap (its sandbox tests are skipped)"; fi; }
 
 demo: $(STAMP)
 	rd=runs/demo-$$(date +%Y%m%d-%H%M%S) && $(BIN)/prl-actors up --config configs/demo.yaml --run-dir $$rd \
@@ -31,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python tools/import_cycles.py  # no module or package import circles but the listed ones
 
-test: lint
+test: lint sandbox-tools
 	$(BIN)/pytest -q
 
 # The inner loop: the unit and socket-free core tests (the `fast` tier, tests/conftest.py), < 90 s on

@@ -718,6 +718,11 @@ class TaskSection(_Section):
     tests_field: str = Field("tests", description="code: column holding the row's tests (a list of Python asserts).")
     code_timeout_s: float = Field(5.0, gt=0, le=600, description="code: seconds a sample's program may run.")
     code_memory_mb: int = Field(512, ge=16, description="code: address-space limit (RLIMIT_AS) of the program.")
+    code_unsafe_local: bool = Field(
+        False,
+        description="code: run programs as plain local subprocesses (rlimits only, no isolation) where bubblewrap "
+        "is missing; for trusted code only. Default: refuse to start without bubblewrap (docs/SECURITY.md).",
+    )
     max_operand: int = Field(20, ge=1)
     max_prompt_tokens: int | None = Field(
         None,

@@ -1,23 +1,25 @@
 """The code task and its sandboxed reward: pass, fail, an infinite loop killed, a memory bomb
-refused, writes outside the private dir refused, no inherited secrets, no network."""
+refused, writes outside the private dir kept from the host, no inherited secrets, no network.
+The hostile-program suite is tests/test_code_sandbox.py."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from prl_actors.engines.base import Generated
-from prl_actors.rewards.code import extract_code, network_isolation, run_tests
+from prl_actors.rewards import sandbox
+from prl_actors.rewards.code import extract_code, run_tests
 from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.skipif(
+    sandbox.launcher()[1] is not None, reason=f"no sandbox here: {sandbox.launcher()[1]} (make install)"
+)
 TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0"]
 GOOD = "def add(a, b):\n    return a + b\n"
 
@@ -56,18 +58,18 @@ def test_a_memory_bomb_is_refused_by_rlimit_as() -> None:
     assert run(GOOD + "x = bytearray(2**20)\n", memory_mb=256) == [True, True, True]  # a small one is fine
 
 
-def test_writes_outside_the_private_dir_are_refused(tmp_path: Path) -> None:
+def test_writes_outside_the_private_dir_do_not_reach_the_host(tmp_path: Path) -> None:
     target = tmp_path / "open"
     target.mkdir()
-    target.chmod(0o777)  # the kernel would allow it for anyone: only the sandbox can refuse it
+    target.chmod(0o777)  # the kernel would allow it for anyone: only the sandbox keeps it out
     victim = target / "escape.txt"
     for attempt in (
         f"open({str(victim)!r}, 'w').write('x')",
         f"import os\nos.close(os.open({str(victim)!r}, os.O_WRONLY | os.O_CREAT))",
         f"import os\nos.mkdir({str(target / 'd')!r})",
-        "open('/tmp/prl-sandbox-escape.txt', 'w').write('x')",
     ):
-        assert run(GOOD + attempt + "\n") == [False] * 3, attempt
+        assert run(GOOD + attempt + "\n") == [False] * 3, attempt  # the host's dir does not exist inside
+    assert run(GOOD + "open('/tmp/prl-sandbox-escape.txt', 'w').write('x')\n") == [True] * 3  # its own /tmp
     assert not victim.exists() and not (target / "d").exists() and not Path("/tmp/prl-sandbox-escape.txt").exists()
     inside = "open('mine.txt', 'w').write('ok')\nassert open('mine.txt').read() == 'ok'\n"
     assert run(GOOD + inside) == [True] * 3  # its own dir is writable
@@ -79,7 +81,7 @@ def test_file_size_is_limited() -> None:
 
 def test_subprocesses_and_sockets_are_refused() -> None:
     assert run(GOOD + "import subprocess\nsubprocess.run(['true'])\n") == [False] * 3
-    assert run(GOOD + "import os\nos.system('true')\n") == [False] * 3
+    assert run(GOOD + "import os\nassert os.system('true') == 0\n") == [False] * 3  # no process starts
     assert run(GOOD + "import socket\nsocket.socket()\n") == [False] * 3
 
 
@@ -89,28 +91,31 @@ def test_no_inherited_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run(GOOD + check) == [True] * 3
 
 
-@pytest.mark.skipif(not network_isolation(), reason="unshare cannot make a network namespace here")
 def test_the_network_is_off_at_the_kernel_level() -> None:
-    """Beside the audit hook: the child runs in a new network namespace, where even a raw connect to
-    a listening port on this host's loopback fails (checked without the hook, against a control)."""
+    """A listening port on this host's loopback: the program cannot connect (a new network
+    namespace; seccomp refuses non-unix sockets too), and sees only its own `lo`."""
     server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+    server.setblocking(False)
+    connect = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)\n"
     try:
-        direct = subprocess.run([sys.executable, "-c", connect], capture_output=True, timeout=30)
-        isolated = subprocess.run(
-            [*network_isolation(), sys.executable, "-c", connect], capture_output=True, timeout=30
-        )
+        assert run(GOOD + connect) == [False] * 3
+        with pytest.raises(BlockingIOError):
+            server.accept()
     finally:
         server.close()
-    assert direct.returncode == 0, direct.stderr
-    assert isolated.returncode != 0 and b"Error" in isolated.stderr
     assert run(GOOD + "assert open('/proc/net/dev').read().count(':') == 1\n") == [True] * 3  # only lo
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="privileges are dropped only when the reward runs as root")
-def test_root_drops_to_nobody() -> None:
-    assert run(GOOD + "import os\nassert os.getuid() == 65534 and os.getgid() == 65534\n") == [True] * 3
+def test_the_program_runs_as_nobody_in_its_own_namespaces() -> None:
+    check = "import os\nassert os.getuid() == 65534 and os.getgid() == 65534 and os.getpid() < 10\n"
+    assert run(GOOD + check) == [True] * 3
+
+
+def test_verdicts_beyond_equality_are_judged_without_the_program() -> None:
+    """set(), math.isclose, abs(...) < eps: the judge sandbox evaluates them on the program's values."""
+    tests = ["assert set([add(1, 2), 3]) == {3}", "import math\nassert math.isclose(add(0.1, 0.2), 0.3)",
+             "assert abs(add(1, 1) - 2) < 1e-9", "assert sorted([add(2, 2), 1]) == [1, 5]"]  # fmt: skip
+    assert run(GOOD, tests) == [True, True, True, False]
 
 
 def test_the_code_task_scores_the_fraction_of_tests_passed() -> None:

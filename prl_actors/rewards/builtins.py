@@ -5,8 +5,8 @@ r"""Built-in rewards, by name in `task.rewards: [{fn: NAME}]`. Each takes one Re
 - `length`: 1 - min(n, max_tokens) / max_tokens for n completion tokens (args: max_tokens, default
   256): shorter is better; 0.0 for a truncated completion.
 - `add` (alias `exact`): 1.0 when the completion equals the answer after stripping whitespace.
-- `code`: the fraction of the row's tests the completion's program passes (rewards/code.py; args:
-  timeout_s, memory_mb, tests_field).
+- `code`: the fraction of the row's tests the completion's program passes (rewards/code.py, in
+  bubblewrap; args: timeout_s, memory_mb, tests_field, unsafe_local).
 """
 
 from __future__ import annotations
@@ -38,10 +38,13 @@ def exact(record: RewardInput) -> float:
     return float(record.completion.strip() == record.answer.strip())
 
 
-async def code(record: RewardInput, timeout_s: float = 5.0, memory_mb: int = 512, tests_field: str = "tests") -> float:
+async def code(
+    record: RewardInput, timeout_s: float = 5.0, memory_mb: int = 512, tests_field: str = "tests",
+    unsafe_local: bool = False,
+) -> float:  # fmt: skip
     from prl_actors.rewards.code import code_reward
 
-    return await code_reward(record, timeout_s=timeout_s, memory_mb=memory_mb, tests_field=tests_field)
+    return await code_reward(record, timeout_s, memory_mb, tests_field, unsafe_local)
 
 
 BUILTINS: dict[str, Callable[..., Any]] = {

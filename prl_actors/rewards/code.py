@@ -1,46 +1,30 @@
-"""The code reward: run the completion's program against the row's tests in a sandboxed subprocess.
+"""The code reward: run the completion's program against the row's tests in a sandbox.
 
 reward = (tests passed) / (tests); 0.0 when the completion has no code block, the program fails to
-run, or the row has no tests. One subprocess per sample, started with asyncio (the G samples of a
-group run concurrently). What the sandbox does and does not isolate: docs/SECURITY.md.
+run, or the row has no tests. One sandbox per sample, started with asyncio (the G samples of a group
+run concurrently).
 
-The child (sandbox_harness.py, run with `python -I -S`) gets:
-- a private temp dir as cwd (0700, removed afterwards) and a clean environment (PATH, HOME=cwd,
-  LANG; nothing inherited: no tokens, no keys);
-- rlimits, set by the harness before it reads the program: RLIMIT_AS (memory), RLIMIT_FSIZE (1 MiB
-  per file), RLIMIT_CPU, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC; its own session, so the whole
-  process group is killed at the time limit (no preexec_fn: the worker has threads);
-- network off with `unshare -n` (a new, empty network namespace) when that works here
-  (`network_isolation()` says which), else `unshare -rn`, else none;
-- as root: the uid `nobody` after start-up; always: an audit hook refusing writes outside its cwd,
-  subprocesses, fork, signals, ctypes and sockets.
+The program runs in bubblewrap (rewards/sandbox.py: its own namespaces, a read-only view of the
+interpreter, a private tmpfs, seccomp, rlimits, every process killed with its pid namespace at the
+time limit). Where bubblewrap is missing or cannot make namespaces, the reward refuses to start
+(`sandbox.require`), unless `unsafe_local` (trusted code only: a plain subprocess with rlimits).
+Pass or fail is decided outside the program's sandbox (rewards/sandbox_verdict.py): it only
+reports the values of the expressions of the tests that need the program. docs/SECURITY.md.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import json
-import os
+import ast
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from prl_actors.rewards import sandbox
 from prl_actors.rewards.record import RewardInput
+from prl_actors.rewards.sandbox_verdict import Split, decode_line, encode, judge, judgeable_here, split_tests
 
-HARNESS = Path(__file__).with_name("sandbox_harness.py")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 FILE_LIMIT = 1 << 20  # bytes any file the program writes may hold
-MAX_RESULT_BYTES = 1 << 16
-NOBODY = 65534
-CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def extract_code(text: str) -> str | None:
@@ -49,82 +33,73 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-@functools.cache
 def network_isolation() -> tuple[str, ...]:
-    """The command prefix that turns the network off here: ("unshare", "-n"), ("unshare", "-rn")
-    (an unprivileged user namespace), or () when neither works on this platform."""
-    if shutil.which("unshare") is None:
-        return ()
-    for prefix in (("unshare", "-n"), ("unshare", "-rn")):
-        try:
-            done = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return prefix
-    return ()
+    """The sandbox's isolation, in words for benchmarks: ("bwrap", "--unshare-all"), or () when
+    bubblewrap does not work here."""
+    _, why = sandbox.launcher()
+    return () if why else ("bwrap", "--unshare-all")
 
 
-async def run_tests(code: str, tests: Sequence[str], timeout_s: float = 5.0, memory_mb: int = 512) -> list[bool]:
-    """Run `code` then each test (a Python statement, usually an assert) in the sandbox; one bool
-    per test. A test that did not report before the time limit (or a crash) counts as failed."""
+async def run_tests(
+    code: str,
+    tests: Sequence[str],
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    setup: str = "",
+    unsafe_local: bool = False,
+) -> list[bool]:
+    """Run `code`, then `setup`, then each test (a Python statement, usually an assert) against it;
+    one bool per test. A test not answered before the time limit (or after a crash) fails."""
     if not tests:
         return []
-    workdir = tempfile.mkdtemp(prefix="prl-code-")
+    if not _parses(code):
+        return [False] * len(tests)
+    splits = split_tests(code, setup, tests)
+    limits = {"as": memory_mb << 20, "fsize": FILE_LIMIT, "cpu": int(timeout_s) + 1}
+    tests_job = [{"probes": s.probes, "inside": s.inside} for s in splits]
+    job: dict[str, Any] = {"mode": "run", "code": code, "setup": setup, "limits": limits, "tests": tests_job}
+    lines = await sandbox.run_job(job, timeout_s, unsafe_local=unsafe_local)
+    values = [decode_line(line, len(s.probes)) for line, s in zip(lines, splits, strict=False)]
+    values += [None] * (len(splits) - len(values))
+    return await _verdicts(splits, values, setup, {**job, "mode": "judge"}, timeout_s, unsafe_local)
+
+
+def _parses(code: str) -> bool:
     try:
-        os.chmod(workdir, 0o700)
-        _write_job(workdir, code, tests, {"as": memory_mb << 20, "fsize": FILE_LIMIT, "cpu": int(timeout_s) + 1})
-        lines = await _run_child(workdir, timeout_s)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    passed = [line == b"1" for line in lines[: len(tests)]]
-    return passed + [False] * (len(tests) - len(passed))
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
-def _write_job(workdir: str, code: str, tests: Sequence[str], limits: dict[str, int]) -> None:
-    uid = NOBODY if os.getuid() == 0 else 0
-    with open(os.path.join(workdir, "job.json"), "w", encoding="utf-8") as f:
-        json.dump({"code": code, "tests": list(tests), "uid": uid, "limits": limits}, f)
-    shutil.copy(HARNESS, os.path.join(workdir, "harness.py"))
-    if uid:
-        os.chown(workdir, uid, uid)
+async def _verdicts(
+    splits: list[Split], values: list[list[Any] | None], setup: str, job: dict[str, Any], timeout_s: float,
+    unsafe_local: bool,
+) -> list[bool]:  # fmt: skip
+    """Each test's verdict: here when it only compares plain data, else in a judge sandbox that runs
+    the row's setup and the verdicts, never the program."""
+    passed = [
+        v is not None and judgeable_here(s.verdict) and judge(s.verdict, v) for s, v in zip(splits, values, strict=True)
+    ]
+    remote = [
+        i
+        for i, (s, v) in enumerate(zip(splits, values, strict=True))
+        if v is not None and not judgeable_here(s.verdict)
+    ]
+    if remote:
+        job["code"] = ""
+        job["tests"] = [_judge_test(splits[i], values[i]) for i in remote]
+        lines = await sandbox.run_job(job, timeout_s, unsafe_local=unsafe_local)
+        for i, line in zip(remote, lines, strict=False):
+            passed[i] = line == b"1"
+    return passed
 
 
-async def _run_child(workdir: str, timeout_s: float) -> list[bytes]:
-    argv = [*network_isolation(), sys.executable, "-I", "-S", "harness.py"]
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=workdir,
-        env={**CLEAN_ENV, "HOME": workdir, "TMPDIR": workdir},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    out = bytearray()
+def _judge_test(split: Split, values: list[Any] | None) -> dict[str, Any] | None:
     try:
-        await asyncio.wait_for(_read_bounded(proc.stdout, out), timeout_s)
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
-        pass
-    finally:
-        _kill_group(proc.pid)
-        await proc.wait()
-    return bytes(out).split(b"\n")
-
-
-async def _read_bounded(stream: asyncio.StreamReader, out: bytearray) -> None:
-    while len(out) < MAX_RESULT_BYTES:
-        chunk = await stream.read(4096)
-        if not chunk:
-            return
-        out.extend(chunk)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        return {"verdict": split.verdict, "values": [encode(v) for v in values or []]}
+    except TypeError:
+        return None
 
 
 def row_tests(record: RewardInput, tests_field: str = "tests") -> list[str]:
@@ -136,13 +111,18 @@ def row_tests(record: RewardInput, tests_field: str = "tests") -> list[str]:
 
 
 async def code_reward(
-    record: RewardInput, timeout_s: float = 5.0, memory_mb: int = 512, tests_field: str = "tests"
+    record: RewardInput,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    tests_field: str = "tests",
+    unsafe_local: bool = False,
 ) -> float:
     """The fraction of the row's tests the completion's program passes (0.0 without a code block)."""
+    sandbox.require(unsafe_local)
     tests = row_tests(record, tests_field)
     code = extract_code(record.completion)
     if code is None or not tests:
         return 0.0
     setup = str(record.row.get("test_setup", "") or "")
-    results = await run_tests(code + ("\n" + setup if setup else ""), tests, timeout_s, memory_mb)
+    results = await run_tests(code, tests, timeout_s, memory_mb, setup, unsafe_local)
     return sum(results) / len(tests)

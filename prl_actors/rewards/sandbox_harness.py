@@ -1,74 +1,47 @@
-"""Runs INSIDE the sandboxed child (python -I -S sandbox_harness.py): never imported by prl-actors.
+"""Runs INSIDE the sandbox (`python -I -S harness.py`, beside sandbox_verdict.py): never imported by
+prl-actors. Stdlib only.
 
-Reads job.json ({"code", "tests", "uid", "limits"}) from its cwd, sets the rlimits, sends the
-program's own stdout/stderr to output.txt, drops to `uid` when started as root, refuses writes
-outside its cwd, process creation, native code loading and sockets (an audit hook), runs the code,
-then each test, printing one line per test on the original stdout: "1" passed, "0" failed. Kept to
-the stdlib on purpose.
+Reads one job (JSON) from stdin, sets its rlimits, points stdout/stderr of the program at /dev/null
+and keeps the original stdout as the answer pipe, one line per test:
+- mode "run": runs the model's program, then the row's `setup`, then each test's probes (expressions,
+  sandbox_verdict.py), answering `[encoded value, ...]`, or `null` when a probe raised or the program
+  did not run; a test marked `inside` is a statement run whole, answered `[["B", passed]]`.
+- mode "judge": runs only `setup` (never the program), then each test's verdict on the values it is
+  given, answering `1` or `0`.
+Anything in this process can be changed by the program it runs: the answers of a "run" are its
+answers, not a verdict (sandbox_verdict.py says why that suffices).
 """
 
+import ast
 import json
 import os
 import resource
 import sys
 
-PRELOAD = "math collections itertools functools heapq bisect re string typing operator copy fractions"
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-PATH_EVENTS = {
-    "os.remove",
-    "os.rmdir",
-    "os.mkdir",
-    "os.rename",
-    "os.chmod",
-    "os.chown",
-    "os.symlink",
-    "os.link",
-    "os.truncate",
-    "os.utime",
-    "shutil.rmtree",
-    "shutil.copyfile",
-    "shutil.move",
-}
-DENIED_EVENTS = {
-    "subprocess.Popen",
-    "os.system",
-    "os.exec",
-    "os.posix_spawn",
-    "os.spawn",
-    "os.fork",
-    "os.forkpty",
-    "os.kill",
-    "os.killpg",
-    "ctypes.dlopen",
-    "ctypes.dlsym",
-    "ctypes.cdata",
-    "socket.connect",
-    "socket.bind",
-    "socket.__new__",
-    "sys.addaudithook",
-}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from sandbox_verdict import decode, encode  # noqa: E402 - beside this file, not a package
+
+NOFILE, NPROC = 64, 64
 
 
 def main() -> None:
-    with open("job.json", encoding="utf-8") as f:
-        job = json.load(f)
-    os.remove("job.json")
+    job = json.loads(sys.stdin.buffer.read())
+    os.close(0)
     _limit(job["limits"])
-    results = os.dup(1)
-    sink = os.open("output.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    answers = os.dup(1)
+    sink = os.open(os.devnull, os.O_WRONLY)
     os.dup2(sink, 1)
     os.dup2(sink, 2)
-    if job["uid"] and not _world_readable(os.path.dirname(os.__file__)):
-        for name in PRELOAD.split():  # after the drop, `nobody` could not import them lazily
-            __import__(name)
-    _drop_privileges(job["uid"])
-    sys.addaudithook(_guard(os.path.realpath(os.getcwd())))
     namespace = {"__name__": "__main__"}
-    ran = _run(job["code"], "solution.py", namespace)
-    for i, test in enumerate(job["tests"]):
-        passed = ran and _run(test, f"test_{i}", namespace)
-        os.write(results, b"1\n" if passed else b"0\n")
-    sys.stdout.flush()
+    tests = job["tests"]
+    if job["mode"] == "judge":
+        lines = _judged(job["setup"], tests, namespace)
+    else:
+        ran = _run(job["code"], "solution.py", namespace) and _run(job["setup"], "setup", namespace)
+        lines = (_answer(test, namespace) if ran else "null" for test in tests)
+    for line in lines:
+        os.write(answers, line.encode() + b"\n")
     os._exit(0)
 
 
@@ -77,30 +50,11 @@ def _limit(limits: dict) -> None:
         (resource.RLIMIT_AS, limits["as"]),
         (resource.RLIMIT_FSIZE, limits["fsize"]),
         (resource.RLIMIT_CPU, limits["cpu"]),
-        (resource.RLIMIT_NOFILE, 64),
+        (resource.RLIMIT_NOFILE, NOFILE),
         (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_NPROC, 256),
+        (resource.RLIMIT_NPROC, NPROC),
     ):
         resource.setrlimit(res, (value, value))
-
-
-def _world_readable(path: str) -> bool:
-    """Every directory from / down to `path` is searchable by others, and `path` readable."""
-    import stat
-
-    parts = os.path.realpath(path).split(os.sep)
-    for i in range(2, len(parts) + 1):
-        mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
-        if not mode & stat.S_IXOTH:
-            return False
-    return bool(os.stat(path).st_mode & stat.S_IROTH)
-
-
-def _drop_privileges(uid: int) -> None:
-    if os.getuid() == 0 and uid > 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
 
 
 def _run(source: str, name: str, namespace: dict) -> bool:
@@ -111,33 +65,31 @@ def _run(source: str, name: str, namespace: dict) -> bool:
         return False
 
 
-def _guard(home: str):
-    realpath, sep = os.path.realpath, os.sep
+def _answer(test: dict, namespace: dict) -> str:
+    if test["inside"]:
+        return json.dumps([encode(_run(test["probes"][0], "test", namespace))])
+    try:
+        return json.dumps([encode(eval(compile(p, "test", "eval"), namespace)) for p in test["probes"]])
+    except BaseException:  # noqa: BLE001 - a probe that raised, or a value that is not plain data
+        return "null"
 
-    def inside(path: object) -> bool:
-        if isinstance(path, int):
-            return True  # an fd already open (opened under this same hook)
-        if isinstance(path, bytes):
-            path = path.decode(errors="replace")
-        full = realpath(str(path))
-        return full == home or full.startswith(home + sep)
 
-    def hook(event: str, args: tuple) -> None:
-        if event in DENIED_EVENTS:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writes = (mode is not None and any(c in str(mode) for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & WRITE_FLAGS
-            )
-            if writes and not inside(path):
-                raise PermissionError(f"sandbox: writing {path!r} outside the working directory")
-        elif event in PATH_EVENTS:
-            for path in args[:2]:
-                if isinstance(path, str | bytes) and not inside(path):
-                    raise PermissionError(f"sandbox: {event} on {path!r} outside the working directory")
+def _judged(setup: str, tests: list, namespace: dict):
+    ready = _run(setup, "setup", namespace)
+    for test in tests:
+        yield "1" if ready and test is not None and _holds(test, namespace) else "0"
 
-    return hook
+
+def _holds(test: dict, namespace: dict) -> bool:
+    try:
+        verdict = ast.parse(test["verdict"], "verdict", "eval")
+        for node in ast.walk(verdict):  # `math.isclose(...)`: stdlib modules the setup did not import
+            if isinstance(node, ast.Name) and node.id not in namespace and node.id in sys.stdlib_module_names:
+                namespace[node.id] = __import__(node.id)
+        values = {f"__v{i}": decode(v) for i, v in enumerate(test["values"])}
+        return bool(eval(compile(verdict, "verdict", "eval"), {**namespace, **values}))
+    except BaseException:  # noqa: BLE001 - a verdict that raised is a failed test
+        return False
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ MBPP's `test_list` style); an optional `test_setup` column is run after the prog
 tests need). Every other column is kept for rewards (`record.row`).
 
 Reward: the fraction of tests the completion's last ```python block passes, run in the sandbox of
-rewards/code.py (time limit `task.code_timeout_s`, memory `task.code_memory_mb`, no network where
-`unshare` works, a private temp dir; docs/SECURITY.md says what is and is not isolated).
+rewards/code.py (bubblewrap: time limit `task.code_timeout_s`, memory `task.code_memory_mb`, no
+network, a private tmpfs; refused at load without bubblewrap unless `task.code_unsafe_local`;
+docs/SECURITY.md says what is and is not isolated).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from importlib import resources
 from prl_actors.config import Config, ConfigError
 from prl_actors.data.items import Item
 from prl_actors.data.rows import Row, read_rows
+from prl_actors.rewards import sandbox
 from prl_actors.rewards.builtins import code
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
@@ -40,7 +42,14 @@ def code_task(cfg: Config) -> Task:
     if not rows:
         raise ConfigError(f"task.prompts_file {path!r} holds no prompts")
     items = template(cfg, [_item(row, prompt_field, t.tests_field) for row in rows])
-    fn = functools.partial(code, timeout_s=t.code_timeout_s, memory_mb=t.code_memory_mb, tests_field=t.tests_field)
+    try:
+        sandbox.require(t.code_unsafe_local)
+    except sandbox.SandboxUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+    fn = functools.partial(
+        code, timeout_s=t.code_timeout_s, memory_mb=t.code_memory_mb, tests_field=t.tests_field,
+        unsafe_local=t.code_unsafe_local,
+    )  # fmt: skip
     task = Task(items=items, reward=_no_legacy, seed=cfg.run.seed, name="code", rows=[r for _, r in rows])
     task.rewards = RewardSet([Reward("code", fn, source="builtin code")])
     return task

@@ -1,0 +1,245 @@
+"""Where a test's pass or fail is decided: outside the sandbox, from values it returns as data.
+
+A test `assert f([3, 1]) == [1, 3]` is split into a probe, `f([3, 1])`, the only part that needs the
+model's program, and a verdict, `__v0 == [1, 3]`. Only the probes enter the sandbox; it answers one
+line per test with the probes' values, encoded as plain data (numbers, strings, bytes, None and
+containers of them; `encode` below runs inside). The verdict is then evaluated here, on the decoded
+values (simple comparisons of plain data), or, when it calls functions (`set(__v0) == {1, 3}`,
+`math.isclose(__v0, 0.5)`), in a second sandbox that runs the row's `test_setup` and the verdicts
+but never the model's program.
+
+Why this is sound: everything the model's program can touch (its memory, the harness it shares a
+process with, the result pipe) can only change the values it reports, and a value is just its
+answer; the expected values never enter its sandbox, so forging a pass means producing the right
+answer. Tests of other shapes (not one `assert`, or a probe that uses a comprehension's own
+variable, as in `assert all(f(i) for i in xs)`) are run whole inside, their verdict reported by the
+sandbox itself (`inside`), which a hostile program can forge: docs/SECURITY.md.
+Stdlib only: tests load this file on its own, under another interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import operator
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_DEPTH = 64  # nesting of a decoded value
+CONTAINERS: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "S": set, "F": frozenset}
+SCALARS: dict[str, Callable[..., Any]] = {"i": int, "f": float, "s": str, "y": bytes.fromhex}
+COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
+    ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}  # fmt: skip
+
+
+SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr)
+
+
+class Unjudgeable(ValueError):
+    """A verdict this module does not evaluate itself (it calls something): the judge sandbox does."""
+
+
+@dataclass
+class Split:
+    """One test: the probes the sandbox evaluates, and the verdict over their values `__v0`, `__v1`..."""
+
+    probes: list[str] = field(default_factory=list)
+    verdict: str = "__v0"
+    inside: bool = False  # the whole test ran in the sandbox: its single probe is the verdict itself
+
+
+def split_tests(code: str, setup: str, tests: Sequence[str]) -> list[Split]:
+    """Each test split into probes and a verdict (see the module docstring)."""
+    trusted = _names_bound(setup) | set(dir(builtins)) | set(sys.stdlib_module_names)
+    program = _names_bound(code, program=True)
+    return [_split(test, trusted - program) for test in tests]
+
+
+def _names_bound(source: str, program: bool = False) -> set[str]:
+    """Top-level names `source` binds; for the program, not a plain `import math` of a stdlib module
+    (the judge imports the real one)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound = {(a.asname or a.name).split(".")[0]: a for a in node.names}
+            names |= {n for n, a in bound.items() if not program or not _plain_stdlib(node, a)}
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _plain_stdlib(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> bool:
+    return isinstance(node, ast.Import) and alias.asname is None and alias.name in sys.stdlib_module_names
+
+
+def _split(test: str, trusted: set[str]) -> Split:
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return Split([], "False")  # a test that does not parse fails
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return Split([test], inside=True)
+    lifter = _Lifter(trusted)
+    try:
+        verdict = lifter.visit(tree.body[0].test)
+    except RecursionError:
+        return Split([test], inside=True)
+    if lifter.local:
+        return Split([test], inside=True)
+    return Split(lifter.probes, ast.unparse(verdict))
+
+
+class _Lifter(ast.NodeTransformer):
+    """Replaces each outermost expression that needs the program (a name it may define, or a call,
+    attribute or subscript of one) by a placeholder `__vN`, collecting its source as a probe."""
+
+    def __init__(self, trusted: set[str]) -> None:
+        self.trusted, self.local = trusted, False
+        self.probes: list[str] = []
+
+    def visit(self, node: ast.AST) -> Any:
+        if isinstance(node, SCOPES):  # binds names of its own: lifted whole or not at all
+            self.local = self.local or self._untrusted(node)
+            return node
+        if isinstance(node, ast.expr) and self._is_probe(node):
+            self.probes.append(ast.unparse(node))
+            return ast.Name(id=f"__v{len(self.probes) - 1}", ctx=ast.Load())
+        return self.generic_visit(node)
+
+    def _untrusted(self, node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id not in self.trusted for n in ast.walk(node))
+
+    def _is_probe(self, node: ast.expr) -> bool:
+        head: ast.expr = node
+        while isinstance(head, ast.Call | ast.Attribute | ast.Subscript):
+            head = head.func if isinstance(head, ast.Call) else head.value
+        return head is not node and self._untrusted(head) or isinstance(node, ast.Name) and self._untrusted(node)
+
+
+def encode(value: Any, depth: int = 0) -> list[Any]:
+    """`value` as tagged JSON-able data; TypeError for anything but plain data (runs inside)."""
+    if depth > MAX_DEPTH:
+        raise TypeError("too deep")
+    if value is None or isinstance(value, bool):
+        return ["n"] if value is None else ["B", bool(value)]
+    if isinstance(value, int):
+        return ["i", str(int(value))]
+    if isinstance(value, float):
+        return ["f", repr(float(value))]
+    if isinstance(value, str):
+        return ["s", str(value)]
+    if isinstance(value, complex):
+        return ["c", repr(value.real), repr(value.imag)]
+    if isinstance(value, bytes | bytearray):
+        return ["y", bytes(value).hex()]
+    for tag, kind in (("l", list), ("t", tuple), ("F", frozenset), ("S", set)):
+        if isinstance(value, kind):
+            return [tag, [encode(x, depth + 1) for x in value]]  # type: ignore[attr-defined]
+    if isinstance(value, dict):
+        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
+    raise TypeError(f"not plain data: {type(value).__name__}")
+
+
+def decode(data: Any, depth: int = 0) -> Any:
+    """The value `encode` made; ValueError/TypeError for anything else (it comes from the sandbox)."""
+    if depth > MAX_DEPTH or not isinstance(data, list) or not data or not isinstance(data[0], str):
+        raise ValueError("not an encoded value")
+    tag, args = data[0], data[1:]
+    if tag == "n" and not args:
+        return None
+    if tag == "B" and len(args) == 1 and isinstance(args[0], bool):
+        return args[0]
+    if tag in SCALARS and len(args) == 1 and isinstance(args[0], str):
+        return SCALARS[tag](args[0])
+    if tag == "c" and len(args) == 2 and all(isinstance(a, str) for a in args):
+        return complex(float(args[0]), float(args[1]))
+    if tag in CONTAINERS and len(args) == 1 and isinstance(args[0], list):
+        return CONTAINERS[tag]([decode(x, depth + 1) for x in args[0]])
+    if tag == "d" and len(args) == 1 and isinstance(args[0], list):
+        return {decode(k, depth + 1): decode(v, depth + 1) for k, v in map(_pair, args[0])}
+    raise ValueError(f"not an encoded value: tag {tag!r}")
+
+
+def _pair(item: Any) -> tuple[Any, Any]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ValueError("not a key-value pair")
+    return item[0], item[1]
+
+
+def decode_line(line: bytes, count: int) -> list[Any] | None:
+    """The values of one test's `count` probes from the sandbox's line; None when a probe raised,
+    the line is malformed or the count differs (the test fails)."""
+    try:
+        data = json.loads(line)
+        if not isinstance(data, list) or len(data) != count:
+            return None
+        return [decode(x) for x in data]
+    except (ValueError, TypeError, RecursionError, MemoryError, OverflowError):
+        return None
+
+
+def judge(verdict: str, values: Sequence[Any]) -> bool:
+    """The verdict evaluated on plain data, here; Unjudgeable when it calls anything."""
+    try:
+        return bool(_eval(ast.parse(verdict, mode="eval").body, values))
+    except (TypeError, ValueError, ArithmeticError, RecursionError, MemoryError, LookupError):
+        return False
+
+
+def _eval(node: ast.expr, values: Sequence[Any]) -> Any:
+    if isinstance(node, ast.Name) and node.id.startswith("__v"):
+        return values[int(node.id[3:])]
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, values)
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            right = _eval(right_node, values)
+            if not COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.BoolOp):
+        results = (_eval(v, values) for v in node.values)
+        return all(results) if isinstance(node.op, ast.And) else any(results)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _eval(node.operand, values)
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        items = [_eval(e, values) for e in node.elts]
+        return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        raise Unjudgeable(ast.unparse(node)) from None
+
+
+def judgeable_here(verdict: str) -> bool:
+    """`judge` can evaluate this verdict itself (no calls, attributes or arithmetic beyond literals)."""
+    try:
+        _eval(ast.parse(verdict, mode="eval").body, _Anything())
+    except Unjudgeable:
+        return False
+    except (TypeError, ValueError, ArithmeticError, RecursionError, LookupError, SyntaxError):
+        return True
+    return True
+
+
+class _Anything(Sequence[Any]):
+    """Stand-in values for `judgeable_here`: every placeholder is None."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return None
+
+    def __len__(self) -> int:
+        return 1 << 30
