@@ -172,6 +172,14 @@ class RunSection(_Section):
         "failed on it alone), is given up: see task.on_error.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_tracker(cls, data: Any) -> Any:
+        """report_to: tensorboard (a YAML scalar, a dict from Python) reads as [tensorboard]; a,b as [a, b]."""
+        if isinstance(data, dict) and isinstance(data.get("report_to"), str):
+            data = {**data, "report_to": [t.strip() for t in data["report_to"].split(",") if t.strip()]}
+        return data
+
     def staleness_bound(self) -> int:
         """k in force: max_staleness under mode bounded, 0 (strict on-policy) otherwise."""
         return self.max_staleness if self.mode == "bounded" else 0

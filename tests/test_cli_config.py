@@ -84,6 +84,7 @@ def test_list_values_with_commas() -> None:
     assert parse_override("trainer.lr=0.5") == ("trainer.lr", 0.5)  # not a list: as before
     cfg = load_config(None, dict([parse_override("run.report_to=tensorboard")]))
     assert cfg.run.report_to == ["tensorboard"]
+    assert load_config(None, {"run": {"report_to": "tensorboard"}}).run.report_to == ["tensorboard"]  # YAML scalar
 
 
 def test_bounded_mode_defaults_to_truncated_is() -> None:
