@@ -21,7 +21,8 @@ from typing import Any
 
 from prl_actors.rewards import sandbox
 from prl_actors.rewards.record import RewardInput
-from prl_actors.rewards.sandbox_verdict import Split, decode_line, encode, judge, judgeable_here, split_tests
+from prl_actors.rewards.sandbox_values import encode
+from prl_actors.rewards.sandbox_verdict import Split, decode_line, judge, judgeable_here, split_tests
 
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 FILE_LIMIT = 1 << 20  # bytes any file the program writes may hold

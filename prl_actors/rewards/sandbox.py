@@ -38,7 +38,7 @@ except ImportError:  # loaded as a file beside it (tests, another interpreter)
     import sandbox_seccomp  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
-FILES = ("sandbox_harness.py", "sandbox_verdict.py")
+FILES = ("sandbox_harness.py", "sandbox_values.py")
 INSIDE = "/sandbox"
 NOBODY = "65534"
 TMP_BYTES = 64 << 20

@@ -1,18 +1,18 @@
-"""Runs INSIDE the sandbox (`python -I -S harness.py`, beside sandbox_verdict.py): never imported by
+"""Runs INSIDE the sandbox (`python -I -S harness.py`, beside sandbox_values.py): never imported by
 prl-actors. Stdlib only.
 
 Reads one job (JSON) from stdin, sets its rlimits, points stdout/stderr of the program at /dev/null
 and keeps the original stdout as the answer pipe, one line per test:
 - mode "run": runs the model's program, then the row's `setup`, then each test's probes (expressions,
-  sandbox_verdict.py), answering `[encoded value, ...]`, or `null` when a probe raised or the program
-  did not run; a test marked `inside` is a statement run whole, answered `[["B", passed]]`.
+  sandbox_verdict.py), answering `[encoded value, ...]` (sandbox_values.py), or `null` when a probe
+  raised or the program did not run; a test marked `inside` is a statement run whole, answered
+  `[["B", passed]]`.
 - mode "judge": runs only `setup` (never the program), then each test's verdict on the values it is
   given, answering `1` or `0`.
 Anything in this process can be changed by the program it runs: the answers of a "run" are its
 answers, not a verdict (sandbox_verdict.py says why that suffices).
 """
 
-import ast
 import json
 import os
 import resource
@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from sandbox_verdict import decode, encode  # noqa: E402 - beside this file, not a package
+from sandbox_values import decode, encode  # noqa: E402 - beside this file, not a package
 
 NOFILE, NPROC = 64, 64
 
@@ -81,6 +81,8 @@ def _judged(setup: str, tests: list, namespace: dict):
 
 
 def _holds(test: dict, namespace: dict) -> bool:
+    import ast  # only the judge needs it: ~15 ms less at the start of every program's sandbox
+
     try:
         verdict = ast.parse(test["verdict"], "verdict", "eval")
         for node in ast.walk(verdict):  # `math.isclose(...)`: stdlib modules the setup did not import

@@ -14,7 +14,7 @@ answer; the expected values never enter its sandbox, so forging a pass means pro
 answer. Tests of other shapes (not one `assert`, or a probe that uses a comprehension's own
 variable, as in `assert all(f(i) for i in xs)`) are run whole inside, their verdict reported by the
 sandbox itself (`inside`), which a hostile program can forge: docs/SECURITY.md.
-Stdlib only: tests load this file on its own, under another interpreter.
+Values cross the pipe as sandbox_values.py encodes them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_DEPTH = 64  # nesting of a decoded value
-CONTAINERS: dict[str, Callable[[list[Any]], Any]] = {"l": list, "t": tuple, "S": set, "F": frozenset}
-SCALARS: dict[str, Callable[..., Any]] = {"i": int, "f": float, "s": str, "y": bytes.fromhex}
+from prl_actors.rewards.sandbox_values import decode
+
 COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
     ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not, ast.In: lambda a, b: a in b,
@@ -127,56 +126,6 @@ class _Lifter(ast.NodeTransformer):
         while isinstance(head, ast.Call | ast.Attribute | ast.Subscript):
             head = head.func if isinstance(head, ast.Call) else head.value
         return head is not node and self._untrusted(head) or isinstance(node, ast.Name) and self._untrusted(node)
-
-
-def encode(value: Any, depth: int = 0) -> list[Any]:
-    """`value` as tagged JSON-able data; TypeError for anything but plain data (runs inside)."""
-    if depth > MAX_DEPTH:
-        raise TypeError("too deep")
-    if value is None or isinstance(value, bool):
-        return ["n"] if value is None else ["B", bool(value)]
-    if isinstance(value, int):
-        return ["i", str(int(value))]
-    if isinstance(value, float):
-        return ["f", repr(float(value))]
-    if isinstance(value, str):
-        return ["s", str(value)]
-    if isinstance(value, complex):
-        return ["c", repr(value.real), repr(value.imag)]
-    if isinstance(value, bytes | bytearray):
-        return ["y", bytes(value).hex()]
-    for tag, kind in (("l", list), ("t", tuple), ("F", frozenset), ("S", set)):
-        if isinstance(value, kind):
-            return [tag, [encode(x, depth + 1) for x in value]]  # type: ignore[attr-defined]
-    if isinstance(value, dict):
-        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
-    raise TypeError(f"not plain data: {type(value).__name__}")
-
-
-def decode(data: Any, depth: int = 0) -> Any:
-    """The value `encode` made; ValueError/TypeError for anything else (it comes from the sandbox)."""
-    if depth > MAX_DEPTH or not isinstance(data, list) or not data or not isinstance(data[0], str):
-        raise ValueError("not an encoded value")
-    tag, args = data[0], data[1:]
-    if tag == "n" and not args:
-        return None
-    if tag == "B" and len(args) == 1 and isinstance(args[0], bool):
-        return args[0]
-    if tag in SCALARS and len(args) == 1 and isinstance(args[0], str):
-        return SCALARS[tag](args[0])
-    if tag == "c" and len(args) == 2 and all(isinstance(a, str) for a in args):
-        return complex(float(args[0]), float(args[1]))
-    if tag in CONTAINERS and len(args) == 1 and isinstance(args[0], list):
-        return CONTAINERS[tag]([decode(x, depth + 1) for x in args[0]])
-    if tag == "d" and len(args) == 1 and isinstance(args[0], list):
-        return {decode(k, depth + 1): decode(v, depth + 1) for k, v in map(_pair, args[0])}
-    raise ValueError(f"not an encoded value: tag {tag!r}")
-
-
-def _pair(item: Any) -> tuple[Any, Any]:
-    if not isinstance(item, list) or len(item) != 2:
-        raise ValueError("not a key-value pair")
-    return item[0], item[1]
 
 
 def decode_line(line: bytes, count: int) -> list[Any] | None:
