@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -84,7 +85,7 @@ def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_p
     closure and the dataset reached the worker. Stopped after two epochs, as Ctrl-C."""
     prompt, answer = "7+8=", "15"
 
-    def right_row(record: api.Any) -> float:
+    def right_row(record: Any) -> float:
         return float(record.prompt == prompt and record.answer == answer)
 
     config = {"run": {"epochs": 60, "workers": 1}, "coordinator": {"groups_per_epoch": 2}}

@@ -28,17 +28,18 @@ ROW = {
     "samples_per_s": 584.4,
 }
 
-# What `up` has imported when it prints its first line: cli.main's _config is replaced by a probe
-# that prints whether torch / transformers are loaded, then stops the command.
+# What `up` has imported when it prints its first line: up's _config (its first step after the line)
+# is replaced by a probe that prints whether torch / transformers are loaded, then stops the command.
 PROBE = """
 import sys
-import cli.main as m
+import cli.main
+import cli.up_cmd as up
 def probe(*a, **k):
     print("heavy:", "torch" in sys.modules, "transformers" in sys.modules, file=sys.stderr, flush=True)
     raise SystemExit(0)
-m._config = probe
+up._config = probe
 sys.argv = ["prl-actors", "up"]
-m.main()
+cli.main.main()
 """
 
 
