@@ -74,7 +74,8 @@ def up(
 
     128+N stopped by signal N.
     """
-    typer.echo(f"up: {'resuming' if resume else 'starting'} from {config or 'the built-in defaults'} ...", err=True)
+    source = f"the run in {run_dir}" if resume and run_dir else (config or "the built-in defaults")
+    typer.echo(f"up: {'resuming' if resume else 'starting'} from {source} ...", err=True)  # before any heavy import
     if compose and config is None:
         from prl_actors.compose import DEFAULT_CONFIG
 
