@@ -7,8 +7,16 @@ request's environment and runs `prl-actors <argv>` exactly as `python -m cli.mai
 exit code (or -signal, as subprocess reports it) goes back to `up`. On 2 cores this takes the
 imports (~4 CPU-seconds for each of six actors) off the start's critical path (docs/BENCHMARKS.md §9).
 
-- The server forks before any of its own threads, sockets or torch ops exist (imports only), so a
-  child starts as clean as a new interpreter that has imported the same modules.
+- The server forks only while it is single-threaded (one task in /proc/self/task): a fork copies
+  one thread, and a lock another thread held stays locked in the child for good (Python 3.12 warns
+  "This process is multi-threaded, use of fork() may lead to deadlocks"). Imports alone start no
+  thread but one: OpenBLAS (numpy's) starts a pool of cores - 1 threads when it loads, so the server
+  runs with OPENBLAS_NUM_THREADS=1 (SINGLE_THREADED); torch's intra-op pool, zmq and logging threads
+  appear only on first use, never in the server. A request the server gets while it has other
+  threads anyway is refused (`up` then starts that actor, and every later one, as a new process).
+  Each answer carries the server's thread count at that fork (`Zygote.fork_threads`). No sockets
+  or torch ops exist in the server either, so a child starts as clean as a new interpreter that
+  has imported the same modules.
 - A child's supervisor (SUPERVISOR_ENV) is the server, its parent: the server exits when `up` does
   (its socket closes, or its parent changes), and the children then stop by themselves as they do
   when `up` is killed outright.
@@ -41,6 +49,7 @@ ENTRY = "cli.main"  # the module whose main() a forked child runs, as `python -m
 CLI = [sys.executable, "-m", ENTRY]  # the command line a forked child stands for
 FD_ENV = "PRL_ZYGOTE_FD"  # the server's end of its socket to `up`
 READY_TIMEOUT_S = 120.0
+SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1"}  # the server's environment: no BLAS pool at import
 LOST_CODE = 1  # the exit code of a child whose server died before reporting it
 
 
@@ -57,7 +66,7 @@ class Zygote:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
-        variables = {**os.environ, FD_ENV: str(theirs.fileno())}
+        variables = {**os.environ, FD_ENV: str(theirs.fileno()), **SINGLE_THREADED}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prl_actors.zygote"],
             env=variables,
@@ -72,6 +81,7 @@ class Zygote:
         self.spawned: dict[int, threading.Event] = {}  # request id -> its answer arrived
         self.answers: dict[int, dict[str, Any]] = {}
         self.exits: dict[int, int] = {}  # pid -> exit code (as subprocess reports it)
+        self.fork_threads: list[int] = []  # the server's thread count at each fork (1: single-threaded)
         self.next_id = 0
         self.error = ""
         threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
@@ -106,6 +116,7 @@ class Zygote:
         answer = self.answers.pop(rid)
         if "error" in answer:
             raise ZygoteError(answer["error"])
+        self.fork_threads.append(int(answer.get("threads", 0)))
         return ForkedProc(int(answer["pid"]), self)
 
     def close(self) -> None:
@@ -200,6 +211,10 @@ def serve(sock: socket.socket) -> None:
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             request = json.loads(line)
+            threads = thread_count()
+            if threads != 1:
+                _send(sock, {"id": request["id"], "error": f"not forking: the fork server has {threads} threads"})
+                continue
             started_r, started_w = os.pipe()
             try:
                 pid = os.fork()
@@ -215,7 +230,15 @@ def serve(sock: socket.socket) -> None:
             os.read(started_r, 1)  # EOF once the child has its own session: `up` may signal its group
             os.close(started_r)
             children.add(pid)
-            _send(sock, {"id": request["id"], "pid": pid})
+            _send(sock, {"id": request["id"], "pid": pid, "threads": threads})
+
+
+def thread_count() -> int:
+    """This process's threads as the OS sees them (native ones too: a BLAS pool is no Python thread)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: the Python threads are all that can be counted
+        return threading.active_count()
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:
