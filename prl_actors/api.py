@@ -28,6 +28,7 @@ Every wait has a deadline or is bounded by `up`'s own (it never hangs silently: 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -95,7 +96,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Config):
         return config.model_dump(mode="json")
     if isinstance(config, Mapping):
-        return json.loads(json.dumps(dict(config)))  # a deep copy; only plain data may be in a config
+        return copy.deepcopy(dict(config))
     if isinstance(config, str | os.PathLike):
         import yaml
 
@@ -156,6 +157,8 @@ class Run:
         weights: Mapping[str, float] | None = None,
         echo: bool = True,
     ) -> None:
+        from pydantic import ValidationError
+
         from prl_actors.config import Config, ConfigError, format_validation_error
 
         data = _as_dict(config)
@@ -172,19 +175,16 @@ class Run:
             _set(data, "task.rewards", specs)
             _set(data, "task.reward", None)
         self.dataset = None if dataset is None else [dict(row) for row in dataset]
-        self.run_dir = Path(data.get("run", {}).get("run_dir") or "runs/latest")
+        run = data.get("run")
+        self.run_dir = Path((run.get("run_dir") if isinstance(run, dict) else None) or "runs/latest")
         if self.dataset is not None:
             task = data.setdefault("task", {})
             task["name"] = task.get("name") if task.get("name") in DATASET_TASKS else "jsonl"
             task["prompts_file"] = str((self.run_dir / "api" / "dataset.jsonl").resolve())
         try:
             self.config = Config.model_validate(data)
-        except Exception as exc:  # pydantic's ValidationError: one line per problem, as the CLI says it
-            from pydantic import ValidationError
-
-            if isinstance(exc, ValidationError):
-                raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
-            raise
+        except ValidationError as exc:  # one line per problem, as the CLI says it
+            raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
         self.echo = echo
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
