@@ -268,22 +268,31 @@ def test_fd_tricks_cannot_forge_passes(score: Score) -> None:
 
 
 def test_the_expected_values_never_enter_the_sandbox(score: Score) -> None:
-    """The program searches everything it can reach (the harness's memory, its job, files, the
-    environment) for a number shaped like the expected one and answers it: it never finds one."""
+    """The program collects every number shaped like the expected one from everything it can reach
+    (the objects in its memory, every frame of the harness, the environment, its cmdline, the files
+    beside it) and answers them all: the expected one is never among them."""
     secret = 700_000_000 + uuid.uuid4().int % 10**8  # 9 digits, starting with 7
     spy = (
-        "import gc, os, re, sys\n"
+        "import gc, glob, os, re, sys\n"
         "def seen():\n"
-        "    blobs = [repr(o) for o in gc.get_objects() if isinstance(o, (dict, list, tuple, str, bytes))]\n"
-        "    blobs += [repr(f.f_locals) for f in sys._current_frames().values()]\n"
+        "    blobs = [repr(o) for o in gc.get_objects() if isinstance(o, (dict, list, tuple))]\n"
+        "    for frame in sys._current_frames().values():\n"
+        "        while frame is not None:\n"
+        "            blobs.append(repr(frame.f_locals))\n"
+        "            frame = frame.f_back\n"
         "    blobs += [repr(dict(os.environ)), open('/proc/self/cmdline', 'rb').read().decode()]\n"
+        "    for path in glob.glob('*') + glob.glob('/tmp/*') + glob.glob('/sandbox/*'):\n"
+        "        try:\n"
+        "            blobs.append(open(path, errors='replace').read())\n"
+        "        except OSError:\n"
+        "            pass\n"
         "    return ' '.join(blobs)\n"
         "def add(a, b):\n"
-        "    found = re.findall('7' + '[0-9]' * 8, seen())\n"
-        "    return int(found[0]) if found else 0\n"
+        "    return sorted({int(n) for n in re.findall('7' + '[0-9]' * 8, seen())})\n"
     )
-    tests = [f"assert add(1, 2) == {secret}", f"assert set([add(1, 2)]) == {{{secret}}}"]
+    tests = [f"assert {secret} in add(1, 2)", f"assert set(add(1, 2)) & {{{secret}}}"]
     assert score(spy, tests) == [False] * 2
+    assert score(spy, [f"assert len(add(1, 2)) < 1000 and {secret} not in add(1, 2)"]) == [True]  # it ran
 
 
 def test_a_fork_bomb_is_contained(score: Score) -> None:
