@@ -47,7 +47,7 @@ def export(
 
     if out.exists():
         _fail(f"{out} exists: choose a new directory")
-    checkpoint = _one_checkpoint(run_dir) if _is_checkpoint(run_dir) else _checkpoint(run_dir, version)
+    checkpoint = checkpoint_to_export(run_dir, version)
     typer.echo(f"exporting {checkpoint} ...", err=True)
     try:
         kind = export_checkpoint(checkpoint, out, adapter, base)
@@ -61,11 +61,16 @@ def export(
 
 
 def _is_checkpoint(path: Path) -> bool:
-    """One checkpoint directory (v<N> with a model or an adapter), rather than a run directory."""
-    from prl_actors.training import lora
-    from prl_actors.training.checkpoint import MODEL_DIR
+    """One checkpoint directory (v<N>, marked complete), rather than a run directory (which also holds
+    a model/ of its own: the model every actor loaded)."""
+    from prl_actors.rundir import DONE
 
-    return (path / MODEL_DIR / "config.json").is_file() or (path / lora.ADAPTER_DIR).is_dir()
+    return (path / DONE).is_file() and not (path / "checkpoints").is_dir()
+
+
+def checkpoint_to_export(path: Path, version: int | None) -> Path:
+    """`path` itself when it is one checkpoint, else the run directory's v<version> or newest intact one."""
+    return _one_checkpoint(path) if _is_checkpoint(path) else _checkpoint(path, version)
 
 
 def _one_checkpoint(path: Path) -> Path:

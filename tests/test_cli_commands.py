@@ -119,3 +119,21 @@ def test_one_export_command_with_the_old_name_hidden(tmp_path: Path) -> None:
         assert code == 2 and "holds no checkpoints/" in out
     code, out = run_cli("export", "-h")
     assert "--base" in out and "--adapter" in out
+
+
+def test_export_takes_a_run_dir_or_one_checkpoint(tmp_path: Path) -> None:
+    """A run directory holds a model/ of its own (what the actors loaded): it is still a run
+    directory, whose newest checkpoint is exported; a checkpoint directory is taken as is."""
+    from cli.export_cmd import checkpoint_to_export
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    for v in (1, 2):
+        ckpt = run / "checkpoints" / f"v{v}"
+        (ckpt / "model").mkdir(parents=True)
+        (ckpt / "model" / "config.json").write_text("{}")
+        (ckpt / "DONE").write_text(str(v))  # a marker without checksums: trusted
+    assert checkpoint_to_export(run, None) == run / "checkpoints" / "v2"
+    assert checkpoint_to_export(run, 1) == run / "checkpoints" / "v1"
+    assert checkpoint_to_export(run / "checkpoints" / "v1", None) == run / "checkpoints" / "v1"
