@@ -112,12 +112,11 @@ def _dry_run(cfg: Any) -> None:
     """`up --dry-run`: the resolved config (every default filled in) and the task's check; exit 0."""
     if cfg.env is None:
         _check_task(cfg)
+        what = f"{cfg.run.workers} workers for {cfg.run.epochs} epochs"
+    else:
+        what = f"a learner and {cfg.env.actors} env actors on {cfg.env.env_id}"
     typer.echo(cfg.dump().rstrip())
-    typer.echo(
-        f"dry run: the config and the task check out; `up` would start {cfg.run.workers} workers for "
-        f"{cfg.run.epochs} epochs in {cfg.run.run_dir}",
-        err=True,
-    )
+    typer.echo(f"dry run: the config checks out; `up` would start {what} in {cfg.run.run_dir}", err=True)
     raise typer.Exit(0)
 
 
