@@ -1,5 +1,5 @@
 """Where the code reward's verdicts are decided (rewards/sandbox_verdict.py, sandbox_values.py), and
-the seccomp filter's table: pure functions, no sandbox needed."""
+the seccomp filter's table, the refusal without bubblewrap: no sandbox needed."""
 
 from __future__ import annotations
 
@@ -93,3 +93,22 @@ def test_the_seccomp_table_matches_the_kernel_headers(machine: str) -> None:
     assert {name: numbers.get(name) for name in table} == table
     filt = sandbox_seccomp.build(machine)
     assert len(filt) % 8 == 0 and len(filt) // 8 < 255  # one sock_filter each; jumps stay short
+
+
+def test_the_code_task_refuses_to_load_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bwrap missing: the code task fails at load with one line saying what to install, and loads
+    with the explicit opt-out `task.code_unsafe_local`."""
+    from prl_actors.config import ConfigError
+    from prl_actors.rewards import sandbox
+    from prl_actors.tasks import load_task
+    from tests.learning_utils import tiny_config
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.launcher.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"^the code reward needs bubblewrap: apt-get install bubblewrap") as err:
+            load_task(tiny_config(task__name="code"))
+        assert "\n" not in str(err.value) and "task.code_unsafe_local: true" in str(err.value)
+        assert load_task(tiny_config(task__name="code", task__code_unsafe_local=True)).name == "code"
+    finally:
+        sandbox.launcher.cache_clear()
