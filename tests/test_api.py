@@ -117,3 +117,11 @@ def test_readme_example_runs(tmp_path: Path) -> None:
     assert [line.split()[0] for line in lines[:3]] == ["0", "1", "2"]
     assert lines[-1].startswith("model: runs/api/final")
     assert (tmp_path / "runs" / "api" / "final" / "config.json").is_file()
+
+
+def test_a_refused_run_raises_run_failed_with_ups_error_line(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("{}\n")  # the run dir holds a run already
+    run = api.Run({"worker": {"engine": "sim"}, "trainer": {"learner": "sim"}}, run_dir=tmp_path, echo=False)
+    with pytest.raises(api.RunFailed, match="already holds a run"):
+        run.start().wait(timeout_s=60)
+    assert run.returncode == 2
