@@ -47,18 +47,19 @@ def _main(
     """Periodic-asynchronous GRPO with five ZeroMQ actors. Start with `prl-actors up`."""
 
 
-app.command()(up)
-app.command()(actor)
-app.command()(status)
-app.command()(health)
-app.command()(scale)
-app.command()(stop)
-app.command()(replay)
-app.command()(bench)
-app.add_typer(keys_app)
-app.add_typer(config_app)
-app.command("export")(export)
+# `prl-actors -h` lists each command with its short help (a docstring's first sentence would be cut).
+app.command(short_help="Train: every actor as a local process (or --compose services).")(up)
+app.command(short_help="Run one actor here (compose services, remote hosts).")(actor)
+app.command(short_help="A live run's epoch, members, progress and refusals.")(status)
+app.command(short_help="Exit 0 when the run (and a member) answers: a healthcheck.")(health)
+app.command(short_help="Change a live run's number of workers.")(scale)
+app.command(short_help="Stop a live run cleanly (resumable).")(stop)
+app.command(short_help="Debug a run from its logs: summary, --check, trace, curves.")(replay)
+app.command(short_help="Run the benchmarks.")(bench)
+app.command("export", short_help="Export a checkpoint as a Hugging Face model directory.")(export)
 app.command("export-merged", hidden=True)(export)  # the older name of a LoRA run's export
+app.add_typer(keys_app, short_help="Create and export the run's CurveZMQ keys.")
+app.add_typer(config_app, short_help="The resolved config and the reference of every option.")
 label(app)
 
 
