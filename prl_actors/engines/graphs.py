@@ -30,7 +30,8 @@ class StepRunner:
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs: dict[Hashable, Any] = {}
         self.key: Hashable = None
-        self.captures = 0  # graphs captured so far (for notes and tests)
+        self.captures = 0  # graphs captured so far (for notes, tests and the bench)
+        self.replays = 0  # graph launches so far
         self._pool: Any = None
 
     def run(
@@ -48,6 +49,7 @@ class StepRunner:
         if graph is None:
             graph = self.graphs[shape] = self._capture(fn, state)
         graph.replay()
+        self.replays += 1
 
     def reset(self) -> None:
         """Drop every graph (the tensors they read are about to change)."""
