@@ -28,9 +28,10 @@ from tests.test_processes import CLI, write_config
 pytestmark = pytest.mark.integration
 
 
-def up(tmp_path: Path, run_dir: Path, kills: str, *args: str, epochs: int = 4) -> tuple[int, str]:
+def up(tmp_path: Path, run_dir: Path, kills: str, *args: str, epochs: int = 4, restarts: int = 8) -> tuple[int, str]:
     """`prl-actors up` (a fresh run, or `args`) with PRL_TEST_KILL_AT=`kills`, each kill once."""
-    cfg = sim_config(run_dir, transport="tcp", run__epochs=epochs, run__max_restarts=12, sim__gen_s_per_token=0.005)
+    settings = {"run__epochs": epochs, "run__max_restarts": restarts, "sim__gen_s_per_token": 0.005}
+    cfg = sim_config(run_dir, transport="tcp", **settings)
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in (faults.KILL_AT_ENV, faults.MARKS_ENV)}
@@ -92,7 +93,7 @@ def test_twenty_random_core_kills_keep_every_row(tmp_path: Path, run_dir: Path) 
     kills = [(*rng.choice(points), epoch) for epoch in range(20)]
     spec = ",".join(f"{a}:{p}:{e}" for a, p, e in kills)
     cfg_epochs = 21
-    code, err = up(tmp_path, run_dir, spec, epochs=cfg_epochs)
+    code, err = up(tmp_path, run_dir, spec, epochs=cfg_epochs, restarts=len(kills))
     assert code == 0, err
     assert_whole(run_dir, err, cfg_epochs)
 
