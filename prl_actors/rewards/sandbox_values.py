@@ -1,5 +1,5 @@
 """Plain data across the sandbox's pipe: `encode` runs inside (sandbox_harness.py), `decode` here
-and in the judge. Tagged JSON lists: ["i", "12"], ["f", "nan"], ["s", "x"], ["y", hex], ["n"],
+and in the judge. Tagged JSON lists: ["i", "0xc"], ["f", "nan"], ["s", "x"], ["y", hex], ["n"],
 ["B", true], ["c", re, im], ["l"|"t"|"S"|"F", [items]], ["d", [[key, value], ...]]. Only plain
 types round-trip (subclasses become their base type); anything else is a TypeError inside, so a
 probe's value is data, never an object whose `__eq__` the program wrote.
@@ -12,7 +12,7 @@ from collections.abc import Callable  # no `typing`: ~10 ms at every sandbox sta
 
 MAX_DEPTH = 64  # nesting of a value
 CONTAINERS: dict[str, Callable[[list[object]], object]] = {"l": list, "t": tuple, "S": set, "F": frozenset}
-SCALARS: dict[str, Callable[..., object]] = {"i": int, "f": float, "s": str, "y": bytes.fromhex}
+SCALARS: dict[str, Callable[..., object]] = {"i": lambda x: int(x, 16), "f": float, "s": str, "y": bytes.fromhex}
 
 
 def encode(value: object, depth: int = 0) -> list[object]:
@@ -22,7 +22,7 @@ def encode(value: object, depth: int = 0) -> list[object]:
     if value is None or isinstance(value, bool):
         return ["n"] if value is None else ["B", bool(value)]
     if isinstance(value, int):
-        return ["i", str(int(value))]
+        return ["i", hex(int(value))]  # hex: no limit on digits (decimal strings stop at 4300)
     if isinstance(value, float):
         return ["f", repr(float(value))]
     if isinstance(value, str):
