@@ -93,12 +93,10 @@ def _split(test: str, trusted: set[str]) -> Split:
         return Split([test], inside=True)
     lifter = _Lifter(trusted)
     try:
-        verdict = lifter.visit(tree.body[0].test)
+        verdict = ast.unparse(lifter.visit(tree.body[0].test))
     except RecursionError:
         return Split([test], inside=True)
-    if lifter.local:
-        return Split([test], inside=True)
-    return Split(lifter.probes, ast.unparse(verdict))
+    return Split([test], inside=True) if lifter.local else Split(lifter.probes, verdict)
 
 
 class _Lifter(ast.NodeTransformer):
