@@ -7,10 +7,15 @@ ConfigError line that names the option and the spec, never a traceback.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from prl_actors.config import ConfigError
+
+STOPPING = threading.Event()
+"""Set when this process is asked to stop (process.request_stop): every wait on a plugin (a reward's
+thread or coroutine) ends at once, so `stop` is honoured whatever a plugin does."""
 
 
 def load_callable(spec: str, option: str, form: str = "'module:function'") -> Callable[..., Any]:

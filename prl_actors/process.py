@@ -16,6 +16,7 @@ import zmq
 
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
+from prl_actors.plugins import STOPPING
 from prl_actors.supervisor import STANDBY_ENV as STANDBY_ENV  # set by `up` for a spare core actor
 from prl_actors.supervisor import START_GATE_ENV as START_GATE_ENV  # set by `up` for the trainer and workers
 from prl_actors.supervisor import STOP_SIGNALS, watch_supervisor
@@ -139,6 +140,7 @@ def _wait(host: ActorHost, signalled: threading.Event) -> str:
         if supervisor and os.getppid() != supervisor:
             reason = "its supervisor's exit"
         if reason:
+            STOPPING.set()  # a plugin's wait (a reward's thread) ends now: the actor can stop (plugins.py)
             request_stop(host, reason)
             return reason
     return ""

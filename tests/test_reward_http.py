@@ -48,6 +48,7 @@ class Handler(BaseHTTPRequestHandler):
             n = len(s.requests)
             s.in_flight += 1
             s.max_in_flight = max(s.max_in_flight, s.in_flight)
+        counted = True
         try:
             if n <= s.slow_first:
                 time.sleep(s.delay_s)
@@ -61,11 +62,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            with s.lock:  # before the body: the client cannot have its answer (and send again) before this
+                s.in_flight -= 1
+                counted = False
             self.end_headers()
             self.wfile.write(data)
         finally:
-            with s.lock:
-                s.in_flight -= 1
+            if counted:
+                with s.lock:
+                    s.in_flight -= 1
 
     def log_message(self, *args: object) -> None:
         pass

@@ -182,7 +182,9 @@ def test_fail_names_the_plugin_prompt_sample_and_exception() -> None:
         flaky_set("fail").score(records(["a", "b", "c", "d", "e"], group_id=0, item=17))
     assert str(info.value) == (
         "reward 'flaky' (tests.reward_plugins:flaky) raised on prompt 0 (row 17) sample 2: ValueError: cannot score 'c'"
+        " (reward_plugins.py:52)"  # where the plugin raised: file:line on the console
     )
+    assert 'reward_plugins.py", line 52, in flaky' in info.value.trace  # the whole traceback: the worker's log
 
 
 def test_zero_scores_only_the_failing_samples_zero_and_reports_them() -> None:

@@ -60,7 +60,7 @@ from prl_actors.protocol.messages import (
     new_id,
 )
 from prl_actors.protocol.versions import within_bound
-from prl_actors.rewards.errors import RewardError
+from prl_actors.rewards.errors import RewardError, RewardStopped
 from prl_actors.tasks.base import Task
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights import unpack
@@ -570,14 +570,17 @@ class WorkerCore(Core):
         0 and is counted and logged (`zero`)."""
         try:
             scored = self.task.score_generated(prompt, g.prompt_ids, g.samples)
+        except RewardStopped as exc:  # this process is stopping (plugins.STOPPING): no value, no failure
+            self.log("reward_abandoned", error=str(exc), group_id=g.group_id)
+            return None
         except RewardError as exc:
-            self.log("reward_failed", error=str(exc), group_id=g.group_id)
+            self.log("reward_failed", error=str(exc), traceback=exc.trace, group_id=g.group_id)
             self.fail(str(exc))
             return None
         for error in scored.errors:
             loud, n = self.count_loud("reward_errors"), self.counters["reward_errors"]
             if loud:
-                self.log("reward_error", error=error, count=n, policy="zero")
+                self.log("reward_error", error=error, traceback=scored.traces.get(error, ""), count=n, policy="zero")
             if math.log10(n).is_integer():  # the console hears of the 1st, 10th, 100th ...
                 console(f"warning: {self.name}: scored 0 (task.on_reward_error: zero), {n} so far: {error}")
         parts = self.task.reward_set().report_parts

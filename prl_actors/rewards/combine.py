@@ -5,7 +5,10 @@ run concurrently across the G samples). On a RewardError, `on_error` decides:
 - "fail": raise it (the worker ends the run with that line);
 - "zero": that reward counts 0 for the samples it failed on (the whole group when a batched call
   raises or answers in the wrong shape),
-  and each distinct line is returned in `Scored.errors` to be counted and logged.
+  and each distinct line is returned in `Scored.errors` to be counted and logged (its plugin's
+  traceback in `Scored.traces`).
+A RewardStopped (the process is stopping while a reward runs) is raised under either policy: a
+stop never turns into a made-up 0.
 Invariant: every total and part returned is a finite float.
 """
 
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from prl_actors.rewards.errors import RewardError
+from prl_actors.rewards.errors import RewardError, RewardStopped
 from prl_actors.rewards.record import RewardInput
 from prl_actors.rewards.reward import Reward
 
@@ -32,6 +35,7 @@ class Scored:
     totals: list[float]
     parts: list[dict[str, float]]
     errors: list[str] = field(default_factory=list)
+    traces: dict[str, str] = field(default_factory=dict)  # error line -> the plugin's traceback ('' if none)
 
 
 @dataclass
@@ -62,24 +66,23 @@ class RewardSet:
             outcomes = [await self.rewards[0].score(records)]
         else:
             outcomes = await asyncio.gather(*(r.score(records) for r in self.rewards))
-        errors: list[str] = []
-        columns = [self._settle(outcome, errors) for outcome in outcomes]
-        return self._combine(columns, len(records), errors)
+        traces: dict[str, str] = {}
+        columns = [self._settle(outcome, traces) for outcome in outcomes]
+        return self._combine(columns, len(records), traces)
 
-    def _settle(self, outcome: list[float | RewardError], errors: list[str]) -> list[float]:
-        """The reward's values, a failure raised ("fail") or replaced by 0 and noted ("zero")."""
+    def _settle(self, outcome: list[float | RewardError], traces: dict[str, str]) -> list[float]:
+        """The reward's values, a failure raised ("fail", or a stop) or replaced by 0 and noted ("zero")."""
         values = []
         for value in outcome:
             if isinstance(value, RewardError):
-                if self.on_error == "fail":
+                if self.on_error == "fail" or isinstance(value, RewardStopped):
                     raise value
-                if str(value) not in errors:
-                    errors.append(str(value))
+                traces.setdefault(str(value), value.trace)
                 value = 0.0
             values.append(value)
         return values
 
-    def _combine(self, columns: list[list[float]], n: int, errors: list[str]) -> Scored:
+    def _combine(self, columns: list[list[float]], n: int, traces: dict[str, str]) -> Scored:
         totals = [sum(r.weight * col[i] for r, col in zip(self.rewards, columns, strict=True)) for i in range(n)]
         parts = [{r.name: col[i] for r, col in zip(self.rewards, columns, strict=True)} for i in range(n)]
-        return Scored(totals, parts, errors)
+        return Scored(totals, parts, list(traces), traces)

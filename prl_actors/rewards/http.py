@@ -7,7 +7,8 @@ Response: 200 with {"rewards": [float, ...]}, one finite number per record, in o
 Each attempt is bounded by `timeout_s`; a timeout, a refused connection, a 5xx or a 429 is retried
 up to `retries` times (backoff 0.2 s, 0.4 s, ...); any other status, or a malformed body, fails at
 once. At most `concurrency` requests are in flight per worker. The total wait is bounded by
-(retries + 1) * timeout_s + the backoff: never a hang.
+(retries + 1) * timeout_s + the backoff: never a hang. A body larger than MAX_RESPONSE_BYTES (1 MiB)
+fails at once, without being read whole (a 500 MB answer costs one chunk past the limit).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from prl_actors.rewards.record import RewardInput
 
 DEFAULT_TIMEOUT_S = 30.0
 BACKOFF_S = 0.2
+MAX_RESPONSE_BYTES = (
+    1 << 20
+)  # {"rewards": [G floats]} is a few hundred bytes: a bigger body is refused, never read whole
+READ_CHUNK = 64 << 10
 
 
 class ServiceError(Exception):
@@ -75,7 +80,7 @@ class HttpReward:
         req = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 - the configured url
-                return resp.read()  # type: ignore[no-any-return]
+                return _bounded_body(resp, self.url)
         except urllib.error.HTTPError as exc:
             if exc.code >= 500 or exc.code == 429:
                 raise _Retryable(f"HTTP {exc.code}") from None
@@ -85,6 +90,20 @@ class HttpReward:
             if isinstance(reason, TimeoutError):
                 raise _Retryable(f"timed out after {self.timeout_s}s") from None
             raise _Retryable(f"{type(reason).__name__}: {reason}") from None
+
+
+def _bounded_body(resp: Any, url: str) -> bytes:
+    """The response body, read in chunks up to MAX_RESPONSE_BYTES; a larger one (by its
+    Content-Length or as read) is a ServiceError, and at most one chunk past the limit is read."""
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+        raise ServiceError(f"{url}: the answer is {int(length)} bytes, more than {MAX_RESPONSE_BYTES}")
+    body = bytearray()
+    while chunk := resp.read(READ_CHUNK):
+        body += chunk
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise ServiceError(f"{url}: the answer is more than {MAX_RESPONSE_BYTES} bytes")
+    return bytes(body)
 
 
 def _rewards(raw: bytes, n: int) -> list[Any]:

@@ -18,7 +18,7 @@ from prl_actors.rewards.builtins import BUILTINS
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
 
-ASYNC_TIMEOUT_S = 300.0  # an async fn reward's default bound: no wait without a deadline
+PLUGIN_TIMEOUT_S = 300.0  # a plugin's (or an async fn reward's) default bound for one group: no wait without a deadline
 
 
 def configure(t: TaskSection, own: RewardSet) -> RewardSet:
@@ -43,8 +43,9 @@ def build(spec: RewardSpec, i: int) -> Reward:
     assert spec.fn is not None
     fn = load_function(spec.fn, f"task.rewards[{i}].fn")
     fn = _bind(fn, spec.args, f"task.rewards[{i}]")
-    source = f"builtin {spec.fn}" if spec.fn in BUILTINS else spec.fn
-    return Reward(name, fn, spec.weight, spec.batched, source, spec.timeout_s or ASYNC_TIMEOUT_S)
+    plugin = spec.fn not in BUILTINS  # a user's function: its sync calls run under the deadline too
+    source = spec.fn if plugin else f"builtin {spec.fn}"
+    return Reward(name, fn, spec.weight, spec.batched, source, spec.timeout_s or PLUGIN_TIMEOUT_S, isolated=plugin)
 
 
 def load_function(spec: str, option: str) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from prl_actors.config import Config, ConfigError
-from prl_actors.rewards.load import configure
+from prl_actors.rewards.load import PLUGIN_TIMEOUT_S, configure
 from prl_actors.tasks.arith import add_task
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.code_task import code_task
@@ -44,6 +44,9 @@ def load_task(cfg: Config) -> Task:
     if cfg.task.reward:
         task.reward, task.rewards = load_reward(cfg.task.reward), None
     task.rewards = configure(cfg.task, task.reward_set())
+    if cfg.task.reward and not cfg.task.rewards:  # the task's one plugin reward: under the plugins' deadline
+        (own,) = task.rewards.rewards
+        own.isolated, own.timeout_s, own.source = True, PLUGIN_TIMEOUT_S, cfg.task.reward
     if cfg.task.overlong_buffer and cfg.worker.engine != "sim":
         t = cfg.task
         task.overlong = Overlong(cfg.worker.sampling.max_new_tokens, t.overlong_buffer, t.overlong_penalty)

@@ -1,0 +1,37 @@
+"""Reward plugins that misbehave, loaded by name (`task.reward`, `task.rewards[].fn`) in worker
+processes by tests/test_reward_guards.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prl_actors.rewards.record import RewardInput
+
+RELEASE = threading.Event()  # set by an in-process test to let the hanging plugins return
+
+
+def hangs(prompt: str, response: str, answer: str) -> float:
+    """A sync task.reward that never returns (until RELEASE, in-process)."""
+    RELEASE.wait()
+    return 1.0
+
+
+def hangs_record(record: RewardInput) -> float:
+    RELEASE.wait()
+    return 1.0
+
+
+def as_text(record: RewardInput) -> object:
+    return "1.0"
+
+
+def divides(prompt: str, response: str, answer: str) -> float:
+    """A task.reward with a bug: it raises ZeroDivisionError on the next line."""
+    zero = len(answer) * 0
+    return len(response) / zero
+
+
+def slow(record: RewardInput) -> float:
+    time.sleep(0.05)
+    return 0.5
