@@ -98,17 +98,17 @@ def unreachable(exc: Exception, target: Target) -> NoReturn:
     """The request failed: say so, and how to name a run that is up."""
     from prl_actors.rundir import is_live, registered_runs
 
-    hint = ""
-    if target.guessed and target.config_path is None:
-        recent = registered_runs()[:3]
+    hint, where = "", target.config_path.parent if target.config_path is not None else None
+    if where is None:
+        recent = registered_runs()[:3] if target.guessed else []
         listed = ", ".join(f"{p} ({'live' if is_live(p) else 'not running'})" for p in recent)
-        hint = "; no live run found on this machine: pass the run's directory, e.g. `prl-actors status RUN_DIR`" + (
-            f" or --config {recent[0] / 'config.yaml'} (recent runs: {listed})" if recent else ""
-        )
+        if target.guessed:
+            hint = "; no live run found on this machine: pass the run's directory, e.g. `prl-actors status RUN_DIR`"
+            hint += f" or --config {recent[0] / 'config.yaml'} (recent runs: {listed})" if recent else ""
     elif target.guessed:
-        hint = f"; the run in {target.config_path.parent} does not answer: see {target.config_path.parent / 'logs'}"  # type: ignore[union-attr]
-    elif target.config_path is not None:
-        hint = f"; is the run in {target.config_path.parent} still up? (its `prl-actors up` must be running)"
+        hint = f"; the run in {where} does not answer: see {where / 'logs'}"
+    else:
+        hint = f"; is the run in {where} still up? (its `prl-actors up` must be running)"
     _fail(f"{exc}{hint}", code=1)
 
 
