@@ -5,6 +5,7 @@ The hostile-program suite is tests/test_code_sandbox.py."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from pathlib import Path
@@ -109,6 +110,11 @@ def test_the_network_is_off_at_the_kernel_level() -> None:
 def test_the_program_runs_as_nobody_in_its_own_namespaces() -> None:
     check = "import os\nassert os.getuid() == 65534 and os.getgid() == 65534 and os.getpid() < 10\n"
     assert run(GOOD + check) == [True] * 3
+    kinds = ["user", "pid", "mnt", "net", "ipc", "uts", "cgroup"]
+    program = "import os\ndef ns(kind):\n    return os.readlink('/proc/self/ns/' + kind)\n"
+    tests = [f"assert ns({kind!r}) != {os.readlink(f'/proc/self/ns/{kind}')!r}" for kind in kinds]
+    assert run(program, tests) == [True] * len(kinds)  # every namespace its own
+    assert run(program, [f"assert ns('time') != {os.readlink('/proc/self/ns/time')!r}"]) == [False]  # the control
 
 
 def test_verdicts_beyond_equality_are_judged_without_the_program() -> None:
