@@ -105,6 +105,12 @@ def unreachable(exc: Exception, target: Target) -> NoReturn:
         if target.guessed:
             hint = "; no live run found on this machine: pass the run's directory, e.g. `prl-actors status RUN_DIR`"
             hint += f" or --config {recent[0] / 'config.yaml'} (recent runs: {listed})" if recent else ""
+    elif not is_live(where) and (where / "metrics.jsonl").is_file():  # its `up` has ended (or runs elsewhere)
+        epochs = sum(1 for line in (where / "metrics.jsonl").read_text().splitlines() if '"eval": true' not in line)
+        hint = (
+            f"; no `prl-actors up` on this machine runs {where}: it has ended ({epochs} epochs in metrics.jsonl; "
+            f"`prl-actors replay {where}` reads it, `prl-actors up --resume --run-dir {where} --epochs N` trains on)"
+        )
     elif target.guessed:
         hint = f"; the run in {where} does not answer: see {where / 'logs'}"
     else:

@@ -137,3 +137,14 @@ def test_export_takes_a_run_dir_or_one_checkpoint(tmp_path: Path) -> None:
     assert checkpoint_to_export(run, None) == run / "checkpoints" / "v2"
     assert checkpoint_to_export(run, 1) == run / "checkpoints" / "v1"
     assert checkpoint_to_export(run / "checkpoints" / "v1", None) == run / "checkpoints" / "v1"
+
+
+def test_status_of_a_run_that_has_ended_says_so(tmp_path: Path) -> None:
+    from tests.conftest import port_base, sim_config
+
+    run_dir = tmp_path / "done"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(sim_config(run_dir, transport="tcp", transport__base_port=port_base()).dump())
+    (run_dir / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n{"epoch": 1, "eval": true}\n')
+    code, out = run_cli("status", str(run_dir))
+    assert code == 1 and f"runs {run_dir}: it has ended (2 epochs in metrics.jsonl" in out, out
