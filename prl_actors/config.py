@@ -431,7 +431,10 @@ class TrainerSection(_Section):
     credits: int = Field(32, ge=1, description="Groups the trainer lets the buffer send ahead.")
     checkpoint_every: int = Field(1, ge=0, description="Checkpoint every N epochs (0 = never).")
     keep_checkpoints: int = Field(
-        0, ge=0, description="Keep only the newest N checkpoints (0 = keep all); the final one is always kept."
+        2,
+        ge=0,
+        description="Keep the newest N checkpoints (0 = keep all) and the best by evaluation; the final one is "
+        "always kept. Only the newest holds the optimizer's state.",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N (with world_size > 1: each rank cuda:LOCAL_RANK).")
     lora: LoraSection | None = Field(

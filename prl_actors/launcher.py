@@ -55,7 +55,7 @@ from prl_actors.client import RequestFailed, request
 from prl_actors.config import DEFAULT_BASE_PORT, Config
 from prl_actors.logs import console
 from prl_actors.protocol.messages import Phase, RequestStop, Role, Status, StatusRequest, role_prefix
-from prl_actors.rundir import CheckpointError, RunDir
+from prl_actors.rundir import FINAL, CheckpointError, RunDir
 from prl_actors.supervisor import (
     FAILED_STOP_S,
     KILL_WAIT_S,
@@ -665,7 +665,10 @@ def eval_line(run_dir: Path) -> str:
 
 
 def final_model_line(run_dir: Path) -> str:
-    """'final model: DIR' naming the newest complete checkpoint's model directory ('' when none)."""
+    """'final model: DIR' naming RUN_DIR/final (the final model in the model's dtype), else the
+    newest complete checkpoint's model directory ('' when none)."""
+    if (Path(run_dir) / FINAL / "config.json").is_file():
+        return f"\nfinal model: {Path(run_dir) / FINAL} (a Hugging Face directory, in the model's dtype)"
     ckpts = RunDir(run_dir).checkpoints
     done = [p for p in ckpts.glob("v*") if p.name[1:].isdigit() and (p / "DONE").exists()] if ckpts.is_dir() else []
     if not done:

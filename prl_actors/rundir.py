@@ -7,6 +7,7 @@
     RUN_DIR/completions.jsonl    run.log_completions samples per epoch (prompt, completion, reward, advantage)
     RUN_DIR/checkpoints/v<N>/    learner state after the step that made version N (DONE marks complete)
     RUN_DIR/model/               the built-in tiny model (an ordinary Hugging Face directory)
+    RUN_DIR/final/               the final model of a completed run, in the model's dtype (final_model)
 
 A checkpoint's DONE marker is written last and lists the sha256 of every file the checkpoint holds, so
 a checkpoint that was cut short, truncated or partly deleted later is detected when a run resumes,
@@ -37,6 +38,8 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 DONE = "DONE"
+FINAL = "final"  # RUN_DIR/final: the final model, in the model's dtype (final_model)
+OPTIMIZER_STATE = "optimizer.pt"  # a checkpoint's optimizer state (training/checkpoint.py): the newest only
 LOCK = ".up.lock"
 COMPLETIONS_FILE = "completions.jsonl"  # run.log_completions rows (prl_actors/completions.py)
 EVAL = "eval"  # eval/epoch-<N>.jsonl: one evaluation each (write_eval)
@@ -218,21 +221,59 @@ class RunDir:
         marker = {"version": version, "sha256": {str(f.relative_to(path)): _sha256(f) for f in _files(path)}}
         (path / DONE).write_text(json.dumps(marker, indent=1))
         self.prune_checkpoints()
+        for older in self._complete()[1:]:
+            drop_optimizer_state(older)
         return path
+
+    def final_model(self, write: Callable[[Path, Path], None]) -> Path | None:
+        """RUN_DIR/final, the end of a completed run: `write(dir, model_dir)` fills a new directory
+        from the newest checkpoint's model/ (its config and tokenizer files), then it replaces
+        RUN_DIR/final whole. None (nothing written) without a full-model checkpoint (a LoRA run keeps
+        its adapter in its final checkpoint; `prl-actors export` merges it)."""
+        import shutil
+
+        newest = next((p / MODEL for p in self._complete() if (p / MODEL).is_dir()), None)
+        if newest is None:
+            return None
+        final, tmp = self.root / FINAL, self.root / (FINAL + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp, newest)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        return final
+
+    def _complete(self) -> list[Path]:
+        """The checkpoints marked complete, newest first."""
+        if not self.checkpoints.exists():
+            return []
+        done = [p for p in self.checkpoints.glob("v*") if p.name[1:].isdigit() and (p / DONE).exists()]
+        return sorted(done, key=lambda p: int(p.name[1:]), reverse=True)
+
+    def best_by_eval(self) -> Path | None:
+        """The checkpoint of the weights that scored best in an evaluation (eval_mean@k, else
+        eval_pass@k; the newest of equals), if it exists."""
+        rows = [r for r in self.eval_rows() if isinstance(r.get("version"), int)]
+        key = next((k for r in rows for k in sorted(r) if k.startswith(("eval_mean@", "eval_pass@"))), None)
+        if key is None:
+            return None
+        scored = [(float(r[key]), int(r["version"])) for r in rows if isinstance(r.get(key), int | float)]
+        path = self.checkpoints / f"v{max(scored)[1]}" if scored else None
+        return path if path is not None and (path / DONE).exists() else None
 
     def prune_checkpoints(self) -> list[Path]:
         """trainer.keep_checkpoints: delete complete checkpoints older than the newest N, never the one
-        this run resumed from (`protected`) and never one without its DONE marker (being written).
-        The DONE marker goes first, so a prune cut short leaves an incomplete, ignored directory."""
+        this run resumed from (`protected`), never the best by evaluation (`best_by_eval`), and never
+        one without its DONE marker (being written). The DONE marker goes first, so a prune cut short
+        leaves an incomplete, ignored directory."""
         import shutil
 
         if self.keep_checkpoints <= 0 or not self.checkpoints.exists():
             return []
-        done = [p for p in self.checkpoints.glob("v*") if p.name[1:].isdigit() and (p / DONE).exists()]
-        done.sort(key=lambda p: int(p.name[1:]), reverse=True)
+        done = self._complete()
+        best = self.best_by_eval()
         removed = []
         for path in done[self.keep_checkpoints :]:
-            if path.resolve() in self.protected:
+            if path.resolve() in self.protected or path == best:
                 continue
             (path / DONE).unlink(missing_ok=True)
             shutil.rmtree(path, ignore_errors=True)
@@ -318,6 +359,26 @@ def checkpoint_damage(path: Path) -> str | None:
         if _sha256(f) != digest:
             return f"{name} does not match its checksum"
     return None
+
+
+def drop_optimizer_state(path: Path) -> bool:
+    """Remove the optimizer state from the checkpoint at `path` (only the newest keeps it): its DONE
+    marker first forgets the file (written whole, then renamed), then the file goes, so a drop cut
+    short leaves an intact checkpoint either way. True when there was one to drop."""
+    state = path / OPTIMIZER_STATE
+    if not state.exists():
+        return False
+    try:
+        marker = json.loads((path / DONE).read_text())
+    except (OSError, ValueError):
+        return False  # unreadable: left alone (a resume reports it)
+    if isinstance(marker, dict) and isinstance(marker.get("sha256"), dict):
+        marker["sha256"].pop(OPTIMIZER_STATE, None)
+        tmp = path / (DONE + ".tmp")
+        tmp.write_text(json.dumps(marker, indent=1))
+        tmp.replace(path / DONE)
+    state.unlink(missing_ok=True)
+    return True
 
 
 def _files(path: Path) -> list[Path]:

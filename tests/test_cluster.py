@@ -31,7 +31,7 @@ def test_both_modes_complete_and_keep_the_invariants(run_dir: Path, mode: str) -
     assert_invariants(run_dir, epochs=3, groups=6)
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 3
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["v1", "v2", "v3"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["v2", "v3"]  # keep_checkpoints: 2
 
 
 def test_sim_policy_learns(run_dir: Path) -> None:

@@ -55,6 +55,7 @@ from prl_actors.protocol.messages import (
     GroupRefused,
     RejectReason,
     Role,
+    Shutdown,
     StepDone,
     TrainGroup,
     WeightsBegin,
@@ -461,6 +462,32 @@ class TrainerCore(Core):
         epoch, metrics = finished
         kill_point(self.name, "after_ack", epoch)
         self.emit(Dest.peer("coordinator"), StepDone(epoch=epoch, version=inbound.msg.version, metrics=metrics))
+
+    def on_shutdown(self, now: float, inbound: Inbound[Shutdown]) -> None:
+        """A completed run: first the final model in the model's dtype (RUN_DIR/final), then stop."""
+        if inbound.msg.reason == "completed":
+            self._final_model()
+        super().on_shutdown(now, inbound)
+
+    def _final_model(self) -> None:
+        """The learner's published weights (model.dtype) as RUN_DIR/final; a failure is logged, the
+        run's checkpoints stay."""
+        final = getattr(self.sink, "final_model", None)
+        if final is None:
+            return
+
+        def write(out: Path, model_dir: Path) -> None:  # called only for a full model's checkpoint
+            from prl_actors.training.checkpoint import export_final
+
+            export_final(out, self.learner.weights(), model_dir)
+
+        try:
+            path = final(write)
+        except Exception as exc:  # the final checkpoint is still there: `prl-actors export` reads it
+            self.log("final_model_failed", error=one_line(exc))
+            return
+        if path is not None:
+            self.log("final_model", path=str(path), new_version=self.learner.version)
 
     def close(self) -> None:
         """A learner that holds resources (a trainer rank group) releases them."""

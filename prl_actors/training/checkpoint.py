@@ -1,6 +1,10 @@
-"""Learner checkpoints: DIR/model (an ordinary HF model directory: weights + tokenizer files) and
-DIR/trainer_state.pt (optimizer state and version). trainer_state.pt is written last, so a directory
-without it is an incomplete checkpoint and `load` refuses it. The weights are the learner's master
+"""Learner checkpoints: DIR/model (an ordinary HF model directory: weights + tokenizer files),
+DIR/optimizer.pt (the optimizer's state) and DIR/trainer_state.pt (version and extra state).
+trainer_state.pt is written last, so a directory without it is an incomplete checkpoint and `load`
+refuses it. The optimizer's state, twice the weights under Adam, is a file of its own so that only the
+newest checkpoint keeps it (rundir.RunDir drops it from older ones): a resume from an older one (the
+newest damaged) starts the optimizer afresh, with a warning. A checkpoint written before the split
+holds the optimizer in trainer_state.pt; `load` reads both. The weights are the learner's master
 weights in their own dtype (float32 also when model.dtype is bfloat16), so a resume is exact.
 
 With LoRA (a peft policy) DIR/adapter replaces DIR/model: the adapter alone, in its float32 master
@@ -10,6 +14,8 @@ adapter merged in, a plain HF model directory (training/lora.py)."""
 from __future__ import annotations
 
 import shutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +23,11 @@ import torch
 from transformers import PreTrainedModel
 
 from prl_actors.model.builtin import from_pretrained, quiet_progress
+from prl_actors.rundir import OPTIMIZER_STATE
 from prl_actors.training import lora
 
 STATE_FILE = "trainer_state.pt"
+OPTIMIZER_FILE = OPTIMIZER_STATE  # only the newest checkpoint keeps it (rundir.py)
 MODEL_DIR = "model"
 
 
@@ -47,7 +55,8 @@ def save(
             lora.export_merged(path, path / lora.MERGED_DIR, source_dir)
     else:
         _save_model(path, policy, source_dir)
-    torch.save({"version": version, "optimizer": optimizer.state_dict(), "extra": extra or {}}, path / STATE_FILE)
+    torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
+    torch.save({"version": version, "extra": extra or {}}, path / STATE_FILE)
 
 
 def _save_model(path: Path, policy: PreTrainedModel, source_dir: Path) -> None:
@@ -71,7 +80,18 @@ def load(path: Path, policy: PreTrainedModel, optimizer: torch.optim.Optimizer) 
         saved = from_pretrained(path / MODEL_DIR, dtype=policy.dtype)  # serialised: concurrent loads break tying
         policy.load_state_dict(saved.state_dict(), strict=True)
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
+    optim = state.get("optimizer")  # a checkpoint from before optimizer.pt
+    if optim is None and (path / OPTIMIZER_FILE).is_file():
+        optim = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    if optim is not None:
+        optimizer.load_state_dict(optim)
+    else:
+        print(
+            f"warning: {path} holds no optimizer state (only the newest checkpoint keeps it): the optimizer "
+            "starts afresh",
+            file=sys.stderr,
+            flush=True,
+        )
     return int(state["version"])
 
 
@@ -80,3 +100,25 @@ def extra_state(path: Path) -> dict[str, Any]:
     state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)
     extra = state.get("extra", {})
     return extra if isinstance(extra, dict) else {}
+
+
+def export_final(out: Path, weights: Mapping[str, torch.Tensor], model_dir: Path) -> None:
+    """RUN_DIR/final: the final weights as the workers run them (`weights`: the learner's published
+    snapshot, in model.dtype; a checkpoint keeps float32 master weights), as a plain Hugging Face
+    directory with `model_dir`'s config (its dtype set to theirs) and tokenizer files."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json")):
+            shutil.copy2(f, out / f.name)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), {"format": "pt"})
+    floating = next((t.dtype for t in weights.values() if t.is_floating_point()), None)
+    config = out / "config.json"
+    if floating is not None and config.is_file():
+        data = json.loads(config.read_text())
+        name = str(floating).removeprefix("torch.")
+        data.update({k: name for k in ("torch_dtype", "dtype") if k in data} or {"torch_dtype": name})
+        config.write_text(json.dumps(data, indent=2))
