@@ -119,7 +119,7 @@ def test_the_program_runs_as_nobody_in_its_own_namespaces() -> None:
 
 def test_verdicts_beyond_equality_are_judged_without_the_program() -> None:
     """set(), math.isclose, abs(...) < eps: the judge sandbox evaluates them on the program's values."""
-    tests = ["assert set([add(1, 2), 3]) == {3}", "assert math.isclose(add(0.1, 0.2), 0.3)",
+    tests = ["assert set([add(1, 2), 3]) == {3}", "import math as m\nassert m.isclose(add(0.1, 0.2), 0.3)",
              "assert abs(add(1, 1) - 2) < 1e-9", "assert sorted([add(2, 2), 1]) == [1, 5]"]  # fmt: skip
     assert run(GOOD, tests) == [True, True, True, False]  # `math`: the judge imports stdlib modules it names
     fact = "import math\ndef fact(n):\n    return math.factorial(n)\n"

@@ -339,7 +339,7 @@ def test_without_seccomp_the_pid_namespace_still_kills_every_process() -> None:
         "    time.sleep(0.01)\n"
     )
     limits = {"as": 1 << 29, "fsize": 1 << 20, "cpu": 3}
-    tests = [{"probes": ["started"], "inside": False}]
+    tests = [{"probes": ["started"], "inside": False, "prelude": ""}]
     job = {"mode": "run", "code": program, "setup": "", "limits": limits, "tests": tests}
     lines = asyncio.run(sandbox.run_job(job, 5.0, seccomp=False))
     assert lines[0] == b'[["B", true]]', lines  # the grandchild ran

@@ -27,6 +27,11 @@ PROGRAM = "import math\ndef add(a, b):\n    return a + b\ndef sorted(x):\n    re
         ("assert sorted([2, 1]) == [1, 2]", Split(["sorted([2, 1])"], "__v0 == [1, 2]")),  # the program's sorted
         ("assert all(add(i, 0) == i for i in range(3))", Split([LOOP], inside=True)),
         ("x = add(1, 2)", Split(["x = add(1, 2)"], inside=True)),
+        ("import cmath\nassert cmath.sqrt(add(-1, 0)) == 1j",
+         Split(["add(-1, 0)"], "cmath.sqrt(__v0) == 1j", prelude="import cmath")),
+        ("from fractions import Fraction as F\nassert F(add(1, 1)) == 2",
+         Split(["add(1, 1)"], "F(__v0) == 2", prelude="from fractions import Fraction as F")),
+        ("import os\nx = add(1, 2)", Split(["import os\nx = add(1, 2)"], inside=True)),
         ("assert add(1,", Split([], "False")),
     ],
 )  # fmt: skip

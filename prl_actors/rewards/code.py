@@ -57,7 +57,7 @@ async def run_tests(
         return [False] * len(tests)
     splits = split_tests(code, setup, tests)
     limits = {"as": memory_mb << 20, "fsize": FILE_LIMIT, "cpu": int(timeout_s) + 1}
-    tests_job = [{"probes": s.probes, "inside": s.inside} for s in splits]
+    tests_job = [{"probes": s.probes, "inside": s.inside, "prelude": s.prelude} for s in splits]
     job: dict[str, Any] = {"mode": "run", "code": code, "setup": setup, "limits": limits, "tests": tests_job}
     lines = await sandbox.run_job(job, timeout_s, unsafe_local=unsafe_local)
     values = [decode_line(line, len(s.probes)) for line, s in zip(lines, splits, strict=False)]
@@ -98,7 +98,7 @@ async def _verdicts(
 
 def _judge_test(split: Split, values: list[Any] | None) -> dict[str, Any] | None:
     try:
-        return {"verdict": split.verdict, "values": [encode(v) for v in values or []]}
+        return {"verdict": split.verdict, "prelude": split.prelude, "values": [encode(v) for v in values or []]}
     except TypeError:
         return None
 

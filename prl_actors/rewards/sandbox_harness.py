@@ -69,6 +69,7 @@ def _answer(test: dict, namespace: dict) -> str:
     if test["inside"]:
         return json.dumps([encode(_run(test["probes"][0], "test", namespace))])
     try:
+        exec(compile(test["prelude"], "test", "exec"), namespace)
         return json.dumps([encode(eval(compile(p, "test", "eval"), namespace)) for p in test["probes"]])
     except BaseException:  # noqa: BLE001 - a probe that raised, or a value that is not plain data
         return "null"
@@ -84,6 +85,7 @@ def _holds(test: dict, namespace: dict) -> bool:
     import ast  # only the judge needs it: ~15 ms less at the start of every program's sandbox
 
     try:
+        exec(compile(test["prelude"], "test", "exec"), namespace)
         verdict = ast.parse(test["verdict"], "verdict", "eval")
         for node in ast.walk(verdict):  # `math.isclose(...)`: stdlib modules the setup did not import
             if isinstance(node, ast.Name) and node.id not in namespace and node.id in sys.stdlib_module_names:

@@ -3,7 +3,7 @@
 A test `assert f([3, 1]) == [1, 3]` is split into a probe, `f([3, 1])`, the only part that needs the
 model's program, and a verdict, `__v0 == [1, 3]`. Only the probes enter the sandbox; it answers one
 line per test with the probes' values, encoded as plain data (numbers, strings, bytes, None and
-containers of them; `encode` below runs inside). The verdict is then evaluated here, on the decoded
+containers of them: sandbox_values.py's `encode` runs inside). The verdict is then evaluated here, on the decoded
 values (simple comparisons of plain data), or, when it calls functions (`set(__v0) == {1, 3}`,
 `math.isclose(__v0, 0.5)`), in a second sandbox that runs the row's `test_setup` and the verdicts
 but never the model's program.
@@ -11,10 +11,10 @@ but never the model's program.
 Why this is sound: everything the model's program can touch (its memory, the harness it shares a
 process with, the result pipe) can only change the values it reports, and a value is just its
 answer; the expected values never enter its sandbox, so forging a pass means producing the right
-answer. Tests of other shapes (not one `assert`, or a probe that uses a comprehension's own
+answer. A test's own imports before its assert are its `prelude`, run before its probes and its
+verdict. Tests of other shapes (not one `assert` after imports, or a probe that uses a comprehension's own
 variable, as in `assert all(f(i) for i in xs)`) are run whole inside, their verdict reported by the
 sandbox itself (`inside`), which a hostile program can forge: docs/SECURITY.md.
-Values cross the pipe as sandbox_values.py encodes them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Split:
     probes: list[str] = field(default_factory=list)
     verdict: str = "__v0"
     inside: bool = False  # the whole test ran in the sandbox: its single probe is the verdict itself
+    prelude: str = ""  # the test's own imports before its assert: run before its probes and its verdict
 
 
 def split_tests(code: str, setup: str, tests: Sequence[str]) -> list[Split]:
@@ -89,14 +90,16 @@ def _split(test: str, trusted: set[str]) -> Split:
         tree = ast.parse(test)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return Split([], "False")  # a test that does not parse fails
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+    *imports, last = tree.body or [ast.Pass()]
+    if not isinstance(last, ast.Assert) or not all(isinstance(n, ast.Import | ast.ImportFrom) for n in imports):
         return Split([test], inside=True)
-    lifter = _Lifter(trusted)
+    prelude = "\n".join(ast.unparse(n) for n in imports)
+    lifter = _Lifter(trusted | _names_bound(prelude))
     try:
-        verdict = ast.unparse(lifter.visit(tree.body[0].test))
+        verdict = ast.unparse(lifter.visit(last.test))
     except RecursionError:
         return Split([test], inside=True)
-    return Split([test], inside=True) if lifter.local else Split(lifter.probes, verdict)
+    return Split([test], inside=True) if lifter.local else Split(lifter.probes, verdict, prelude=prelude)
 
 
 class _Lifter(ast.NodeTransformer):
