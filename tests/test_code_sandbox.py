@@ -305,6 +305,12 @@ def test_memory_and_disk_bombs_are_refused(score: Score) -> None:
     assert score("x = bytearray(8 << 30)\n" + WRONG) == [False] * 3
     fill = "for i in range(1000):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (1 << 20))\n"
     assert score(fill + WRONG) == [False] * 3  # the private tmpfs is 64 MiB
+    places = (  # /tmp is the only writable place: every other tmpfs (/dev, /dev/shm) would be unbounded
+        "import os\nwritable = []\nfor d in ('/', '/dev', '/dev/shm', '/dev/pts', '/proc', '/sandbox', '/tmp'):\n"
+        "    try:\n        open(d + '/f', 'wb').write(b'x')\n        writable.append(d)\n    except OSError:\n"
+        "        pass\ndef add(a, b):\n    return writable\n"
+    )
+    assert score(places, ["assert add(0, 0) == ['/tmp']"]) == [True]
 
 
 def test_loops_are_killed_at_the_deadline(score: Score) -> None:

@@ -6,8 +6,9 @@ The bubblewrap sandbox (docs/SECURITY.md):
   gid 65534; as root, bwrap itself is started as uid 65534 too (`setpriv`) where that works, so even
   the kernel's view of the processes is unprivileged;
 - a filesystem of its own: read-only binds of /usr, the /lib* and /bin links, the interpreter's
-  prefix and the two harness files; a fresh /proc of its pid namespace; a minimal /dev; a private
-  64 MiB tmpfs as /tmp and cwd; the root read-only. No /home, /root, /work, /etc (bar ld.so.cache);
+  prefix and the two harness files; a fresh /proc of its pid namespace; a minimal, read-only /dev
+  (its device nodes work); a private 64 MiB tmpfs as /tmp and cwd, the only writable place; the
+  root read-only. No /home, /root, /work, /etc (bar ld.so.cache);
 - seccomp (sandbox_seccomp.py): no new processes, no sockets but AF_UNIX, no ptrace, mknod, mounts;
 - rlimits (set by the harness before it reads the program): address space, CPU, file size, open
   files, processes, no core files; a clean environment;
@@ -69,7 +70,7 @@ def bwrap_argv(python: str, seccomp_fd: int | None, drop_outside: bool) -> list[
     for name in FILES:
         argv += ["--ro-bind", str(HERE / name), f"{INSIDE}/{name}"]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    argv += ["--remount-ro", "/", "--clearenv", *_env_args()]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv", *_env_args()]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--", python, "-I", "-S", f"{INSIDE}/{FILES[0]}"]
