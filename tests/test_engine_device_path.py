@@ -235,3 +235,25 @@ def test_the_engine_on_the_gpu_path_agrees_with_the_trainer_and_says_so_once(mod
     for g in random_rewards(groups):
         learner.accumulate(g)
     assert learner.step()["logprob_diff_max"] < 1e-5
+
+
+def test_captured_steps_are_dropped_exactly_when_the_step_would_read_other_tensors() -> None:
+    """On CUDA a graph reads the tensors it was captured with: values copied in place keep it valid;
+    new tensors (a CPU load assigns them) or LoRA hooks (their A, B swap every version) must drop it."""
+    model = lm()
+    batch = StaticBatch(model, max_rows=4, eos_ids=EOS, pad_id=0, behaviour=Behaviour(), max_new_tokens=4)
+    resets = []
+    batch.runner.reset = lambda: resets.append(1)  # type: ignore[method-assign]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    batch.weights_changed()
+    assert resets == []
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+    batch.weights_changed()
+    assert resets == [1]
+    handle = model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, a, out: out)
+    batch.weights_changed()
+    batch.weights_changed()  # a new adapter version: the same hook dict, other tensors
+    handle.remove()
+    assert resets == [1, 1, 1]

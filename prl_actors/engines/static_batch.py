@@ -158,8 +158,13 @@ class StaticBatch:
         return row.eos or len(row.tokens) >= self.max_new_tokens
 
     def weights_changed(self) -> None:
-        """The model's parameters (or its LoRA hooks) changed: take the new tensors."""
+        """The model's parameters (or its LoRA hooks) changed: take the new tensors. Captured steps
+        stay when they read the same tensors (new values copied in place, as on an accelerator); new
+        tensors or adapter hooks (whose tensors the key does not see) mean capturing again."""
+        before = self.decoder.key()
         self.decoder.bind()
+        if self.decoder.key() != before or self.decoder.hooked:
+            self.runner.reset()
 
     @torch.no_grad()
     def step(self) -> list[Finished]:

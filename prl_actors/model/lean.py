@@ -75,9 +75,8 @@ class Proj:
         return torch.mm(x, self.wt)
 
     def key(self) -> tuple[int, ...]:
-        """What a captured graph depends on: the tensors' storage and whether hooks run."""
-        ptrs = (self.wt.data_ptr(), self.bias.data_ptr() if self.bias is not None else 0)
-        return (*ptrs, id(self.module._forward_hooks) if self.hooked else 0)  # noqa: SLF001
+        """What a captured graph reads of this layer: its tensors' storage (hooks: see LeanDecoder.hooked)."""
+        return (self.wt.data_ptr(), self.bias.data_ptr() if self.bias is not None else 0, int(self.hooked))
 
 
 @dataclass
@@ -215,6 +214,11 @@ class LeanDecoder:
             for p in (x.q, x.k, x.v, x.o, x.gate, x.up, x.down):
                 parts += p.key()
         return tuple(parts)
+
+    @property
+    def hooked(self) -> bool:
+        """Does some linear layer run forward hooks (a LoRA adapter)? Their tensors are not in `key`."""
+        return any(p.hooked for x in self.layers for p in (x.q, x.k, x.v, x.o, x.gate, x.up, x.down))
 
     def rope_table(self, width: int) -> None:
         """cos/sin for positions 0..width-1 from the model's own rotary module ([T, 1, d] each; sin
