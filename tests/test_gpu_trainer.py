@@ -64,7 +64,7 @@ def step_gradient(model_dir: Path, device: str, impl: str, dtype: str) -> dict[s
     for g in gs:
         learner.accumulate(g)
     metrics = learner.step()
-    assert metrics["kl"] == 0.0 and metrics["loss"] == metrics["loss"]
+    assert metrics["loss"] == metrics["loss"] and seen  # a finite loss, a gradient captured
     return seen
 
 

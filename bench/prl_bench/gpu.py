@@ -195,7 +195,8 @@ def trainer_entries(
     responses = sum(len(s.token_ids) for g in gs for s in g.samples)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    runs = {impl: measure(model_dir, device, impl, gs, steps, tiny) for impl in ("gpu", "cpu")}
+    # the cpu impl on a GPU is the slow baseline (~20-30 s a step at SHAPE): one timed step is enough
+    runs = {impl: measure(model_dir, device, impl, gs, steps if impl == "gpu" else 1, tiny) for impl in ("gpu", "cpu")}
     shape = "tiny" if tiny else "qwen2-358m"
     say(f"[gpu] {name}: " + ", ".join(f"impl {k} {r['s_per_step']:.3f} s/step" for k, r in runs.items()))
     out = []
