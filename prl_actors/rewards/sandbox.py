@@ -14,7 +14,7 @@ The bubblewrap sandbox (docs/SECURITY.md):
   files, processes, no core files; a clean environment;
 - a wall-clock deadline: then bwrap is SIGKILLed; its child, pid 1 of the namespace, dies with it
   (`--die-with-parent`), and with pid 1 the kernel kills every process of the namespace.
-Stdlib only: tests load this file on its own, under another interpreter.
+Stdlib only (an ordinary user's worker on a system interpreter imports it in tests/test_code_sandbox.py).
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    from prl_actors.rewards import sandbox_seccomp
-except ImportError:  # loaded as a file beside it (tests, another interpreter)
-    import sandbox_seccomp  # type: ignore[no-redef]
+from prl_actors.rewards import sandbox_seccomp
 
 HERE = Path(__file__).resolve().parent
 FILES = ("sandbox_harness.py", "sandbox_values.py")

@@ -7,7 +7,7 @@ AF_UNIX (EAFNOSUPPORT), device and fifo nodes (mknod), ptrace and cross-process 
 mounts and namespaces, keyrings, pidfds, io_uring, bpf, perf, userfaultfd, module and kexec loading.
 Threads stay allowed (RLIMIT_AS bounds them). A syscall of another ABI (x32, or an architecture the
 filter was not built for) kills the process, so the table cannot be bypassed by switching ABI.
-Stdlib only: tests load this file on its own, under another interpreter.
+Stdlib only.
 """
 
 from __future__ import annotations
