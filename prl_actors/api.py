@@ -144,6 +144,9 @@ class Run:
       as `reward/<name>`; they replace the task's own reward. `weights` gives other weights by name.
     dataset: mappings with the prompt and answer fields (task.prompt_field / task.answer_field).
     overrides: dotted fields, as `--set` ({"trainer.lr": 3e-4}); run_dir: where the run goes.
+    resume: continue the run in run_dir from its last checkpoint (`up --resume`: only epochs, workers
+      and other safe fields may differ; give run.epochs above the epochs done).
+    echo: print `up`'s console lines to this process's stderr.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class Run:
         run_dir: str | os.PathLike[str] | None = None,
         weights: Mapping[str, float] | None = None,
         echo: bool = True,
+        resume: bool = False,
     ) -> None:
         from pydantic import ValidationError
 
@@ -185,7 +189,7 @@ class Run:
             self.config = Config.model_validate(data)
         except ValidationError as exc:  # one line per problem, as the CLI says it
             raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
-        self.echo = echo
+        self.echo, self.resume = echo, resume
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._tail: list[str] = []
@@ -214,6 +218,8 @@ class Run:
                 f.writelines(json.dumps(row) + "\n" for row in self.dataset)
         (api / "config.yaml").write_text(self.config.dump())
         argv = [sys.executable, "-m", "cli.main", "up", "--config", str(api / "config.yaml")]
+        if self.resume:  # as `up --resume`: the run's checkpoint and data must be this config's
+            argv += ["--resume", "--run-dir", str(self.run_dir)]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._reader = threading.Thread(target=self._read_console, name="prl-api-console", daemon=True)
         self._reader.start()
