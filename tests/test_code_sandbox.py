@@ -134,7 +134,7 @@ def test_a_correct_program_still_passes(score: Score) -> None:
     assert score("def add(a, b):\n    return a + b\n") == [True] * 3
 
 
-FORK_EXEC = (  # `_posixsubprocess.fork_exec` as subprocess calls it (3.11, 3.12): it raises no audit event
+FORK_EXEC = (  # `_posixsubprocess.fork_exec` as 3.11's subprocess calls it: it raises no audit event
     "import _posixsubprocess, os\n"
     "def spawn(argv, setsid):\n"
     "    return _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (), None, None,"
@@ -165,19 +165,49 @@ def test_no_process_outlives_the_call(score: Score) -> None:
         assert gone_within(marker, 0.5), f"a process of the program outlived the call: {attack}"
 
 
-@pytest.mark.parametrize("how", ["os.kill", "pidfd", "/bin/kill", "kill -1"])
+def test_the_spawn_attacks_work_without_the_sandbox() -> None:
+    """The control: outside bubblewrap (`unsafe_local`) each attack above does leave its process."""
+    for marker, attack in spawn_attacks():
+        asyncio.run(run_tests(attack + WRONG, TESTS, timeout_s=2.0, unsafe_local=True))
+        deadline = time.monotonic() + 2.0
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = processes_with(marker)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert left, f"the attack started nothing even without the sandbox: {attack}"
+
+
+KILLS = {
+    "os.kill": "import os, signal\nfor pid in ({pids}):\n    os.kill(pid, signal.SIGKILL)\n",
+    "pidfd": "import os, signal\nfor pid in ({pids}):\n    signal.pidfd_send_signal(os.pidfd_open(pid), 9)\n",
+    "/bin/kill": FORK_EXEC + "os.waitpid(spawn(['/bin/kill', '-9', *map(str, ({pids}))], False), 0)\n",
+    "kill -1": "import os\nos.kill(os.getppid(), 9)\nos.kill(-1, 9)\n",
+}
+
+
+@pytest.mark.parametrize("how", ["os.kill", "pidfd", "/bin/kill"])
+def test_the_kill_attacks_work_without_the_sandbox(how: str) -> None:
+    """The control (kill -1 left out: it would kill everything): outside bubblewrap (`unsafe_local`),
+    aimed at the neighbour alone, each kills it."""
+    neighbour = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        kill = KILLS[how].format(pids=f"{neighbour.pid},")
+        asyncio.run(run_tests(kill + WRONG, TESTS, timeout_s=2.0, unsafe_local=True))
+        assert neighbour.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
+@pytest.mark.parametrize("how", sorted(KILLS))
 def test_the_program_cannot_kill_its_worker_or_a_neighbour(score: Score, how: str) -> None:
     """The worker's pid (WORKER_PID) and a neighbour of the worker's uid are passed in; after the
     call both live (the worker is asked for the next call's score; its death fails the call)."""
     prefix: list[str] = getattr(score, "prefix", [])
     neighbour = subprocess.Popen([*prefix, "sleep", "30"], start_new_session=True)
     try:
-        kill = {
-            "os.kill": "import os, signal\nfor pid in ({pids}):\n    os.kill(pid, signal.SIGKILL)\n",
-            "pidfd": "import os, signal\nfor pid in ({pids}):\n    signal.pidfd_send_signal(os.pidfd_open(pid), 9)\n",
-            "/bin/kill": FORK_EXEC + "os.waitpid(spawn(['/bin/kill', '-9', *map(str, ({pids}))], False), 0)\n",
-            "kill -1": "import os\nos.kill(os.getppid(), 9)\nos.kill(-1, 9)\n",
-        }[how].format(pids=f"WORKER_PID, {neighbour.pid}")
+        kill = KILLS[how].format(pids=f"WORKER_PID, {neighbour.pid}")
         assert score(kill + WRONG) == [False] * 3
         assert neighbour.poll() is None, f"{how} killed a process outside the sandbox"
         assert score("def add(a, b):\n    return a + b\n") == [True] * 3  # the worker is alive
