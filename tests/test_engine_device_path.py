@@ -257,3 +257,28 @@ def test_captured_steps_are_dropped_exactly_when_the_step_would_read_other_tenso
     batch.weights_changed()  # a new adapter version: the same hook dict, other tensors
     handle.remove()
     assert resets == [1, 1, 1]
+
+
+def test_multi_turn_episodes_play_the_same_on_the_gpu_path(tmp_path: Path) -> None:
+    """engines/multiturn.py drives the batch through TorchTurns (later turns re-enter as one-row
+    entries with their counters' offset): the same episodes, rewards and masks on either path."""
+    from prl_actors.config import Config
+    from prl_actors.engines.registry import make_engine
+    from prl_actors.model import prepare_model
+    from prl_actors.model.builtin import load_model
+    from tests.test_multiturn import GUESS, rows
+
+    out = {}
+    for impl in ("cpu", "gpu"):
+        cfg = Config.model_validate({**GUESS, "worker": {**GUESS["worker"], "impl": impl}})
+        model_dir = prepare_model(cfg, tmp_path)
+        engine: Any = make_engine(cfg, model_dir)
+        engine.load_weights(0, load_model(model_dir).state_dict())
+        assert type(engine.turns.engine.batch) is (StaticBatch if impl == "gpu" else RunningBatch)
+        out[impl] = [
+            (s.token_ids, s.reward, s.loss_mask, s.logprobs) for g in engine.generate(rows(3), 4) for s in g.samples
+        ]
+    assert [x[:3] for x in out["gpu"]] == [x[:3] for x in out["cpu"]]
+    diffs = [abs(p - q) for a, b in zip(out["gpu"], out["cpu"], strict=True) for p, q in zip(a[3], b[3], strict=True)]
+    assert max(diffs) < 1e-5
+    assert any(sum(m or []) < len(t) for t, _, m, _ in out["gpu"])  # episodes with environment turns
