@@ -155,6 +155,7 @@ FAST_MODULES = frozenset(
         "test_batching",
         "test_block_attention",
         "test_checkpoints",
+        "test_cli_config",
         "test_core_parts",
         "test_cores",
         "test_data",
