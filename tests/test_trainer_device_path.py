@@ -347,6 +347,7 @@ def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
     assert said == ["[gpu] skipped: torch sees no CUDA device"]
     entries = gpu.run(BenchContext(False, tmp_path, tmp_path / "work", said.append, smoke=True))
     by = {e.name: e for e in entries}
-    assert {"trainer impl gpu tiny cpu", "trainer impl cpu tiny cpu"} <= set(by)
+    assert {"trainer impl gpu tiny cpu", "trainer impl cpu tiny cpu", "single-process loop tiny cpu"} <= set(by)
+    assert by["single-process loop tiny cpu"].raw["impl"] == "cpu"  # auto on the CPU
     assert all(math.isfinite(e.measured) and e.measured > 0 for e in entries)
     assert by["trainer impl gpu ops per epoch tiny cpu"].raw["syncs"] <= 10

@@ -13,8 +13,10 @@ per step (accumulate every group, flush, step; the device synchronised around it
 (response tokens), MFU (useful FLOPs: 6 x non-embedding parameters x packed tokens for the policy,
 2 x for the reference, the head per response token and the attention pairs the mask allows, over
 the device's dense bf16 peak), peak memory, and the ops and host syncs one epoch dispatches
-(training/dispatch_count.py). TRL's GRPOTrainer runs alongside when `trl` is importable (its
-whole step: generation and training). `bench/prl_bench/gpu_engine.py`, when present, adds the
+(training/dispatch_count.py). Then the single-process loop (prl_bench.e2e.Loop, the torch engine
+generating on the same GPU) on a copy of the model whose end-of-turn logit is calibrated as in
+chat_shape.py: seconds per step, generation tokens/s, training seconds. TRL's GRPOTrainer runs
+alongside when `trl` is importable (its whole step: generation and training). Not here: `up`. `bench/prl_bench/gpu_engine.py`, when present, adds the
 engine against HF generate (issue 38).
 
 Without CUDA the benchmark prints one line and returns nothing; the smoke preset (tests) runs the
@@ -48,15 +50,19 @@ def run(ctx: BenchContext) -> list[Entry]:
         if not ctx.smoke:
             ctx.say("[gpu] skipped: torch sees no CUDA device")
             return []
-        return trainer_entries(ctx.work_dir, "cpu", tiny=True, say=ctx.say)
+        entries = trainer_entries(ctx.work_dir, "cpu", tiny=True, say=ctx.say)
+        return entries + loop_entries(ctx.work_dir, "cpu", tiny=True, iters=2, say=ctx.say)
     entries = trainer_entries(ctx.work_dir, "cuda", tiny=ctx.smoke, steps=ctx.size(5, 3, 1), say=ctx.say)
+    entries += loop_entries(ctx.work_dir, "cuda", tiny=ctx.smoke, iters=ctx.size(3, 2, 2), say=ctx.say)
     entries += trl_entries(ctx)
     entries += engine_entries(ctx)
     return entries
 
 
-def build_model(out_dir: Path, tiny: bool) -> Path:
-    """The random-init Qwen2 of SHAPE (TINY for the smoke run) with the tiny qwen2 tokenizer."""
+def build_model(out_dir: Path, tiny: bool, calibrate: str = "") -> Path:
+    """The random-init Qwen2 of SHAPE (TINY for the smoke run) with the tiny qwen2 tokenizer; with
+    `calibrate` (a device) its end-of-turn logit raised as chat_shape.py does, so generated answers
+    are ~geometric with mean ~100 (`calibrate_eos`)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -67,28 +73,64 @@ def build_model(out_dir: Path, tiny: bool) -> Path:
         return out_dir
     s = TINY if tiny else SHAPE
     tok = build_tokenizer(SPECS["qwen2"])
+    eos, pad = token_id(tok, "<|im_end|>"), token_id(tok, "<|endoftext|>")
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=s["hidden"], intermediate_size=s["intermediate"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv"],
-        tie_word_embeddings=True, max_position_embeddings=1024, eos_token_id=token_id(tok, "<|im_end|>"),
-        pad_token_id=token_id(tok, "<|endoftext|>"),
+        tie_word_embeddings=True, max_position_embeddings=1024, eos_token_id=eos,
+        pad_token_id=pad,
     )  # fmt: skip
     torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    if calibrate:
+        calibrate_eos(model.to(calibrate), tok, eos)
+        model.generation_config.eos_token_id = [eos, pad]
+        model.generation_config.pad_token_id = pad
     out_dir.mkdir(parents=True, exist_ok=True)
     with quiet_progress():
-        Qwen2ForCausalLM(config).save_pretrained(out_dir)
+        model.to("cpu").save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
+
+
+def calibrate_eos(model: Any, tok: Any, eos: int) -> None:
+    """chat_shape._calibrate_eos on the model's own device: add beta x u to the end-of-turn row (u: the
+    unit mean final hidden state over chat prompts followed by random tokens), beta bisected so the
+    mean p(eos) is chat_shape.EOS_RATE."""
+    import torch
+
+    from prl_bench.chat_shape import EOS_RATE
+
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    rows = [p + torch.randint(0, len(tok), (128,), generator=gen).tolist() for p in _chat_ids(tok, 16)]
+    with torch.no_grad():
+        hs = torch.cat([model.model(input_ids=torch.tensor([r], device=device)).last_hidden_state[0] for r in rows])
+        hs = hs.float()  # [M, h]
+        weight = model.get_output_embeddings().weight  # [V, h] (tied)
+        u = hs.mean(0) / hs.mean(0).norm()
+        base, along = hs @ weight.float().T, hs @ u  # [M, V], [M]
+        lo, hi = -100.0, 100.0
+        for _ in range(60):
+            beta = (lo + hi) / 2
+            logits = base.clone()
+            logits[:, eos] += beta * along
+            rate = float(torch.softmax(logits, -1)[:, eos].mean())
+            lo, hi = (beta, hi) if rate < EOS_RATE else (lo, beta)
+        weight[eos] += ((lo + hi) / 2 * u).to(weight.dtype)
 
 
 def chat_prompts(model_dir: Path, n: int) -> list[list[int]]:
     """The math task's first n questions as ChatML prompts with chat_shape's system prompt."""
     from transformers import AutoTokenizer
 
+    return _chat_ids(AutoTokenizer.from_pretrained(str(model_dir)), n)
+
+
+def _chat_ids(tok: Any, n: int) -> list[list[int]]:
     from prl_actors.tasks.math_task import sample_path
     from prl_bench.chat_shape import SYSTEM_PROMPT
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
     lines = [ln for ln in Path(sample_path()).read_text().splitlines() if ln.strip()]
     out = []
     for line in (lines * n)[:n]:
@@ -223,6 +265,40 @@ def trainer_entries(
     out.append(Entry(BENCH, f"trainer impl gpu over impl cpu {shape} {device}", "speed-up", speedup, "x", speedup,
                      None, raw={k: r["s_per_step"] for k, r in runs.items()}))  # fmt: skip
     return out
+
+
+def loop_entries(work: Path, device: str, tiny: bool, iters: int, say: Any = print) -> list[Entry]:
+    """The single-process loop (prl_bench.e2e.Loop: the torch engine generates the batch, the learner
+    trains it, repeat) on `device`: seconds per step, generation tokens/s, training seconds."""
+    from prl_actors.config import load_config
+    from prl_bench.chat_shape import chat_settings
+    from prl_bench.e2e import Loop
+
+    shape = "tiny" if tiny else "qwen2-358m"
+    model_dir = build_model(work / f"{shape}-chat", tiny, calibrate=device)
+    overrides = {
+        **chat_settings(4 if tiny else 16, 16 if tiny else CAP),
+        "worker.group_size": 4 if tiny else 8,
+        "model.path": str(model_dir),
+        "model.dtype": "float32" if tiny else "bfloat16",
+        "trainer.device": device,
+        "worker.device": device,
+    }
+    loop = Loop(load_config(None, overrides), model_dir)
+    rows = [loop.iteration(i) for i in range(iters)]
+    steady = rows[1:] or rows
+    med = {k: statistics.median(r[k] for r in steady) for k in rows[0]}
+    train = med["train_s"] + med["step_s"]
+    say(f"[gpu] loop on {device}: {med['wall_s']:.2f} s/step (generation {med['gen_s']:.2f}, training {train:.2f})")
+    raw = {"rows": rows, "impl": loop.learner.impl, "micro_batch_tokens": loop.learner.micro_batch_tokens}
+    return [
+        Entry(BENCH, f"single-process loop {shape} {device}", "s per step", med["wall_s"], "s", med["wall_s"], None,
+              raw=raw, note="issue 37: TRL GRPOTrainer 9.6 s/step on an H200 at this shape"),
+        Entry(BENCH, f"single-process loop generation {shape} {device}", "generated tokens/s",
+              med["tokens"] / med["gen_s"], "tok/s", med["tokens"] / med["gen_s"], None, raw={"gen_s": med["gen_s"]}),
+        Entry(BENCH, f"single-process loop training {shape} {device}", "training s per step", train, "s", train,
+              None, raw={"train_s": med["train_s"], "step_s": med["step_s"]}),
+    ]  # fmt: skip
 
 
 def trl_entries(ctx: BenchContext) -> list[Entry]:
