@@ -147,7 +147,7 @@ def spawn_attacks() -> list[tuple[str, str]]:
     attacks = [
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ARGV)",
         "import subprocess\nsubprocess.Popen(ARGV, start_new_session=True)",
-        "import os\nos.posix_spawn('/bin/sleep', ARGV, {})",
+        "import os\nos.posix_spawn('/bin/sleep', ARGV, {}, setsid=True)",
         "import os\nos.system('setsid ' + ' '.join(ARGV) + ' &')",
         FORK_EXEC + "spawn(ARGV, True)",
     ]
@@ -168,7 +168,8 @@ def test_no_process_outlives_the_call(score: Score) -> None:
 def test_the_spawn_attacks_work_without_the_sandbox() -> None:
     """The control: outside bubblewrap (`unsafe_local`) each attack above does leave its process."""
     for marker, attack in spawn_attacks():
-        asyncio.run(run_tests(attack + WRONG, TESTS, timeout_s=2.0, unsafe_local=True))
+        settle = "\nimport time\ntime.sleep(0.3)\n"  # the child's setsid before the call's group kill
+        asyncio.run(run_tests(attack + settle + WRONG, TESTS, timeout_s=2.0, unsafe_local=True))
         deadline = time.monotonic() + 2.0
         while not processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.02)
