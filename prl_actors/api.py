@@ -242,9 +242,12 @@ class Run:
             raise RuntimeError("start() the run first")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         path, offset, pending = self.run_dir / "metrics.jsonl", 0, ""
+        seen: set[tuple[Any, bool]] = set()  # (epoch, eval): a resume may rewrite the file (rows past its checkpoint)
         while True:
             done = self.proc.poll() is not None
             if path.is_file():
+                if path.stat().st_size < offset:  # rewritten shorter: read it again, rows seen are skipped
+                    offset, pending = 0, ""
                 with open(path) as f:
                     f.seek(offset)
                     chunk = f.read()
@@ -252,8 +255,10 @@ class Run:
                 pending += chunk
                 *lines, pending = pending.split("\n")
                 for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+                    row = json.loads(line) if line.strip() else None
+                    if row is not None and (key := (row.get("epoch"), bool(row.get("eval")))) not in seen:
+                        seen.add(key)
+                        yield row
             if done:
                 break
             if deadline is not None and time.monotonic() > deadline:

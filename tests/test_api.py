@@ -80,6 +80,50 @@ def test_another_process_loads_the_callables_from_the_file(tmp_path: Path) -> No
     assert out.stdout.strip() == "0.75"
 
 
+class FakeUp:
+    """Stands for `up`'s process in metrics(): each poll() runs the next step on the metrics file."""
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.steps, self.stderr = steps, None
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.steps:
+            self.steps.pop(0)()
+            return None
+        self.returncode = 0
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def test_metrics_follow_the_file_whole_lines_once_through_a_rewrite(tmp_path: Path) -> None:
+    """Rows are yielded once each, only when their line is complete, also when a resume rewrites
+    the file shorter (the rows past its checkpoint dropped, then trained again)."""
+    path = tmp_path / "metrics.jsonl"
+
+    def write(text: str, mode: str = "a") -> Any:
+        return lambda: path.open(mode).write(text)
+
+    steps = [
+        write('{"epoch": 0}\n{"epoch": 1}\n{"epoch": 2}\n'),
+        write('{"epoch": 0}\n{"epoch": 1}\n', "w"),  # a resume from v2 dropped epoch 2's row
+        write('{"epoch": 2}\n{"epoch": 3'),  # epoch 3's line is not complete yet
+        write('}\n{"epoch": 3, "eval": true}\n'),
+    ]
+    run = api.Run(run_dir=tmp_path)
+    run.proc = FakeUp(steps)  # type: ignore[assignment]
+    rows = list(run.metrics(poll_s=0))
+    assert [(r["epoch"], r.get("eval", False)) for r in rows] == [
+        (0, False),
+        (1, False),
+        (2, False),
+        (3, False),
+        (3, True),
+    ]
+
+
 def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_path: Path) -> None:
     """The reward scores 1 only for the dataset's one row: every epoch's mean is 1 only if both the
     closure and the dataset reached the worker. Stopped after two epochs, as Ctrl-C."""
