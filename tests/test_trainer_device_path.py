@@ -351,3 +351,25 @@ def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
     assert by["single-process loop tiny cpu"].raw["impl"] == "cpu"  # auto on the CPU
     assert all(math.isfinite(e.measured) and e.measured > 0 for e in entries)
     assert by["trainer impl gpu ops per epoch tiny cpu"].raw["syncs"] <= 10
+
+
+def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_allocated_yet(
+    small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto with the gpu impl: tokens from the free memory (a fake device here); before the first step
+    the gradient and AdamW's m and v are set aside, after it only the gradient; a number set is kept."""
+    import prl_actors.training.grpo as grpo
+
+    learner = GRPOLearner(config(impl="gpu", micro_batch_tokens="auto"), small_dir)
+    assert learner.micro_batch_tokens == 2048  # on the CPU: auto's fixed budget
+    trained = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
+    monkeypatch.setattr(grpo, "free_memory", lambda device: 2**30)
+    before = learner._micro_batch_tokens()
+    epoch(learner, groups_of(8, max_new=4))
+    after = learner._micro_batch_tokens()
+    c = learner.policy.config
+    per_token = activation_bytes_per_token(c.hidden_size, c.intermediate_size, c.num_hidden_layers, 4)
+    assert before == token_budget(2**30, 3 * trained, per_token) and after == token_budget(2**30, trained, per_token)
+    assert BUDGET_MIN < before < after
+    fixed = GRPOLearner(config(impl="gpu", micro_batch_tokens=4096), small_dir)
+    assert fixed._micro_batch_tokens() == 4096

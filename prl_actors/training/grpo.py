@@ -141,13 +141,16 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 
 def free_memory(device: torch.device) -> int | None:
-    """Free bytes on an accelerator (None on the CPU, or a backend that does not say)."""
+    """Free bytes on an accelerator (None on the CPU, or a backend that does not say): what the driver
+    has free plus what torch's caching allocator holds unused (it hands that out first)."""
     backend = getattr(torch, device.type, None) if device.type != "cpu" else None
     info = getattr(backend, "mem_get_info", None)
     if info is None:
         return None
     free, _total = info(device)
-    return int(free)
+    reserved, allocated = getattr(backend, "memory_reserved", None), getattr(backend, "memory_allocated", None)
+    cached = reserved(device) - allocated(device) if callable(reserved) and callable(allocated) else 0
+    return int(free + cached)
 
 
 class GRPOLearner(DeviceFlush, GuardedGRPO):
@@ -194,15 +197,17 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
         self.impl = resolve_impl(cfg.trainer.impl, self.device)
         self.device_stats = DeviceStats()  # the gpu impl's metrics, on the device until _fold_stats
-        self.micro_batch_tokens = self._micro_batch_tokens(trained)
+        self.micro_batch_tokens = self._micro_batch_tokens()
 
     @property
     def policy(self) -> PreTrainedModel:
         return cast(PreTrainedModel, self.tri.policy)
 
-    def _micro_batch_tokens(self, trained: list[torch.nn.Parameter]) -> int:
+    def _micro_batch_tokens(self) -> int:
         """trainer.micro_batch_tokens, or for auto with the gpu impl on an accelerator the tokens whose
-        activations fit in the free memory (gradients and AdamW state not yet allocated are set aside)."""
+        activations fit in the memory free now (read again at every epoch's start: a process sharing
+        the device, e.g. an engine that started later, is seen; the gradients, and AdamW's state until
+        the first step, are set aside: they are not allocated at an epoch's start)."""
         free = free_memory(self.device) if self.impl == "gpu" else None
         if self.cfg.micro_batch_tokens != "auto" or free is None:
             return self.cfg.fixed_micro_batch_tokens()
@@ -214,8 +219,9 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
             torch.empty((), dtype=self.dtype).element_size(),
             self.cfg.gradient_checkpointing,
         )
-        reserved = 3 * sum(p.numel() * p.element_size() for p in trained)  # gradient + AdamW m and v
-        return token_budget(free, reserved, per_token)
+        trained = sum(p.numel() * p.element_size() for p in self.policy.parameters() if p.requires_grad)
+        pending = trained * (1 if self.optimizer.state else 3)  # the gradient (+ AdamW's m and v before a step)
+        return token_budget(free, pending, per_token)
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
         """bfloat16 compute on the float32 master (a no-op when model.dtype is the master's dtype)."""
@@ -236,6 +242,8 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         self.run = EpochRun(MinibatchPlan(n_groups, minibatches), gated=self.cfg.scale_rewards == "batch")
         self.norm, self.batch_std, self.epoch_steps, self.first_pass = Norm(), None, 0, True
         self.device_stats = DeviceStats()
+        if self.impl == "gpu" and self.device.type != "cpu":
+            self.micro_batch_tokens = self._micro_batch_tokens()
 
     def accumulate(self, group: Group) -> dict[str, float]:
         """Hold `group` in its minibatch; if that is the open one, queue it (forward/backward once the
