@@ -107,8 +107,8 @@ def test_metrics_follow_the_file_whole_lines_once_through_a_rewrite(tmp_path: Pa
         return lambda: path.open(mode).write(text)
 
     steps = [
-        write('{"epoch": 0}\n{"epoch": 1}\n{"epoch": 2}\n'),
-        write('{"epoch": 0}\n{"epoch": 1}\n', "w"),  # a resume from v2 dropped epoch 2's row
+        write("".join(f'{{"epoch": {e}, "reward_mean": 0.123456}}\n' for e in range(3))),
+        write("".join(f'{{"epoch": {e}, "reward_mean": 0.123456}}\n' for e in range(2)), "w"),  # epoch 2 dropped
         write('{"epoch": 2}\n{"epoch": 3'),  # epoch 3's line is not complete yet
         write('}\n{"epoch": 3, "eval": true}\n'),
     ]
