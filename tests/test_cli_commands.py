@@ -148,3 +148,18 @@ def test_status_of_a_run_that_has_ended_says_so(tmp_path: Path) -> None:
     (run_dir / "metrics.jsonl").write_text('{"epoch": 0}\n{"epoch": 1}\n{"epoch": 1, "eval": true}\n')
     code, out = run_cli("status", str(run_dir))
     assert code == 1 and f"runs {run_dir}: it has ended (2 epochs in metrics.jsonl" in out, out
+
+
+def test_up_drops_its_run_from_the_registry_when_it_ends(tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import sim_config
+
+    env = {**os.environ, "PRL_CACHE_DIR": str(tmp_path / "cache")}
+    run_dir = tmp_path / "run"
+    (tmp_path / "cfg.yaml").write_text(sim_config(run_dir, transport="tcp", run__epochs=1).dump())
+    argv = [sys.executable, "-m", "cli.main", "up", "--config", str(tmp_path / "cfg.yaml")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run_dir / "config.yaml").is_file()  # it ran, and was registered while it did (`register_run`)
+    assert list((tmp_path / "cache" / "runs").glob("*.json")) == []
