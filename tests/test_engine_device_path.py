@@ -49,10 +49,14 @@ def run(kind: type, model: Any, behaviour: Behaviour, *, rows: int = 12, stopper
     """Five groups of 4 with prompts of different lengths through a batch of `rows` rows (so groups
     wait and enter as rows free up); one group is a later multi-turn entry (index, offset)."""
     batch = kind(model, max_rows=rows, eos_ids=EOS, pad_id=0, behaviour=behaviour, max_new_tokens=24, stopper=stopper)
+    return drain(fill(batch))
+
+
+def fill(batch: Any) -> Any:
     for g in range(5):
         prompt = [5 + g, 9, 12, 7, 30][: 2 + g % 4] * (1 + g)
         batch.add(g, prompt, 1000 + g, 4 if g != 3 else 1, index=2 if g == 3 else 0, offset=7 if g == 3 else 0)
-    return drain(batch)
+    return batch
 
 
 def drain(batch: Any) -> dict[int, list[tuple[int, list[int], list[float], bool]]]:
@@ -136,6 +140,15 @@ def test_tokens_and_logprobs_equal_the_running_batch(family: str, name: str) -> 
     ends = [e for g in new.values() for _, t, _, e in g]
     if name != "greedy":  # (greedy rows of a random model cycle through a few tokens: no eos among them)
         assert any(ends) and not all(ends)  # some rows ended on eos inside a chunk, some at the cap
+
+
+def test_other_sampling_settings_between_batches_sample_as_a_fresh_batch() -> None:
+    """An idle batch takes other settings (an evaluation's, and back) without losing its cache."""
+    model = lm()
+    batch = StaticBatch(model, max_rows=12, eos_ids=EOS, pad_id=0, behaviour=Behaviour(), max_new_tokens=24)
+    for name in ("plain", "every_control", "greedy", "plain"):
+        batch.behaviour = BEHAVIOURS[name]
+        assert_same(run(RunningBatch, model, BEHAVIOURS[name]), drain(fill(batch)))
 
 
 def test_stop_strings_end_rows_where_the_running_batch_ends_them() -> None:

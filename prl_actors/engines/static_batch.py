@@ -105,7 +105,7 @@ class StaticBatch:
         self.slot_rows: list[Row | None] = []  # the row holding each slot (None: free)
         self.pos_host = np.zeros(0, dtype=np.int64)  # [S] each slot's next position
         self.kv: StaticKV | None = None
-        self._eos = torch.tensor(sorted(eos_ids), device=self.device)
+        self.seen: torch.Tensor | None = None  # [S, V] with a repetition penalty
         self.notes: list[tuple[str, dict[str, Any]]] = []
         self.steps = 0  # decode steps run (for tests and the bench)
 
@@ -117,10 +117,11 @@ class StaticBatch:
 
     @behaviour.setter
     def behaviour(self, b: Behaviour) -> None:
+        """Other settings (an evaluation's, and back): steps captured for either stay (keyed by them)."""
         if b != self._behaviour:
             self._behaviour, self.sampler = b, DeviceSampler(b)
-            self.kv = None  # the seen buffer (penalty) and captured steps follow the settings
-            self.runner.reset()
+            if b.penalised and self.seen is None and self.kv is not None:
+                self.seen = self._seen_buffer(self.kv.slots)
 
     def add(
         self,
@@ -213,7 +214,7 @@ class StaticBatch:
         u = uniforms([r.key for r in rows if r], [r.index for r in rows if r], [r.offset for r in rows if r])
         token, logp = self.sampler(logits, torch.as_tensor(u, device=self.device)[:, None], seen)  # [n, 1]
         self.ids[slot_t] = token
-        if self.seen is not None:
+        if seen is not None and self.seen is not None:
             self.seen[slot_t, token[:, 0]] = True
         got = torch.cat([token.double(), logp.double()], dim=1).tolist()  # one host read: [n, 2]
         self._record(rows, [[int(t)] for t, _ in got], [[lp] for _, lp in got])
@@ -233,7 +234,6 @@ class StaticBatch:
     def _allocate(self, slots: int, width: int) -> None:
         d = self.decoder
         self.kv = StaticKV(len(d.layers), slots, d.kv_heads, width, d.head_dim, d.embed)
-        vocab = int(d.embed.shape[0])
         self.ids = torch.full((slots, 1), self.pad_id, dtype=torch.long, device=self.device)
         self.pos = torch.zeros((slots, 1), dtype=torch.long, device=self.device)
         self.u = torch.zeros((slots, CHUNK), dtype=torch.float64, device=self.device)
@@ -241,11 +241,13 @@ class StaticBatch:
         acc = torch.promote_types(d.dtype, torch.float32)
         self.logprobs = torch.zeros((slots, CHUNK), dtype=acc, device=self.device)
         self.at = torch.zeros(1, dtype=torch.long, device=self.device)  # the step within the chunk
-        self.seen = (
-            torch.zeros((slots, vocab), dtype=torch.bool, device=self.device) if self.sampler.penalised else None
-        )
+        self.seen = self._seen_buffer(slots) if self.sampler.penalised else None
         self.slot_rows = self.slot_rows + [None] * (slots - len(self.slot_rows))
         self.pos_host = np.concatenate([self.pos_host, np.zeros(slots - len(self.pos_host), dtype=np.int64)])
+
+    def _seen_buffer(self, slots: int) -> torch.Tensor:
+        """[slots, vocab] bool: the tokens in each row's context (the repetition penalty's)."""
+        return torch.zeros((slots, int(self.decoder.embed.shape[0])), dtype=torch.bool, device=self.device)
 
     def _take_slots(self, new: list[Running]) -> np.ndarray:
         """The lowest free slots for the new groups' rows (their Row objects made here)."""
@@ -298,9 +300,9 @@ class StaticBatch:
         views.pos_flat.copy_(torch.as_tensor(pos))
         views.u[:, :k] = torch.as_tensor(self._uniforms(live, rows, b, k), device=self.device)
         self.at.zero_()
-        key = (self.decoder.key(), id(self.kv), self.sampler.behaviour)
+        key, shape = (self.decoder.key(), id(self.kv)), (b, width, self.sampler.behaviour)
         for _ in range(k):
-            self.runner.run((b, width), lambda: self._decode(views), key, lambda: self._state(b))
+            self.runner.run(shape, lambda: self._decode(views), key, lambda: self._state(b))
         self.steps += k
         got = torch.cat([views.tokens[:, :k].double(), views.logprobs[:, :k].double()], dim=1).tolist()  # one read
         self.pos_host[live] += k
@@ -319,7 +321,7 @@ class StaticBatch:
     def _views(self, b: int, width: int) -> Views:
         assert self.kv is not None
         cache = self.kv.bucket(b, width)
-        seen = self.seen[:b] if self.seen is not None else None
+        seen = self.seen[:b] if self.seen is not None and self.sampler.penalised else None
         ids, pos = self.ids[:b], self.pos[:b]
         return Views(cache, ids, pos, ids[:, 0], pos[:, 0], self.u[:b], self.tokens[:b], self.logprobs[:b], seen)
 
@@ -338,7 +340,7 @@ class StaticBatch:
     def _state(self, b: int) -> list[torch.Tensor]:
         """The buffers a step changes (graphs.py restores them after a capture's warm-up)."""
         assert self.kv is not None
-        extra = [self.seen] if self.seen is not None else []
+        extra = [self.seen] if self.seen is not None and self.sampler.penalised else []
         return [self.ids, self.pos, self.at, self.kv.bias, *extra]
 
     # --- results -----------------------------------------------------------------------------------
