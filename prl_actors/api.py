@@ -126,6 +126,33 @@ def _named(rewards: Iterable[Callable[..., Any]] | Mapping[str, Callable[..., An
     return out
 
 
+class TrlStyle:
+    """A TRL-style reward, `fn(prompts, completions, **columns) -> list[float]`, called once per group
+    with lists (the dataset row's other columns as keyword lists, as GRPOTrainer passes them), as a
+    batched reward of `task.rewards` (it receives the group's RewardInput records)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "reward")
+
+    def __call__(self, records: Any) -> Any:
+        columns = sorted({k for r in records for k in r.row if k not in ("prompt", "completion", "completions")})
+        extra = {k: [r.row.get(k) for r in records] for k in columns}
+        extra.setdefault("answer", [r.answer for r in records])
+        extra["completion_ids"] = [list(r.completion_ids) for r in records]
+        return self.fn(prompts=[r.prompt for r in records], completions=[r.completion for r in records], **extra)
+
+
+def trl_style(fn: Callable[..., Any]) -> bool:
+    """Does `fn` take `completions` (TRL's reward_funcs signature) rather than one record?"""
+    import inspect
+
+    try:
+        return "completions" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node = data
     *parents, leaf = dotted.split(".")
@@ -142,6 +169,8 @@ class Run:
     config: a YAML path, a dict of sections ({"run": {"epochs": 3}}) or a Config; None = defaults.
     rewards: callables `fn(record) -> float` (or a {name: fn} mapping), summed with weight 1, reported
       as `reward/<name>`; they replace the task's own reward. `weights` gives other weights by name.
+      A function that takes `completions` is called as TRL's reward_funcs are: once per group,
+      `fn(prompts=[...], completions=[...], answer=[...], **other_columns) -> list[float]`.
     dataset: mappings with the prompt and answer fields (task.prompt_field / task.answer_field).
     overrides: dotted fields, as `--set` ({"trainer.lr": 3e-4}); run_dir: where the run goes.
     resume: continue the run in run_dir from its last checkpoint (`up --resume`: only epochs, workers
@@ -170,12 +199,17 @@ class Run:
             _set(data, key, value)
         if run_dir is not None:
             _set(data, "run.run_dir", str(run_dir))
-        self.rewards = _named(rewards)
+        named = _named(rewards)
+        self.rewards = {n: TrlStyle(fn) if trl_style(fn) else fn for n, fn in named.items()}
         unknown = sorted(set(weights or {}) - set(self.rewards))
         if unknown:
             raise ConfigError(f"weights for rewards that are not given: {', '.join(unknown)}")
         if self.rewards:
-            specs = [{"fn": f"{MODULE}:{n}", "name": n, "weight": (weights or {}).get(n, 1.0)} for n in self.rewards]
+            w = weights or {}
+            specs = [
+                {"fn": f"{MODULE}:{n}", "name": n, "weight": w.get(n, 1.0), "batched": trl_style(named[n])}
+                for n in self.rewards
+            ]
             _set(data, "task.rewards", specs)
             _set(data, "task.reward", None)
         self.dataset = None if dataset is None else [dict(row) for row in dataset]

@@ -63,6 +63,33 @@ def test_a_registered_callable_loads_by_its_spec() -> None:
         load_function("prl_actors.api:never_registered", "task.rewards[0].fn")
 
 
+def test_a_trl_style_reward_is_called_once_per_group_with_lists() -> None:
+    """fn(prompts, completions, **columns) as TRL's reward_funcs: registered batched, it scores a
+    group through the same loader and Reward the workers use."""
+    import asyncio
+
+    from prl_actors.config import RewardSpec
+    from prl_actors.rewards.load import build
+    from prl_actors.rewards.record import RewardInput
+
+    calls = []
+
+    def length_bonus(prompts: list[str], completions: list[str], answer: list[str], **kw: Any) -> list[float]:
+        calls.append((prompts, completions, answer, kw["level"]))
+        return [float(len(c)) for c in completions]
+
+    run = api.Run(rewards=[length_bonus])
+    spec = run.config.task.rewards[0]
+    assert spec.batched and spec.fn == "prl_actors.api:length_bonus"
+    api.register("length_bonus", run.rewards["length_bonus"])
+    reward = build(RewardSpec(**spec.model_dump()), 0)
+    row = {"prompt": "p", "answer": "42", "level": 3}
+    texts = ["a", "bcd"]
+    records = [RewardInput(prompt="p", completion=c, answer="42", row=row, sample=i) for i, c in enumerate(texts)]
+    assert asyncio.run(reward.score(records)) == [1.0, 3.0]
+    assert calls == [(["p", "p"], ["a", "bcd"], ["42", "42"], [3, 3])]
+
+
 def test_another_process_loads_the_callables_from_the_file(tmp_path: Path) -> None:
     """What a forked or new actor process does: PRL_API_CALLABLES names the pickle; a closure over a
     local value travels by value."""
