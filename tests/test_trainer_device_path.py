@@ -373,3 +373,20 @@ def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_al
     assert BUDGET_MIN < before < after
     fixed = GRPOLearner(config(impl="gpu", micro_batch_tokens=4096), small_dir)
     assert fixed._micro_batch_tokens() == 4096
+
+
+def test_a_model_whose_head_is_more_than_a_linear_runs_whole(small_dir: Path) -> None:
+    """Logits scaled after the head (as soft-capping or logit_scale models do): the one-time check finds
+    that body + head is not the model, and the model runs whole, with the same log-probs as unpacked."""
+    model = load_model(small_dir, dtype="float64")
+    model.register_forward_hook(lambda _m, _a, out: out.__setitem__("logits", out.logits * 0.5) or out)
+    assert device_forward.head_split(model) is None
+    gs = groups_of(8, max_new=6, prompt=5, size=4)
+    batch = build(gs, [0.0] * 8, True, False, torch.device("cpu"))
+    mask = device_forward.attention_mask(model, allowed_mask(batch.segment, batch.sample), batch.position_ids)
+    with torch.no_grad():
+        packed, _ = device_forward.device_logprobs(model, batch, mask, Behaviour())
+        pairs = [(g.prompt_ids, [smp.token_ids for smp in g.samples]) for g in gs]
+        dense = response_logprobs(model, collate_unpacked(pairs))
+    assert (packed - dense).abs().max().item() < 1e-10
+    assert device_forward.head_split(load_model(small_dir, dtype="float64")) is not None

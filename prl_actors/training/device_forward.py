@@ -166,8 +166,9 @@ def head_split(model: torch.nn.Module) -> tuple[Any, torch.nn.Linear] | None:
 def _agrees(model: torch.nn.Module, body: Any, head: torch.nn.Linear) -> bool:
     """Does head(body(x)) reproduce model(x).logits on a few tokens?"""
     ids = torch.arange(1, 7, device=head.weight.device)[None] % head.weight.shape[0]  # [1, 6]
-    whole = model(input_ids=ids, use_cache=False).logits.float()
-    parts = head(body(input_ids=ids, use_cache=False)[0]).float()
+    with torch.autocast(ids.device.type, enabled=False):  # in the master weights' own precision
+        whole = model(input_ids=ids, use_cache=False).logits.float()
+        parts = head(body(input_ids=ids, use_cache=False)[0]).float()
     return bool(whole.shape == parts.shape and torch.allclose(whole, parts, rtol=1e-4, atol=1e-4))
 
 
