@@ -295,3 +295,23 @@ def test_multi_turn_episodes_play_the_same_on_the_gpu_path(tmp_path: Path) -> No
     diffs = [abs(p - q) for a, b in zip(out["gpu"], out["cpu"], strict=True) for p, q in zip(a[3], b[3], strict=True)]
     assert max(diffs) < 1e-5
     assert any(sum(m or []) < len(t) for t, _, m, _ in out["gpu"])  # episodes with environment turns
+
+
+def test_a_lora_adapter_from_the_trainer_generates_on_the_gpu_path_as_on_the_cpu_path(model_dir: Path) -> None:
+    from tests.test_lora import sync, train, with_, with_lora
+
+    cfg = with_lora(tiny_config(trainer__beta=0.1, trainer__lr=0.05))
+    texts = ["3+4=", "12+19=", "7+15=", "0+0="]
+    base = TorchEngine(cfg, model_dir)
+    base.version = 0
+    learner = train(cfg, model_dir, random_rewards(base.generate(prompts(texts), 4)), epochs=2)
+    out = {}
+    for impl in ("cpu", "gpu"):
+        engine = TorchEngine(with_(cfg, "worker", impl=impl), model_dir)
+        sync(learner, engine)  # the adapter alone, as a worker receives it
+        out[impl] = [(s.token_ids, s.logprobs) for g in engine.generate(prompts(texts), 4) for s in g.samples]
+    assert [t for t, _ in out["gpu"]] == [t for t, _ in out["cpu"]]
+    pairs = zip(out["gpu"], out["cpu"], strict=True)
+    assert max(abs(a - b) for (_, x), (_, y) in pairs for a, b in zip(x, y, strict=True)) < 1e-5
+    plain = [(s.token_ids, s.logprobs) for g in base.generate(prompts(texts), 4) for s in g.samples]
+    assert plain != out["gpu"]  # the adapter changed what is generated
