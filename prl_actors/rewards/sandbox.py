@@ -45,7 +45,7 @@ PROBE_TIMEOUT_S = 20.0
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 HINT = (
     "the code reward needs bubblewrap: apt-get install bubblewrap "
-    "(or set task.code_unsafe_local: true for trusted code only)"
+    "(or set task.code_unsafe_local: true, or unsafe_local: true in the code reward's args, for trusted code only)"
 )
 
 
