@@ -315,3 +315,21 @@ def test_a_lora_adapter_from_the_trainer_generates_on_the_gpu_path_as_on_the_cpu
     assert max(abs(a - b) for (_, x), (_, y) in pairs for a, b in zip(x, y, strict=True)) < 1e-5
     plain = [(s.token_ids, s.logprobs) for g in base.generate(prompts(texts), 4) for s in g.samples]
     assert plain != out["gpu"]  # the adapter changed what is generated
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why_once() -> None:
+    model = lm()
+    batch = StaticBatch(
+        model, max_rows=12, eos_ids=EOS, pad_id=0, behaviour=Behaviour(), max_new_tokens=24, capture=True
+    )
+
+    def refuse(fn: Any, state: Any) -> Any:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    batch.runner._capture = refuse  # type: ignore[method-assign]
+    assert_same(run(RunningBatch, model, Behaviour()), drain(fill(batch)))
+    assert not batch.runner.capture
+    ((event, fields),) = batch.drain_notes()
+    assert event == "decode_graphs" and not fields["captured"] and "stream is capturing" in fields["why"]
+    drain(fill(batch))
+    assert batch.drain_notes() == []

@@ -9,7 +9,9 @@ settings) passes a new `key`, and every graph captured under the old key is drop
 
 Capture runs `fn` a few times first (warm-up, on a side stream, as torch.cuda.graphs requires); the
 buffers those runs change are saved before and restored after (`state`), so the warm-up leaves no
-trace. All graphs share one memory pool (they never run concurrently).
+trace. All graphs share one memory pool (they never run concurrently). Capture is thread-local (an
+actor in another thread of the process may use the device meanwhile); a capture that fails leaves
+the runner eager for good, with the reason in `failed` (the batch logs it once).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class StepRunner:
         self.key: Hashable = None
         self.captures = 0  # graphs captured so far (for notes, tests and the bench)
         self.replays = 0  # graph launches so far
+        self.failed = ""  # why capture was given up ("" while it works)
         self._pool: Any = None
 
     def run(
@@ -47,7 +50,13 @@ class StepRunner:
             self.key = key
         graph = self.graphs.get(shape)
         if graph is None:
-            graph = self.graphs[shape] = self._capture(fn, state)
+            try:
+                graph = self.graphs[shape] = self._capture(fn, state)
+            except RuntimeError as exc:  # e.g. an operation capture does not allow: run eagerly from now on
+                self.capture, self.failed = False, f"{type(exc).__name__}: {exc}"[:300]
+                self.graphs.clear()
+                fn()
+                return
         graph.replay()
         self.replays += 1
 
@@ -69,7 +78,7 @@ class StepRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             fn()
         self.captures += 1
         return graph

@@ -107,6 +107,7 @@ class StaticBatch:
         self.kv: StaticKV | None = None
         self.seen: torch.Tensor | None = None  # [S, V] with a repetition penalty
         self.notes: list[tuple[str, dict[str, Any]]] = []
+        self._said: list[tuple[str, dict[str, Any]]] = []  # notes made so far (each said once)
         self.steps = 0  # decode steps run (for tests and the bench)
 
     # --- RunningBatch's API ------------------------------------------------------------------------
@@ -304,9 +305,20 @@ class StaticBatch:
         for _ in range(k):
             self.runner.run(shape, lambda: self._decode(views), key, lambda: self._state(b))
         self.steps += k
+        self._note_graphs()
         got = torch.cat([views.tokens[:, :k].double(), views.logprobs[:, :k].double()], dim=1).tolist()  # one read
         self.pos_host[live] += k
         self._record(rows, [[int(t) for t in got[s][:k]] for s in live], [got[s][k:] for s in live])
+
+    def _note_graphs(self) -> None:
+        """Say once that steps run as CUDA graphs, and once if capturing them was given up."""
+        said = {fields["captured"] for event, fields in self._said if event == "decode_graphs"}
+        r = self.runner
+        for captured, ok in ((True, r.captures > 0), (False, bool(r.failed))):
+            if ok and captured not in said:
+                note = ("decode_graphs", {"captured": captured, "why": r.failed or f"{r.captures} step shapes"})
+                self.notes.append(note)
+                self._said.append(note)
 
     def _uniforms(self, live: list[int], rows: list[Row | None], b: int, k: int) -> np.ndarray:
         """[b, k] the uniform of each live slot's next k draws (free slots: 0.5)."""
