@@ -188,7 +188,11 @@ def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
     from prl_actors.rundir import register_run, unregister_run
 
     typer.echo("checking the task and its prompts ...", err=True)
-    _check_task(cfg)
+    t_task = time.monotonic()
+    task = _check_task(cfg)
+    typer.echo(
+        f"task {task.name or cfg.task.name}: {len(task.items)} prompts ({time.monotonic() - t_task:.1f}s)", err=True
+    )
     _run_keys(cfg)
     t0 = time.monotonic()
     if cfg.worker.engine != "sim":
@@ -232,8 +236,8 @@ def _run_keys(cfg: Any) -> None:
         )
 
 
-def _check_task(cfg: Any) -> None:
-    """Bad rows, templates, a resume on changed data: refused before any actor starts."""
+def _check_task(cfg: Any) -> Any:
+    """Bad rows, templates, a resume on changed data: refused before any actor starts. The task."""
     from prl_actors.config import ConfigError
     from prl_actors.tasks import load_task
 
@@ -246,9 +250,9 @@ def _check_task(cfg: Any) -> None:
                 raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
     except ConfigError as exc:
         fail(str(exc))
-        return
     if task.note:
         typer.secho(f"warning: {task.note}", fg=typer.colors.YELLOW, err=True)
+    return task
 
 
 def _up_env(cfg: Any) -> None:
