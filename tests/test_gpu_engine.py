@@ -39,7 +39,7 @@ def test_captured_steps_equal_eager_steps_and_the_running_batch(name: str) -> No
     captured = batch(StaticBatch, model, b)
     got = drain(captured)
     assert captured.runner.captures >= 1 and captured.runner.replays == captured.steps
-    assert_same(drain(batch(StaticBatch, model, b, capture=False)), got, atol=0)
+    assert_same(drain(batch(StaticBatch, model, b, capture=False)), got, atol=1e-5)
     assert_same(drain(batch(RunningBatch, model, b)), got, atol=1e-4)
 
 
