@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -89,6 +90,27 @@ def replay(
     raise typer.Exit(code)
 
 
+def _decoder(run_dir: Path) -> Callable[[list[int]], str] | None:
+    """The run's tokenizer as a decoder of a multi-turn completion's turns (special tokens kept: the
+    chat template's role headers), or None (with a note) when its model directory is not here."""
+    from prl_actors.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(run_dir / "config.yaml")
+    except (ConfigError, OSError) as exc:
+        typer.echo(f"note: turns shown as token counts ({run_dir / 'config.yaml'}: {exc})", err=True)
+        return None
+    model = Path(cfg.model.path) if cfg.model.path else run_dir / "model"
+    try:
+        from prl_actors.model.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(model)
+    except Exception as exc:  # noqa: BLE001 - any failure only leaves the text out
+        typer.echo(f"note: turns shown as token counts (no tokenizer in {model}: {type(exc).__name__})", err=True)
+        return None
+    return lambda ids: str(tok.decode(ids, skip_special_tokens=False))
+
+
 def _observe(run_dir: Path, completions: bool, epoch: int | None, curves: Path | None) -> int:
     """--completions / --curves: from completions.jsonl and metrics.jsonl (docs/OBSERVE.md)."""
     from prl_actors.rundir import RunDir
@@ -103,7 +125,7 @@ def _observe(run_dir: Path, completions: bool, epoch: int | None, curves: Path |
         if not rows:
             where = f" for epoch {epoch}" if epoch is not None else ""
             _fail(f"no completions{where} in {run_dir / comp.FILE} (set run.log_completions: N)")
-        typer.echo(comp.render(rows))
+        typer.echo(comp.render(rows, _decoder(run_dir) if comp.wants_tokenizer(rows) else None))
     if curves is not None:
         try:
             from prl_actors.curves import draw_curves

@@ -2,8 +2,9 @@
 buffer accepts the episodes (their prompt ids are the environment's reset rendered by the chat
 template, not the row's text: before, every group was refused as wrong_prompt and the run failed),
 the model's tool calls are answered by the calculator inside the episode, and `replay --check` is
-green. The tiny random checkpoint is first taught to write one calculator call (a few seconds of
-supervised steps), so the episodes really call the tool."""
+green; the epoch metrics count the episodes' turns and tool calls, and `replay --completions` shows
+each turn with its role and whether it was trained. The tiny random checkpoint is first taught to
+write one calculator call (a few seconds of supervised steps), so the episodes really call the tool."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.conftest import port_base
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "cli.main"]
+ROLES = ["assistant", "environment"]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 
 
@@ -86,3 +88,10 @@ def test_tools_config_trains_through_the_actors_with_tool_calls(tmp_path: Path) 
     rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
     called = [r for r in rows if "calculator" in r["completion"] and "42" in r["completion"]]
     assert called, [r["completion"] for r in rows]  # the model called the tool and read its answer (6*7)
+    assert all(r["episode"]["tool_calls"] >= 1 and [t["role"] for t in r["turns"]][:2] == ROLES for r in called)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["episode/tool_calls"] > 0 and m["episode/turns"] >= 1 for m in metrics if "epoch" in m), metrics
+    shown = subprocess.run([*CLI, "replay", str(run_dir), "--completions"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "[assistant   trained" in shown.stdout and "[environment not trained" in shown.stdout
+    assert r"<|im_start|>tool\n42<|im_end|>" in shown.stdout  # the tool's answer, decoded with its role header

@@ -593,6 +593,7 @@ class WorkerCore(Core):
                 finished=s.finished,
                 loss_mask=s.loss_mask or [],
                 reward_parts=part if parts else {},
+                episode=getattr(s, "episode", None),  # multi-turn: turns, tool calls (engines/multiturn.py)
             )
             for s, total, part in zip(g.samples, scored.totals, scored.parts, strict=True)
         ]

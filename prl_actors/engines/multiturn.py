@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
 from prl_actors.envs_llm.base import EnvError, EnvFactory, Environment, StepResult, reset_messages, step_result
 from prl_actors.envs_llm.render import Renderer
-from prl_actors.protocol.messages import Prompt
+from prl_actors.protocol.messages import EpisodeStats, Prompt
 
 ENV_WAIT_S = 0.05  # longest wait for a tool inside one `step` when no row decodes (the worker's inbox runs between)
 
@@ -99,6 +99,24 @@ class Episode:
     turns: int = 0
     over: bool = False
     done: bool = False  # the environment ended it (else max_turns or the context limit did)
+
+
+@dataclass
+class EpisodeSample(Generated):
+    """A finished episode: a Generated sample with its counts (the worker sends them as Sample.episode)."""
+
+    episode: EpisodeStats | None = None
+
+
+def episode_stats(e: Episode) -> EpisodeStats:
+    """The episode's turns, and its tool calls / errors as its environment counts them (`tool_calls`,
+    `tool_errors` attributes, e.g. ToolEnv's; 0 for an environment without them)."""
+    return EpisodeStats(turns=e.turns, tool_calls=_count(e.env, "tool_calls"), tool_errors=_count(e.env, "tool_errors"))
+
+
+def _count(env: Any, name: str) -> int:
+    value = getattr(env, name, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 @dataclass
@@ -273,6 +291,14 @@ class MultiTurnEngine:
         for e in g.episodes:
             text = str(self.renderer.tok.decode(e.tokens, skip_special_tokens=True))
             group.samples.append(
-                Generated(text, e.tokens, e.logprobs, finished=e.done, reward=e.reward, loss_mask=e.mask)
+                EpisodeSample(
+                    text,
+                    e.tokens,
+                    e.logprobs,
+                    finished=e.done,
+                    reward=e.reward,
+                    loss_mask=e.mask,
+                    episode=episode_stats(e),
+                )
             )
         return group

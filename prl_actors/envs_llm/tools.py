@@ -122,23 +122,29 @@ def clean(text: str, limit: int = MAX_RESULT_CHARS) -> str:
 def run_calls(text: str, tools: dict[str, Tool]) -> list[Message]:
     """The tool messages answering every call in `text` (empty: the turn called no tool). Never
     raises; every content is clean and bounded."""
-    out: list[Message] = []
+    return [message for message, _ in answer_calls(text, tools)]
+
+
+def answer_calls(text: str, tools: dict[str, Tool]) -> list[tuple[Message, bool]]:
+    """run_calls, each message with whether the call failed (malformed, unknown tool, the tool raised)."""
+    out: list[tuple[Message, bool]] = []
     for call in parse_tool_calls(text):
         if isinstance(call, str):
-            out.append({"role": "tool", "name": "error", "content": call})
+            out.append(({"role": "tool", "name": "error", "content": call}, True))
             continue
         name, args = call
-        out.append({"role": "tool", "name": clean(name, MAX_NAME_CHARS), "content": clean(_call(tools, name, args))})
+        content, failed = _call(tools, name, args)
+        out.append(({"role": "tool", "name": clean(name, MAX_NAME_CHARS), "content": clean(content)}, failed))
     return out
 
 
-def _call(tools: dict[str, Tool], name: str, args: dict[str, Any]) -> str:
+def _call(tools: dict[str, Tool], name: str, args: dict[str, Any]) -> tuple[str, bool]:
     if name not in tools:
-        return f"error: unknown tool {clean(name, MAX_NAME_CHARS)!r} (tools: {', '.join(sorted(tools))})"
+        return f"error: unknown tool {clean(name, MAX_NAME_CHARS)!r} (tools: {', '.join(sorted(tools))})", True
     try:
-        return tools[name](args)
+        return tools[name](args), False
     except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's information, not the run's
-        return f"error: {type(exc).__name__}: {_text(exc)}"
+        return f"error: {type(exc).__name__}: {_text(exc)}", True
 
 
 def _text(exc: BaseException) -> str:
@@ -149,12 +155,15 @@ def _text(exc: BaseException) -> str:
 
 
 class ToolEnv:
-    """A single-turn task with tools: tool calls are answered, the first turn without one is scored."""
+    """A single-turn task with tools: tool calls are answered, the first turn without one is scored.
+    `tool_calls` / `tool_errors` count the episode's calls and failed calls (the engine reports them:
+    Sample.episode, the trainer's episode/* metrics)."""
 
     def __init__(self, tools: list[Tool], reward: Callable[[str, str, str], float], system: str | None = None):
         self.tools = {t.name: t for t in tools}
         self.reward, self.system = reward, system
         self.row: Prompt | None = None
+        self.tool_calls = self.tool_errors = 0
 
     def reset(self, row: Prompt) -> list[Message]:
         self.row = row
@@ -162,8 +171,10 @@ class ToolEnv:
         return [*system, {"role": "user", "content": row.prompt}]
 
     def step(self, text: str) -> tuple[list[Message], float, bool]:
-        results = run_calls(text, self.tools)
-        if results:
-            return results, 0.0, False
+        answered = answer_calls(text, self.tools)
+        if answered:
+            self.tool_calls += len(answered)
+            self.tool_errors += sum(failed for _, failed in answered)
+            return [message for message, _ in answered], 0.0, False
         assert self.row is not None, "step before reset"
         return [], float(self.reward(self.row.prompt, text, self.row.answer)), True

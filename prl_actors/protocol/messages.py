@@ -326,6 +326,15 @@ class EvalResult(Msg, tag="eval_result", kw_only=True):
     groups: list[EvalGroup]
 
 
+class EpisodeStats(msgspec.Struct, kw_only=True):
+    """A multi-turn episode's counts (the trainer's `episode/*` metrics, docs/OBSERVE.md): its model
+    turns, the tool calls it made and how many of them were answered with an error."""
+
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+
 class Sample(msgspec.Struct, kw_only=True):
     """One generated response. Token ids exclude the prompt; logprobs are per response token.
 
@@ -346,6 +355,7 @@ class Sample(msgspec.Struct, kw_only=True):
     finished: bool = True
     loss_mask: list[int] = msgspec.field(default_factory=list)
     reward_parts: dict[str, float] = msgspec.field(default_factory=dict)  # name -> value (task.rewards), unweighted
+    episode: EpisodeStats | None = None  # multi-turn: the episode's turns and tool calls (None: single-turn)
 
     def __post_init__(self) -> None:
         if self.loss_mask and len(self.loss_mask) != len(self.token_ids):
