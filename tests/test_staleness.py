@@ -60,8 +60,9 @@ def test_bounded_mode_config() -> None:
         load_config(None, {"run.mode": "bounded"}).run.staleness_bound() == 0
     )  # k = 0: periodic, no correction needed
     assert load_config(None, {"run.mode": "periodic"}).run.staleness_bound() == 0
+    assert load_config(None, {"run.mode": "bounded", "run.max_staleness": 1}).trainer.is_correction == "tis"  # default
     for overrides, needle in [
-        ({"run.max_staleness": 1}, "trainer.is_correction tis"),
+        ({"run.max_staleness": 1, "trainer.is_correction": "none"}, "trainer.is_correction tis"),
         ({"run.max_staleness": 1, "trainer.is_correction": "tis", "coordinator.dynamic_sampling": True}, "dynamic"),
     ]:
         with pytest.raises(ConfigError, match=needle) as info:
