@@ -180,10 +180,11 @@ CASES: list[dict[str, object]] = [
     {"loss_type": "cispo", "mask_truncated_completions": True, "kl_estimator": "k1"},
     {"loss_type": "dr_grpo", "is_correction": "mis", "is_cap": 1.2, "scale_rewards": "batch"},
     {"loss_type": "bnpo", "entropy_coef": 0.01, "_worker__sampling__top_p": 0.9, "_model__dtype": "float64"},
+    {"loss_type": "dapo", "lora": {"r": 4}, "gradient_checkpointing": True},  # reference = adapter off
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(c["loss_type"]) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[str(c["loss_type"]) + ("-lora" if "lora" in c else "") for c in CASES])
 def test_gpu_impl_equals_cpu_impl(small_dir: Path, case: dict[str, object]) -> None:
     """Two epochs (the second has a KL and, with M x mu > 1, a frozen epoch-start policy). Weights
     within 1e-5 (float32: summation order, magnified on near-zero entries by AdamW's first step, as
