@@ -118,7 +118,15 @@ class Launcher:
     # --- the run -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Start the topology and supervise it until the coordinator exits; the exit code."""
+        """Start the topology and supervise it until the coordinator exits; the exit code. Once every
+        actor has exited, a completed run's logs are gzipped when large (RunDir.compress_logs; a
+        failed or stopped run's stay as they are, to be read)."""
+        code = self._run()
+        if code == 0:
+            self.run_dir.compress_logs()
+        return code
+
+    def _run(self) -> int:
         follower = self._trackers()
         with self.sup.signals.installed():
             try:

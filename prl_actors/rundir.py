@@ -1,7 +1,8 @@
 """The run directory: its layout, and the one object that writes a run's files besides the logs.
 
     RUN_DIR/config.yaml          the resolved config
-    RUN_DIR/logs/<actor>.jsonl   one structlog JSON-lines file per actor (docs/LOGS.md)
+    RUN_DIR/logs/<actor>.jsonl   one structlog JSON-lines file per actor (docs/LOGS.md); gzipped into
+                                 <actor>.jsonl.gz when `up` ends, past 16 MB in all (compress_logs)
     RUN_DIR/metrics.jsonl        one JSON object per epoch (and one per evaluation, with "eval": true)
     RUN_DIR/eval/epoch-<N>.jsonl each eval prompt of the evaluation of v_N: completions, rewards
     RUN_DIR/completions.jsonl    run.log_completions samples per epoch (prompt, completion, reward, advantage)
@@ -34,6 +35,7 @@ from prl_actors.protocol.messages import EVAL_ID_BASE, EvalGroup
 
 CONFIG = "config.yaml"
 LOGS = "logs"
+COMPRESS_LOGS_ABOVE = 16 << 20  # an ended run's logs past this size are gzipped (RunDir.compress_logs)
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
@@ -137,6 +139,27 @@ class RunDir:
 
     def log_path(self, actor: str) -> Path:
         return self.logs / f"{actor}.jsonl"
+
+    def compress_logs(self, above: int = COMPRESS_LOGS_ABOVE) -> int:
+        """When `up` ends: logs/<actor>.jsonl moved into logs/<actor>.jsonl.gz (appended as a gzip
+        member: a resumed run's logs follow the earlier ones) if the logs hold more than `above`
+        bytes in all (JSON lines compress ~9x; a 200-epoch demo writes 30 MB). replay reads both.
+        The bytes compressed (0: left as they are)."""
+        import gzip
+        import shutil
+
+        plain = sorted(self.logs.glob("*.jsonl")) if self.logs.is_dir() else []
+        total = sum(p.stat().st_size for p in plain)
+        if total <= above:
+            return 0
+        for path in plain:
+            with open(path, "rb") as src, open(path.with_suffix(".jsonl.gz"), "ab") as raw:
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                raw.flush()
+                os.fsync(raw.fileno())
+            path.unlink()
+        return total
 
     def has_run(self) -> bool:
         return self.metrics.exists() or self.has_checkpoint()

@@ -106,3 +106,25 @@ def test_the_final_model_is_exported_in_the_model_dtype(tiny_model: Path, tmp_pa
     size = sum(f.stat().st_size for f in final.iterdir())
     master = sum(f.stat().st_size for f in (tmp_path / "run" / "checkpoints" / "v3" / "model").iterdir())
     assert size < 0.75 * master  # half the bytes of the float32 master weights, plus the same small files
+
+
+def log_event(actor: str, t: float, name: str) -> str:
+    return json.dumps({"actor": actor, "event": name, "t_mono": t, "t_wall": t, "epoch": 0, "version": 0}) + "\n"
+
+
+def test_an_ended_runs_large_logs_are_gzipped_and_replay_reads_them_with_a_resumes_logs(tmp_path: Path) -> None:
+    """A 200-epoch demo writes ~30 MB of logs (JSON lines: ~9x smaller gzipped); past the threshold
+    `up` gzips them when a run completes; a resume appends plain logs, compressed after the earlier ones."""
+    from prl_actors.replay.events import load_run
+
+    rd = RunDir(tmp_path)
+    rd.logs.mkdir()
+    (rd.logs / "trainer.jsonl").write_text("".join(log_event("trainer", t, f"e{t}") for t in range(3)))
+    assert rd.compress_logs(above=10_000) == 0 and (rd.logs / "trainer.jsonl").exists()  # small: left alone
+    assert rd.compress_logs(above=10) > 0
+    assert not (rd.logs / "trainer.jsonl").exists() and (rd.logs / "trainer.jsonl.gz").exists()
+    (rd.logs / "trainer.jsonl").write_text(log_event("trainer", 5, "resumed"))  # the resumed run's
+    assert [e["event"] for e in load_run(tmp_path).events] == ["e0", "e1", "e2", "resumed"]
+    rd.compress_logs(above=10)
+    assert [p.name for p in rd.logs.iterdir()] == ["trainer.jsonl.gz"]
+    assert [e["event"] for e in load_run(tmp_path).events] == ["e0", "e1", "e2", "resumed"]

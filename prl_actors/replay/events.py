@@ -5,7 +5,9 @@ Invariants of a loaded `Run`:
   so events of one actor keep their logged order;
 - the clock is `t_mono` when every event has it and every actor ran on one host (monotonic clocks are
   comparable only on one host), else `t_wall`;
-- each event gets `t` (seconds since the run's first event on that clock) and `where` (file:line).
+- each event gets `t` (seconds since the run's first event on that clock) and `where` (file:line);
+- an actor's `<actor>.jsonl.gz` (the logs of ended runs, when large: rundir.compress_logs) is read
+  before its `<actor>.jsonl` (what a resumed run wrote since).
 Bad input (no run dir, no logs, a line that is not a JSON object with `event` and `actor`) raises
 `ReplayError` with one line for the user. A truncated last line (an actor killed mid-write) is
 skipped with a note in `Run.notes`.
@@ -13,6 +15,7 @@ skipped with a note in `Run.notes`.
 
 from __future__ import annotations
 
+import gzip
 import json
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
@@ -116,10 +119,16 @@ def log_files(run_dir: Path) -> list[Path]:
         raise ReplayError(f"run dir {str(run_dir)!r} does not exist")
     if not run_dir.is_dir():
         raise ReplayError(f"{str(run_dir)!r} is not a directory")
-    files = sorted((run_dir / "logs").glob("*.jsonl"))
+    logs = run_dir / "logs"
+    files = sorted([*logs.glob("*.jsonl"), *logs.glob("*.jsonl.gz")], key=_older_first)
     if not files:
         raise ReplayError(f"no logs in {str(run_dir / 'logs')!r} (expected <actor>.jsonl files)")
     return files
+
+
+def _older_first(path: Path) -> tuple[str, int]:
+    """An actor's compressed log (what ended runs wrote: rundir.compress_logs) before its plain one."""
+    return path.name.removesuffix(".gz"), 0 if path.name.endswith(".gz") else 1
 
 
 def parse_line(line: str, where: str) -> Event:
@@ -143,7 +152,11 @@ def parse_line(line: str, where: str) -> Event:
 
 
 def read_file(path: Path, notes: list[str]) -> list[Event]:
-    text = path.read_text(errors="replace")
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt", errors="replace") as f:
+            text = f.read()
+    else:
+        text = path.read_text(errors="replace")
     lines = text.split("\n")
     events = []
     for i, line in enumerate(lines, 1):
@@ -205,8 +218,8 @@ def load_run(run_dir: Path) -> Run:
     for path in log_files(run_dir):
         try:
             events += read_file(path, notes)
-        except OSError as exc:
-            raise ReplayError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+        except (OSError, EOFError) as exc:  # EOFError, BadGzipFile: a damaged .gz
+            raise ReplayError(f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     return merge(events, run_dir, notes)
 
 
