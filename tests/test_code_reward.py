@@ -122,6 +122,9 @@ def test_verdicts_beyond_equality_are_judged_without_the_program() -> None:
     tests = ["assert set([add(1, 2), 3]) == {3}", "import math as m\nassert m.isclose(add(0.1, 0.2), 0.3)",
              "assert abs(add(1, 1) - 2) < 1e-9", "assert sorted([add(2, 2), 1]) == [1, 5]"]  # fmt: skip
     assert run(GOOD, tests) == [True, True, True, False]  # `math`: the judge imports stdlib modules it names
+    scopes = ["assert all(x > 0 for x in add([1], [2]))", "assert all(x > 1 for x in add([1], [2]))",
+              "assert max(add([(1, 'b')], [(0, 'c')]), key=lambda t: t[1]) == (0, 'c')"]  # fmt: skip
+    assert run(GOOD, scopes) == [True, False, True]  # lambdas and comprehensions in the judge
     fact = "import math\ndef fact(n):\n    return math.factorial(n)\n"
     big = ["assert fact(2000) == math.factorial(2000)", "assert fact(3) == 6"]  # 5736 digits: past int(str)
     assert run(fact, big) == [True, True]

@@ -26,6 +26,11 @@ PROGRAM = "import math\ndef add(a, b):\n    return a + b\ndef sorted(x):\n    re
         ("assert add(1, 2)[0] == CONST", Split(["add(1, 2)[0]", "CONST"], "__v0 == __v1")),
         ("assert sorted([2, 1]) == [1, 2]", Split(["sorted([2, 1])"], "__v0 == [1, 2]")),  # the program's sorted
         ("assert all(add(i, 0) == i for i in range(3))", Split([LOOP], inside=True)),
+        ("assert all(x > 0 for x in add([1], [2]))", Split(["add([1], [2])"], "all((x > 0 for x in __v0))")),
+        ("assert max(add([(1, 'b')], [(0, 'c')]), key=lambda t: t[1]) == (0, 'c')",
+         Split(["add([(1, 'b')], [(0, 'c')])"], "max(__v0, key=lambda t: t[1]) == (0, 'c')")),
+        ("assert [y for y in range(3) if add(y, 0)] == [1, 2]",
+         Split(["assert [y for y in range(3) if add(y, 0)] == [1, 2]"], inside=True)),
         ("x = add(1, 2)", Split(["x = add(1, 2)"], inside=True)),
         ("import cmath\nassert cmath.sqrt(add(-1, 0)) == 1j",
          Split(["add(-1, 0)"], "cmath.sqrt(__v0) == 1j", prelude="import cmath")),

@@ -37,7 +37,8 @@ COMPARE: dict[type, Callable[[Any, Any], Any]] = {
 }  # fmt: skip
 
 
-SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.NamedExpr)
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+SCOPES = (ast.Lambda, ast.NamedExpr, *COMPREHENSIONS)
 
 
 class Unjudgeable(ValueError):
@@ -107,20 +108,34 @@ class _Lifter(ast.NodeTransformer):
     attribute or subscript of one) by a placeholder `__vN`, collecting its source as a probe."""
 
     def __init__(self, trusted: set[str]) -> None:
-        self.trusted, self.local = trusted, False
+        self.trusted, self.local = set(trusted), False
         self.probes: list[str] = []
 
     def visit(self, node: ast.AST) -> Any:
-        if isinstance(node, SCOPES):  # binds names of its own: lifted whole or not at all
-            self.local = self.local or self._untrusted(node)
-            return node
+        if isinstance(node, SCOPES):
+            return self._scope(node)
         if isinstance(node, ast.expr) and self._is_probe(node):
             self.probes.append(ast.unparse(node))
+            self.trusted.add(f"__v{len(self.probes) - 1}")
             return ast.Name(id=f"__v{len(self.probes) - 1}", ctx=ast.Load())
         return self.generic_visit(node)
 
-    def _untrusted(self, node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id not in self.trusted for n in ast.walk(node))
+    def _scope(self, node: ast.expr) -> ast.expr:
+        """A lambda or comprehension binds names of its own: the iterable of a comprehension's first
+        `for` (evaluated outside it) may hold probes, `all(x > 0 for x in f(3))`; anything else
+        in it that needs the program makes the whole test run inside (`self.local`)."""
+        bound: set[str] = set()
+        if isinstance(node, COMPREHENSIONS):
+            node.generators[0].iter = self.visit(node.generators[0].iter)
+            bound = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Lambda):
+            a = node.args
+            bound = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+        self.local = self.local or self._untrusted(node, bound)
+        return node
+
+    def _untrusted(self, node: ast.AST, bound: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+        return any(isinstance(n, ast.Name) and n.id not in self.trusted and n.id not in bound for n in ast.walk(node))
 
     def _is_probe(self, node: ast.expr) -> bool:
         head: ast.expr = node
