@@ -31,8 +31,9 @@ from prl_actors.protocol.messages import Group, Sample
 from prl_actors.training import device_forward
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.device_batch import PAD, allowed_mask, build, pack_rows
+from prl_actors.training.device_learner import resolve_impl
 from prl_actors.training.dispatch_count import DispatchCount
-from prl_actors.training.grpo import GRPOLearner, resolve_impl
+from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.losses import host_advantages, scaled_advantages
 from prl_actors.training.packing import collate_unpacked, response_logprobs
 
@@ -359,12 +360,12 @@ def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_al
 ) -> None:
     """auto with the gpu impl: tokens from the free memory (a fake device here); before the first step
     the gradient and AdamW's m and v are set aside, after it only the gradient; a number set is kept."""
-    import prl_actors.training.grpo as grpo
+    import prl_actors.training.device_learner as device_learner
 
     learner = GRPOLearner(config(impl="gpu", micro_batch_tokens="auto"), small_dir)
     assert learner.micro_batch_tokens == 2048  # on the CPU: auto's fixed budget
     trained = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
-    monkeypatch.setattr(grpo, "free_memory", lambda device: 2**30)
+    monkeypatch.setattr(device_learner, "free_memory", lambda device: 2**30)
     before = learner._micro_batch_tokens()
     epoch(learner, groups_of(8, max_new=4))
     after = learner._micro_batch_tokens()

@@ -16,6 +16,8 @@ kernel and per host sync:
   read once, by `_fold_stats`, when someone needs them (the step's metrics, the non-finite check, a
   rank's all-reduce): one host sync per read, none per micro-batch. The gradient norm of each
   optimizer step is added there too.
+* micro_batch_tokens auto sizes a micro-batch from the device's free memory (`_micro_batch_tokens`,
+  read at every epoch's start; docs/MEMORY.md).
 Not covered (they work, with per-sample host ops): the repetition penalty's contexts
 (behaviour.response_contexts builds them per sample).
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from prl_actors.model.memory import activation_bytes_per_token, token_budget
 from prl_actors.protocol.messages import Group
 from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.device_batch import DeviceBatch, allowed_mask, build
@@ -50,6 +53,26 @@ SUMS = (
 PEAKS = ("ratio_max", "ratio_min", "diff_max", "is_max", "is_min")
 """Peaks are kept as maxima; a minimum as the maximum of its negation."""
 COUNTS = frozenset({"clipped", "diff_tokens", "is_tokens", "is_corrected"})
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """trainer.impl: auto is gpu on an accelerator (cuda, npu), cpu on the CPU."""
+    if impl != "auto":
+        return impl
+    return "cpu" if device.type == "cpu" else "gpu"
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on an accelerator (None on the CPU, or a backend that does not say): what the driver
+    has free plus what torch's caching allocator holds unused (it hands that out first)."""
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    info = getattr(backend, "mem_get_info", None)
+    if info is None:
+        return None
+    free, _total = info(device)
+    reserved, allocated = getattr(backend, "memory_reserved", None), getattr(backend, "memory_allocated", None)
+    cached = reserved(device) - allocated(device) if callable(reserved) and callable(allocated) else 0
+    return int(free + cached)
 
 
 class DeviceStats:
@@ -98,6 +121,9 @@ class DeviceFlush:
 
     cfg: Any
     device: torch.device
+    dtype: torch.dtype
+    impl: str
+    optimizer: torch.optim.Optimizer
     tri: Any
     frozen: torch.nn.Module | None
     stats: EpochStats
@@ -106,6 +132,26 @@ class DeviceFlush:
     epoch_steps: int
     device_stats: DeviceStats
     policy: Any
+
+    def _micro_batch_tokens(self) -> int:
+        """trainer.micro_batch_tokens, or for auto with the gpu impl on an accelerator the tokens whose
+        activations fit in the memory free now (read again at every epoch's start: a process sharing
+        the device, e.g. an engine that started later, is seen; the gradients, and AdamW's state until
+        the first step, are set aside: they are not allocated at an epoch's start)."""
+        free = free_memory(self.device) if self.impl == "gpu" else None
+        if self.cfg.micro_batch_tokens != "auto" or free is None:
+            return self.cfg.fixed_micro_batch_tokens()
+        c = self.policy.config
+        per_token = activation_bytes_per_token(
+            c.hidden_size,
+            getattr(c, "intermediate_size", 4 * c.hidden_size),
+            c.num_hidden_layers,
+            torch.empty((), dtype=self.dtype).element_size(),
+            self.cfg.gradient_checkpointing,
+        )
+        trained = sum(p.numel() * p.element_size() for p in self.policy.parameters() if p.requires_grad)
+        pending = trained * (1 if self.optimizer.state else 3)  # the gradient (+ AdamW's m and v before a step)
+        return token_budget(free, pending, per_token)
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:  # provided by GRPOLearner
         raise NotImplementedError

@@ -52,12 +52,11 @@ from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
-from prl_actors.model.memory import activation_bytes_per_token, token_budget
 from prl_actors.protocol.messages import Group
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
-from prl_actors.training.device_learner import DeviceFlush, DeviceStats
+from prl_actors.training.device_learner import DeviceFlush, DeviceStats, resolve_impl
 from prl_actors.training.epoch_stats import EpochStats as EpochStats  # re-exported (rank_learner)
 from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
@@ -133,26 +132,6 @@ def loss_mask(groups: list[Group]) -> torch.Tensor:
     return torch.tensor([m for g in groups for s in g.samples for m in s.model_mask()], dtype=torch.float64)
 
 
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """trainer.impl: auto is gpu on an accelerator (cuda, npu), cpu on the CPU."""
-    if impl != "auto":
-        return impl
-    return "cpu" if device.type == "cpu" else "gpu"
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Free bytes on an accelerator (None on the CPU, or a backend that does not say): what the driver
-    has free plus what torch's caching allocator holds unused (it hands that out first)."""
-    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
-    info = getattr(backend, "mem_get_info", None)
-    if info is None:
-        return None
-    free, _total = info(device)
-    reserved, allocated = getattr(backend, "memory_reserved", None), getattr(backend, "memory_allocated", None)
-    cached = reserved(device) - allocated(device) if callable(reserved) and callable(allocated) else 0
-    return int(free + cached)
-
-
 class GRPOLearner(DeviceFlush, GuardedGRPO):
     """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
 
@@ -202,26 +181,6 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
     @property
     def policy(self) -> PreTrainedModel:
         return cast(PreTrainedModel, self.tri.policy)
-
-    def _micro_batch_tokens(self) -> int:
-        """trainer.micro_batch_tokens, or for auto with the gpu impl on an accelerator the tokens whose
-        activations fit in the memory free now (read again at every epoch's start: a process sharing
-        the device, e.g. an engine that started later, is seen; the gradients, and AdamW's state until
-        the first step, are set aside: they are not allocated at an epoch's start)."""
-        free = free_memory(self.device) if self.impl == "gpu" else None
-        if self.cfg.micro_batch_tokens != "auto" or free is None:
-            return self.cfg.fixed_micro_batch_tokens()
-        c = self.policy.config
-        per_token = activation_bytes_per_token(
-            c.hidden_size,
-            getattr(c, "intermediate_size", 4 * c.hidden_size),
-            c.num_hidden_layers,
-            torch.empty((), dtype=self.dtype).element_size(),
-            self.cfg.gradient_checkpointing,
-        )
-        trained = sum(p.numel() * p.element_size() for p in self.policy.parameters() if p.requires_grad)
-        pending = trained * (1 if self.optimizer.state else 3)  # the gradient (+ AdamW's m and v before a step)
-        return token_budget(free, pending, per_token)
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
         """bfloat16 compute on the float32 master (a no-op when model.dtype is the master's dtype)."""
