@@ -333,3 +333,34 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why_once() -> None
     assert event == "decode_graphs" and not fields["captured"] and "stream is capturing" in fields["why"]
     drain(fill(batch))
     assert batch.drain_notes() == []
+
+
+class Replay:
+    """A stand-in for a captured CUDA graph on the CPU: `replay` runs the step function as captured
+    (the closure and the views of the chunk where it was captured), as a graph replays its kernels."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+@pytest.mark.parametrize("name", ["plain", "every_control"])
+def test_steps_replayed_as_captured_sample_what_the_running_batch_samples(name: str) -> None:
+    """What CUDA graphs rely on, checked on the CPU: a step captured in one chunk and replayed in
+    later ones reads and writes only static buffers, and the capture's warm-up leaves no trace."""
+    model = lm()
+    batch = StaticBatch(
+        model, max_rows=12, eos_ids=EOS, pad_id=0, behaviour=BEHAVIOURS[name], max_new_tokens=24, capture=True
+    )
+
+    def capture(fn: Any, state: Any) -> Replay:
+        batch.runner.warm(fn, state)
+        batch.runner.captures += 1
+        return Replay(fn)
+
+    batch.runner._capture = capture  # type: ignore[method-assign]
+    got = drain(fill(batch))
+    assert 0 < batch.runner.captures < batch.runner.replays == batch.steps  # graphs were reused across chunks
+    assert_same(run(RunningBatch, model, BEHAVIOURS[name]), got)

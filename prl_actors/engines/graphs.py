@@ -60,21 +60,26 @@ class StepRunner:
         graph.replay()
         self.replays += 1
 
+    @staticmethod
+    def warm(fn: Callable[[], None], state: Callable[[], list[torch.Tensor]]) -> None:
+        """Run `fn` WARMUP times and undo what it changed in `state()` (the buffers it writes)."""
+        saved = [(t, t.clone()) for t in state()]
+        for _ in range(WARMUP):
+            fn()
+        for t, copy in saved:
+            t.copy_(copy)
+
     def reset(self) -> None:
         """Drop every graph (the tensors they read are about to change)."""
         self.graphs.clear()
         self.key = None
 
     def _capture(self, fn: Callable[[], None], state: Callable[[], list[torch.Tensor]]) -> Any:
-        saved = [(t, t.clone()) for t in state()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(WARMUP):
-                fn()
+            self.warm(fn, state)
         torch.cuda.current_stream().wait_stream(side)
-        for t, copy in saved:
-            t.copy_(copy)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
