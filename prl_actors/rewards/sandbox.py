@@ -62,7 +62,8 @@ def bwrap_argv(python: str, seccomp_fd: int | None, drop_outside: bool) -> list[
     """The command line that runs the harness in the sandbox (seccomp read from `seccomp_fd`)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     outside = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if drop_outside else []
-    argv = [*outside, bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--uid", NOBODY, "--gid", NOBODY]
+    argv = [*outside, bwrap, "--unshare-all", "--unshare-user", "--unshare-cgroup", "--cap-drop", "ALL"]
+    argv += ["--die-with-parent", "--new-session", "--uid", NOBODY, "--gid", NOBODY]  # (-all only tries these two)
     argv += ["--hostname", "sandbox", *_system_binds(python)]
     for name in FILES:
         argv += ["--ro-bind", str(HERE / name), f"{INSIDE}/{name}"]
