@@ -62,8 +62,9 @@ def bwrap_argv(python: str, seccomp_fd: int | None, drop_outside: bool) -> list[
     """The command line that runs the harness in the sandbox (seccomp read from `seccomp_fd`)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     outside = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if drop_outside else []
+    # --unshare-all only tries the user and cgroup namespaces: asked outright, bwrap fails without them
     argv = [*outside, bwrap, "--unshare-all", "--unshare-user", "--unshare-cgroup", "--cap-drop", "ALL"]
-    argv += ["--die-with-parent", "--new-session", "--uid", NOBODY, "--gid", NOBODY]  # (-all only tries these two)
+    argv += ["--die-with-parent", "--new-session", "--uid", NOBODY, "--gid", NOBODY]
     argv += ["--hostname", "sandbox", *_system_binds(python)]
     for name in FILES:
         argv += ["--ro-bind", str(HERE / name), f"{INSIDE}/{name}"]
