@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-fast test-slow test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm sandbox-tools
+.PHONY: demo cartpole test test-fast test-slow test-configs test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm sandbox-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,11 @@ test-fast: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
+
+# Every shipped config (configs/, configs/recipes/) for 2 epochs through `up`, then `replay --check`
+# (tests/test_every_config.py; tiny checkpoints where a config needs model.path): 11 min on 2 shared cores.
+test-configs: $(STAMP)
+	$(BIN)/pytest -q -m configs tests/test_every_config.py
 
 # The trainer as a torch.distributed group: FSDP2, sharded checkpoints, a hung rank, a whole run whose
 # rank is killed and resumed (gloo on CPU, 2 ranks; docs/DISTRIBUTED.md). make test runs one DDP case.
