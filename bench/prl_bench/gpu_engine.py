@@ -19,8 +19,9 @@ around each batch:
   tokens/s, peak memory.
 
 `run(out_dir, device, quick)` returns the numbers as a dict (bench/prl_bench/gpu.py makes entries of
-them). Without CUDA it returns {"skipped": "no CUDA"}, unless quick on the CPU: then the same code runs
-at a tiny shape (2 prompts x 4, 16 tokens) as a smoke test, numbers meaningless.
+them; quick: one timed batch each, no running-batch run). Without CUDA it returns {"skipped": "no
+CUDA"}, unless quick on the CPU: then the same code runs at a tiny shape (2 prompts x 4, 16 tokens) as
+a smoke test, numbers meaningless.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def run(out_dir: Path, device: str, quick: bool) -> dict[str, Any]:
         return {"skipped": "no CUDA"}
     from prl_bench.gpu import build_model
 
-    shape = SMOKE if not cuda else FULL
+    shape = SMOKE if not cuda else FULL | ({"repeats": 1} if quick else {})
     model_dir = calibrated(build_model(Path(out_dir) / ("tiny" if not cuda else "qwen2-358m"), tiny=not cuda), device)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu"}
     result.update(engine(model_dir, device, shape, "gpu"))
