@@ -11,7 +11,10 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config (see configs/). Default: built-in defaults.")
 ]
 SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", help="Override a config value: section.key=value (repeatable).")
+    list[str] | None,
+    typer.Option(
+        "--set", metavar="KEY=VALUE", help="Override a config value: section.key=value, a list as a,b (repeatable)."
+    ),
 ]
 CoordOpt = Annotated[
     str | None,

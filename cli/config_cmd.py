@@ -37,7 +37,10 @@ def show(
         Path | None, typer.Option("--config", "-c", help="YAML config; default: the built-in defaults.")
     ] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--set", metavar="KEY=VALUE", help="Override a config value: section.key=value, a list as a,b (repeatable)."
+        ),
     ] = None,
 ) -> None:
     """Print the resolved config: the file with --set applied and every default filled in (YAML)."""

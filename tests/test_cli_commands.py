@@ -43,7 +43,7 @@ def test_help_labels_are_readable(command: str) -> None:
 
 def test_up_help_labels_and_choices() -> None:
     flat = " ".join(run_cli("up", "-h")[1].split())
-    assert "--workers N" in flat and "--set TEXT" in flat and "-c, --config PATH" in flat
+    assert "--workers N" in flat and "--set KEY=VALUE" in flat and "-c, --config PATH" in flat
     assert "--mode periodic|sync|bounded" in flat
 
 
