@@ -364,3 +364,11 @@ def test_steps_replayed_as_captured_sample_what_the_running_batch_samples(name: 
     got = drain(fill(batch))
     assert 0 < batch.runner.captures < batch.runner.replays == batch.steps  # graphs were reused across chunks
     assert_same(run(RunningBatch, model, BEHAVIOURS[name]), got)
+
+
+def test_abort_drops_everything_and_the_batch_generates_afresh() -> None:
+    model = lm()
+    batch = fill(StaticBatch(model, max_rows=12, eos_ids=EOS, pad_id=0, behaviour=Behaviour(), max_new_tokens=24))
+    batch.step()
+    assert sorted(batch.abort()) == [0, 1, 2, 3, 4] and not batch.busy and batch.running_rows == 0
+    assert_same(run(RunningBatch, model, Behaviour()), drain(fill(batch)))
