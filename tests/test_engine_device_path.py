@@ -14,10 +14,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from prl_actors.engines.base import engine_notes
 from prl_actors.engines.batching import RunningBatch
-from prl_actors.engines.opcount import OpCounter
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine, decode_impl
 from prl_actors.training.behaviour import Behaviour
+from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_config, tiny_model
 
@@ -81,13 +81,13 @@ def assert_same(a: dict, b: dict, atol: float = 1e-5) -> None:
 
 def test_the_counter_sees_dispatched_ops_and_every_kind_of_host_read() -> None:
     x = torch.arange(6.0)
-    with OpCounter() as c:
+    with DispatchCount() as c:
         y = x * 2 + 1
         y.sum().item()
         y.tolist()
         (y > 3).nonzero()
-    assert c.by_name["mul"] == 1 and c.by_name["add"] == 1
-    assert c.sync_names == {"_local_scalar_dense": 1, "tolist": 1, "nonzero": 1}
+    assert c.by_op["mul"] == 1 and c.by_op["add"] == 1
+    assert c.by_sync == {"_local_scalar_dense": 1, "tolist": 1, "nonzero": 1}
     assert x.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # unpatched after the block
 
 
@@ -99,7 +99,7 @@ def per_step(kind: type, model: Any, rows: int, behaviour: Behaviour) -> tuple[f
     batch.step()
     static = isinstance(batch, StaticBatch)
     calls, before = (2 if static else 16), getattr(batch, "steps", 0)  # 16 decode steps either way
-    with OpCounter() as c:
+    with DispatchCount() as c:
         for _ in range(calls):
             batch.step()
     steps = batch.steps - before if static else calls

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from prl_actors.engines.batching import RunningBatch
-from prl_actors.engines.opcount import OpCounter
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.training.behaviour import Behaviour
+from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_config, tiny_model
 from tests.test_engine_device_path import BEHAVIOURS, EOS, assert_same, drain, lm
@@ -50,7 +50,7 @@ def test_a_decode_step_is_one_graph_launch_and_syncs_once_per_chunk() -> None:
         b.add(g, list(range(1, 130)), 1234 + g, 8)
     b.step()  # admission and the first chunk: capture
     before, launches = b.steps, b.runner.replays
-    with OpCounter() as c:
+    with DispatchCount() as c:
         b.step()
         b.step()
     steps = b.steps - before

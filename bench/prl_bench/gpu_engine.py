@@ -12,7 +12,7 @@ around each batch:
   (batch seconds / decode steps, admission included), graph launches per decode step (1.0 when every
   step is one captured graph), peak memory;
 - the same engine with the graphs off (eager): aten ops and host syncs per decode step
-  (engines/opcount.py);
+  (training/dispatch_count.py);
 - the running batch (worker.impl=cpu) on the same device: seconds per batch (the path issue 38
   measured at 10-14 s);
 - `model.generate` (sampling, the same 128 rows left-padded, max_new_tokens 256): seconds per batch,
@@ -158,10 +158,10 @@ def _counts(eng: Any) -> tuple[int, int]:
 
 
 def eager_counts(model_dir: Path, device: str, shape: dict[str, int]) -> dict[str, Any]:
-    """aten ops and host syncs per decode step of the gpu path with its graphs off (engines/opcount.py)."""
-    from prl_actors.engines.opcount import OpCounter
+    """aten ops and host syncs per decode step of the gpu path with its graphs off (training/dispatch_count.py)."""
     from prl_actors.engines.torch_engine import TorchEngine
     from prl_actors.protocol.messages import Prompt
+    from prl_actors.training.dispatch_count import DispatchCount
 
     eng = TorchEngine(engine_config(model_dir, device, shape, "gpu"), model_dir)
     eng.version = 0
@@ -169,7 +169,7 @@ def eager_counts(model_dir: Path, device: str, shape: dict[str, int]) -> dict[st
     eng.admit([Prompt(group_id=i, prompt=q) for i, q in enumerate(questions(shape["prompts"]))], shape["group"])
     eng.step()  # admission
     before = eng.batch.steps  # type: ignore[union-attr]
-    with OpCounter() as c:
+    with DispatchCount() as c:
         eng.step()
     steps = max(eng.batch.steps - before, 1)  # type: ignore[union-attr]
     eng.close()

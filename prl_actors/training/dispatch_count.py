@@ -5,7 +5,8 @@ sync (`aten::_local_scalar_dense`: `.item()`, `float(t)`, `int(t)`, a Python `if
 `aten::nonzero` and friends: an output shape that depends on the values; a copy to the host:
 `.cpu()`, `.tolist()` on a device tensor) waits for every queued kernel. Both can be counted on CPU,
 where the same code dispatches the same ops, so the counts are a device-free proxy of how a loop
-will run on a GPU (issue 37).
+will run on a GPU. The trainer's proxies (issue 37: accumulate + flush) and the engine's (issue 38:
+ops and syncs per decode step) both use this one counter.
 
     with DispatchCount() as count:
         learner.accumulate(group); learner.flush()
@@ -28,18 +29,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 SYNC_OPS = frozenset(
     {
-        aten._local_scalar_dense.default,  # .item(), float(t), int(t), bool(t), `if t:`
-        aten.nonzero.default,  # t[bool_mask], torch.where(mask) with one argument: a data-dependent shape
-        aten.nonzero_static.default,
-        aten.masked_select.default,
-        aten.unique_consecutive.default,
-        aten._unique2.default,
-        aten.repeat_interleave.Tensor,  # output size from the values (unless output_size is given)
+        "_local_scalar_dense",  # .item(), float(t), int(t), bool(t), `if t:`
+        "item",
+        "is_nonzero",
+        "equal",
+        "nonzero",  # t[bool_mask], torch.where(mask) with one argument: a data-dependent shape
+        "nonzero_static",
+        "argwhere",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "bincount",
     }
 )
-HOST_READS = frozenset({"tolist", "numpy", "item"})
-"""Tensor methods that read values on the host (counted at the Python level: on CPU `tolist` and
-`numpy` dispatch no op; `item` is counted once, by its _local_scalar_dense)."""
+"""aten operations (overload packets) whose result the host must wait for: a scalar read or an
+output shape that depends on the values. `repeat_interleave` counts too unless given output_size."""
+HOST_READS = frozenset({"tolist", "numpy", "__array__"})
+"""Tensor methods that read values on the host (counted at the Python level: on CPU they dispatch
+no op; `item` is counted once, by its _local_scalar_dense)."""
 
 
 class _HostReads(TorchFunctionMode):
@@ -49,9 +59,9 @@ class _HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = getattr(func, "__name__", "")
-        if name in ("tolist", "numpy"):
+        if name in HOST_READS:
             self.owner.syncs += 1
-            self.owner.by_sync[f"Tensor.{name}"] += 1
+            self.owner.by_sync[name] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -81,7 +91,7 @@ class DispatchCount(TorchDispatchMode):
         name = str(func.overloadpacket.__name__)
         self.ops += 1
         self.by_op[name] += 1
-        if func in SYNC_OPS or _to_host(func, args, kwargs) or _mask_index(func, args):
+        if _syncs(name, func, args, kwargs):
             self.syncs += 1
             self.by_sync[name] += 1
         return func(*args, **kwargs)
@@ -89,6 +99,13 @@ class DispatchCount(TorchDispatchMode):
     def top(self, n: int = 10) -> list[tuple[str, int]]:
         """The n most dispatched ops (what to look at when a count grows)."""
         return self.by_op.most_common(n)
+
+
+def _syncs(name: str, func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Does this op make the host wait for the device (see SYNC_OPS)?"""
+    if name in SYNC_OPS or (name == "repeat_interleave" and "output_size" not in kwargs):
+        return True
+    return _to_host(func, args, kwargs) or _mask_index(func, args)
 
 
 def _mask_index(func: Any, args: Any) -> bool:
@@ -104,7 +121,8 @@ def _to_host(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     """A copy from an accelerator tensor into host memory (the host waits for it)."""
     if func is aten._to_copy.default:
         src, dst = args[0], kwargs.get("device")
-        return isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst is not None and dst.type == "cpu"
+        on_device = isinstance(src, torch.Tensor) and src.device.type != "cpu"
+        return on_device and dst is not None and torch.device(dst).type == "cpu"
     if func is aten.copy_.default:
         dst, src = args[0], args[1]
         return src.device.type != "cpu" and dst.device.type == "cpu"
