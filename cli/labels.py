@@ -32,7 +32,10 @@ def _infos(fn: Any) -> list[tuple[str, Any, ParameterInfo]]:
     """(name, type, its typer ParameterInfo) of each Annotated parameter of a command function. The
     function keeps the evaluated annotations: a string annotation (`from __future__ import
     annotations`) would build a new, unlabelled typer.Option each time typer evaluates it."""
-    hints = get_type_hints(fn, include_extras=True)
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError:  # an annotation only a type checker resolves: leave typer's own labels
+        return []
     fn.__annotations__ = hints
     out = []
     for name in inspect.signature(fn).parameters:
