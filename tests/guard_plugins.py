@@ -35,3 +35,14 @@ def divides(prompt: str, response: str, answer: str) -> float:
 def slow(record: RewardInput) -> float:
     time.sleep(0.05)
     return 0.5
+
+
+class HangingEnv:
+    """A multi-turn environment whose step never returns (until RELEASE, in-process)."""
+
+    def reset(self, row: object) -> list[dict[str, str]]:
+        return [{"role": "user", "content": getattr(row, "prompt", "")}]
+
+    def step(self, text: str) -> tuple[list[dict[str, str]], float, bool]:
+        RELEASE.wait()
+        return [], 0.0, True

@@ -40,10 +40,12 @@ from typing import Any, Protocol
 
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
 from prl_actors.envs_llm.base import EnvError, EnvFactory, Environment, StepResult, reset_messages, step_result
+from prl_actors.envs_llm.pool import DaemonPool
 from prl_actors.envs_llm.render import Renderer
 from prl_actors.protocol.messages import EpisodeStats, Prompt
 
 ENV_WAIT_S = 0.05  # longest wait for a tool inside one `step` when no row decodes (the worker's inbox runs between)
+STEP_TIMEOUT_S = 300.0  # one environment step (a tool call) at most: past it the group fails (EnvError)
 
 
 @dataclass
@@ -143,11 +145,11 @@ class MultiTurnEngine:
     ) -> None:
         self.turns, self.factory, self.renderer = turns, factory, renderer
         self.max_turns, self.max_turn_tokens = max_turns, max_turn_tokens
-        self.pool = cf.ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="env-step")
+        self.pool = DaemonPool(env_threads, "env-step")  # daemons: a hung step never holds the process
         self.starting: list[tuple[Prompt, int]] = []  # admitted, environments not made yet
         self.groups: dict[int, EpisodeGroup] = {}
         self.in_turn: dict[int, tuple[EpisodeGroup, int]] = {}  # turn id -> (group, first episode index)
-        self.waiting: dict[cf.Future[StepResult], tuple[EpisodeGroup, Episode]] = {}
+        self.waiting: dict[cf.Future[StepResult], tuple[EpisodeGroup, Episode, float]] = {}
         self._next_turn = 0
 
     # --- the Engine protocol ---------------------------------------------------------------------
@@ -225,7 +227,7 @@ class MultiTurnEngine:
 
     def close(self) -> None:
         self.abort()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
         self.turns.close()
 
     # --- the episode loop ------------------------------------------------------------------------
@@ -245,7 +247,7 @@ class MultiTurnEngine:
         episode.logprobs += out.logprobs
         episode.turns += 1
         text = str(self.renderer.tok.decode(out.tokens, skip_special_tokens=True))
-        self.waiting[self.pool.submit(step_result, episode.env, text)] = (group, episode)
+        self.waiting[self.pool.submit(step_result, episode.env, text)] = (group, episode, time.monotonic())
 
     def _collect(self, block: bool) -> None:
         """Apply the environment steps that are done (waiting up to ENV_WAIT_S for one if `block`)."""
@@ -253,11 +255,22 @@ class MultiTurnEngine:
             return
         if block:
             cf.wait(list(self.waiting), timeout=ENV_WAIT_S, return_when=cf.FIRST_COMPLETED)
+        self._overdue()
         for future in [f for f in self.waiting if f.done()]:
-            group, episode = self.waiting.pop(future)
+            group, episode, _ = self.waiting.pop(future)
             if self.groups.get(group.prompt.group_id) is not group:
                 continue  # aborted meanwhile
             self._observe(group, episode, future.result())  # an EnvError propagates: the worker hands the groups back
+
+    def _overdue(self) -> None:
+        """An environment step running past STEP_TIMEOUT_S fails its group (EnvError: the worker
+        hands it back and says why); its thread is abandoned (a daemon)."""
+        now = time.monotonic()
+        for future, (group, _, t0) in list(self.waiting.items()):
+            if not future.done() and now - t0 > STEP_TIMEOUT_S and self.groups.get(group.prompt.group_id) is group:
+                raise EnvError(
+                    f"an environment step of group {group.prompt.group_id} did not return within {STEP_TIMEOUT_S:g}s"
+                )
 
     def _observe(self, group: EpisodeGroup, episode: Episode, result: StepResult) -> None:
         episode.reward += result.reward
