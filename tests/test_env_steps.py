@@ -33,7 +33,7 @@ class Tok:
 class Turns:
     """A TurnBackend whose every turn is 'x' and its end."""
 
-    max_context = None
+    max_context: int | None = None
     version, max_rows = 0, 8
 
     def __init__(self) -> None:
@@ -64,7 +64,8 @@ class Turns:
 def test_a_hung_step_fails_its_group_after_the_step_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(multiturn, "STEP_TIMEOUT_S", 0.3)
     guard_plugins.RELEASE.clear()
-    engine = MultiTurnEngine(Turns(), guard_plugins.HangingEnv, Renderer(Tok(), False), max_turns=3, max_turn_tokens=4)
+    renderer = Renderer(Tok(), False)  # type: ignore[arg-type]
+    engine = MultiTurnEngine(Turns(), guard_plugins.HangingEnv, renderer, max_turns=3, max_turn_tokens=4)
     try:
         engine.admit([Prompt(group_id=7, prompt="q", answer="a")], 2)
         t0 = time.monotonic()
