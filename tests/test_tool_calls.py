@@ -88,3 +88,15 @@ def test_well_formed_calls_still_parse() -> None:
     assert messages == [{"role": "tool", "name": "calculator", "content": "6"}]
     answer: Any = env().step("the answer is 6")
     assert answer == ([], 1.0, True)
+
+
+@pytest.mark.parametrize("value", ["1.0", None, [1.0], float("nan")])
+def test_an_environment_reward_that_is_not_a_finite_real_number_is_refused(value: Any) -> None:
+    from prl_actors.envs_llm.base import EnvError, step_result
+
+    e = ToolEnv([], lambda p, r, a: value)
+    e.reset(Prompt(group_id=0, prompt="q", answer="1"))
+    with pytest.raises(EnvError, match="environment step reward must be"):
+        step_result(e, "the answer")
+    e.reward = lambda p, r, a: True
+    assert step_result(e, "the answer").reward == 1.0

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prl_actors.protocol.messages import Prompt
+from prl_actors.rewards.reward import real
 
 Message = dict[str, Any]
 """A chat message: {"role": "user" | "assistant" | "tool" | "system", "content": str, ...}."""
@@ -88,11 +90,14 @@ def step_result(env: Environment, text: str) -> StepResult:
     else:
         raise EnvError(f"environment step must return (messages, reward, done), got {type(out).__name__}")
     check_messages(result.observation, "step")
-    try:
-        reward = float(result.reward)
-    except (TypeError, ValueError):
-        raise EnvError(f"environment step reward must be a number, got {result.reward!r}") from None
-    if reward != reward or reward in (float("inf"), float("-inf")):
+    reward = real(result.reward)
+    if reward is None:
+        shown = repr(result.reward)[:60]
+        raise EnvError(
+            f"environment step reward must be a real number (bool, int or float), got {shown} "
+            f"of type {type(result.reward).__name__}"
+        )
+    if not math.isfinite(reward):
         raise EnvError(f"environment step reward must be finite, got {reward}")
     return StepResult(result.observation, reward, bool(result.done))
 

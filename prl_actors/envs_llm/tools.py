@@ -170,11 +170,11 @@ class ToolEnv:
         system = [{"role": "system", "content": self.system}] if self.system else []
         return [*system, {"role": "user", "content": row.prompt}]
 
-    def step(self, text: str) -> tuple[list[Message], float, bool]:
+    def step(self, text: str) -> tuple[list[Message], Any, bool]:
         answered = answer_calls(text, self.tools)
         if answered:
             self.tool_calls += len(answered)
             self.tool_errors += sum(failed for _, failed in answered)
             return [message for message, _ in answered], 0.0, False
         assert self.row is not None, "step before reset"
-        return [], float(self.reward(self.row.prompt, text, self.row.answer)), True
+        return [], self.reward(self.row.prompt, text, self.row.answer), True  # a real number: step_result checks
