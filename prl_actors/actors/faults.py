@@ -7,7 +7,8 @@
 Several kills: separated by commas. The points (each actor calls `kill_point(name, point, epoch)`):
 
     trainer      before_checkpoint  after_checkpoint  after_ack (the publisher stored the epoch's weights)
-    publisher    before_ack  after_ack               (storing the weights that epoch N made, v_{N+1})
+    publisher    before_ack  after_ack               (storing v_{N+1}, the weights epoch N made; its
+                                                      first fetch by a worker: the ack is long out)
     coordinator  before_step_done  after_step_done   (the trainer's StepDone of epoch N)
     buffer       mid_epoch  before_complete          (its first accepted group of N; EpochComplete of N)
 
