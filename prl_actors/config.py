@@ -658,7 +658,8 @@ class RewardSpec(_Section):
     timeout_s: float | None = Field(
         None,
         gt=0,
-        description="url: seconds per request (default 30); fn: bound on an async reward's wait (default 300).",
+        description="url: seconds per request (default 30); fn: bound on a plugin's (or async reward's) wait per group "
+        "(default 300).",
     )
     retries: int = Field(2, ge=0, le=10, description="url: extra attempts after a failed or timed-out request.")
     concurrency: int = Field(4, ge=1, le=256, description="url: requests in flight at once (per worker).")
