@@ -100,3 +100,34 @@ def test_an_environment_reward_that_is_not_a_finite_real_number_is_refused(value
         step_result(e, "the answer")
     e.reward = lambda p, r, a: True
     assert step_result(e, "the answer").reward == 1.0
+
+
+def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: Any) -> None:
+    """The buffer's prompt check for a multi-turn run: the group's prompt_ids must be the episode's
+    initial prompt as the engine renders it (system prompt, tools' schemas, chat template), not the
+    row's plain text (every honest tools.yaml group was refused as wrong_prompt)."""
+    from pathlib import Path
+
+    from prl_actors.actors.group_check_setup import build_checker
+    from prl_actors.config import load_config
+    from prl_actors.envs_llm.registry import episode_prompt_ids
+    from prl_actors.model.tiny import build_family
+    from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
+    from prl_actors.protocol.messages import Group, RejectReason, Sample
+    from prl_actors.tasks.registry import load_task
+
+    model = build_family("qwen2", Path(tmp_path) / "qwen2")
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs/tools.yaml", {"model.path": str(model)})
+    checker, task, tok = build_checker(cfg, model), load_task(cfg), load_tokenizer(model)
+    prompt = task.prompts_for_epoch(3, cfg.coordinator.groups_per_epoch)[0]  # the coordinator's group 0
+    rendered = episode_prompt_ids(cfg, tok, task.reward)(prompt)
+    sample = Sample(text="", token_ids=[], logprobs=[], reward=0.0, loss_mask=[])
+
+    def group(ids: list[int]) -> Group:
+        return Group(group_id=0, prompt=prompt.prompt, prompt_ids=ids, samples=[sample], worker="w")
+
+    assert "calculator" in tok.decode(rendered) and "<|im_start|>system" in tok.decode(rendered)
+    assert checker.check(3, group(rendered)) is None
+    refused = checker.check(3, group(encode_prompt(tok, prompt.prompt, True)))
+    assert refused is not None and refused[0] == RejectReason.WRONG_PROMPT
