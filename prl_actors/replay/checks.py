@@ -59,9 +59,9 @@ def replies_check(run: Run) -> CheckResult:
         f"{r.requests} requests: {r.answered} answered, {r.timed_out} timed out (logged), "
         f"{r.cut_off} cut off by the end of the run"
     )
-    if r.refusers:
+    if r.refusers:  # refusals logged only in `refusals` summaries: who sent them, and the requests they answered
         top = ", ".join(f"{who} {n}" for who, n in r.refusers.most_common(3))
-        summary += f", {r.refused} refused in rate-limited summaries (most from: {top})"
+        summary += f"; refusals in rate-limited summaries: {top} ({r.refused} of them answered requests here)"
     return CheckResult("replies", summary, r.violations)
 
 
