@@ -49,3 +49,23 @@ def test_a_flood_of_refused_groups_is_accounted_for_and_names_the_attacker(run_d
     replies = next(r for r in results if r.name == "replies")
     n = FLOOD - LOUD_FIRST
     assert f"refusals in rate-limited summaries: worker-evil to buffer {n} ({n} of them" in replies.summary, report
+
+
+def test_counters_keep_each_unlogged_refusal_for_the_summary_by_sender_and_key() -> None:
+    from prl_actors.actors.refusals import SUMMARY_ROWS, Counters
+
+    c = Counters()
+    loud = [c.loud("refused.forbidden", ("group_result", "worker-evil", "worker-evil")) for _ in range(LOUD_FIRST + 10)]
+    assert loud.count(True) == LOUD_FIRST
+    for _ in range(LOUD_FIRST + 5):
+        c.loud("reward_errors")  # rate-limited, but not a refusal: counted, never summarised
+    assert c.take_summary() == [
+        {"kind": "refused.forbidden", "type": "group_result", "sender": "worker-evil", "principal": "worker-evil",
+         "count": 10}
+    ]  # fmt: skip
+    assert c.take_summary() == [] and c.counts["refused.forbidden"] == LOUD_FIRST + 10
+    for i in range(LOUD_FIRST + SUMMARY_ROWS + 3):  # made-up sender names fold into "*" past SUMMARY_ROWS rows
+        c.loud("unexpected", ("x", f"name-{i}", "worker-evil"))
+    rows = c.take_summary()
+    assert len(rows) == SUMMARY_ROWS + 1 and sum(r["count"] for r in rows) == SUMMARY_ROWS + 3
+    assert [r["count"] for r in rows if r["sender"] == "*"] == [3]

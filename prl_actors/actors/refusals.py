@@ -49,6 +49,8 @@ class Counters:
         n = self.count(key)
         if n <= LOUD_FIRST or n % LOUD_EVERY == 0:
             return True
+        if who is None and not key.startswith(REFUSALS):
+            return False  # rate-limited, but no refusal (a worker's reward errors): counted only
         kind, sender, principal = who or ("", "", "")
         row = (key, kind, sender, principal)
         if row not in self.unlogged and len(self.unlogged) >= SUMMARY_ROWS:

@@ -95,7 +95,8 @@ class _Index:
         for row in rows if isinstance(rows, list) else []:
             if isinstance(row, dict) and isinstance(row.get("count"), int):
                 self.summarized[(actor, str(row.get("sender")), str(row.get("type")))] += row["count"]
-                self.refusers[f"{row.get('principal') or row.get('sender')} to {actor}"] += row["count"]
+                who = row.get("principal") or row.get("sender") or row.get("kind")  # a handshake: no key
+                self.refusers[f"{who} to {actor}"] += row["count"]
 
     def take_summarized(self, refuser: str, sender: str, kind: str) -> bool:
         """One refusal of a `kind` request from `sender` that `refuser` logged only in a summary."""
