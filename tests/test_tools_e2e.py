@@ -43,21 +43,31 @@ def tool_caller(path: Path) -> Path:
     target = tok(CALL + "<|im_end|>", add_special_tokens=False).input_ids
     rows = [render(p) for p in task.prompts_for_epoch(0, 4)]
     torch.manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(250):
-        loss = sum(_loss(model, ids, target) for ids in rows)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, mask, picks = _batch(rows, target)
+    for _ in range(100):
+        logits = model(x, attention_mask=mask).logits  # [R, T, V]
+        loss = torch.nn.functional.cross_entropy(logits[picks[0], picks[1] - 1], x[picks[0], picks[1]])
         opt.zero_grad()
-        loss.backward()  # type: ignore[union-attr]
+        loss.backward()
         opt.step()
     model.config.max_position_embeddings = 1024  # rotary: room for the ~450-token prompt (tools' schemas) and turns
     model.save_pretrained(path)
     return path
 
 
-def _loss(model: torch.nn.Module, prompt: list[int], target: list[int]) -> torch.Tensor:
-    x = torch.tensor([prompt + target])  # [1, T]
-    logits = model(x[:, :-1]).logits[0, len(prompt) - 1 :]  # [len(target), V]
-    return torch.nn.functional.cross_entropy(logits, x[0, len(prompt) :])
+def _batch(rows: list[list[int]], target: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every prompt + target in one right-padded batch: ids [R, T], attention mask [R, T], and the
+    (row, position) of every target token [2, R * len(target)]."""
+    width = max(len(r) for r in rows) + len(target)
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    picks = []
+    for i, prompt in enumerate(rows):
+        seq = prompt + target
+        x[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
+        picks += [(i, len(prompt) + j) for j in range(len(target))]
+    return x, mask, torch.tensor(picks).T
 
 
 def test_tools_config_trains_through_the_actors_with_tool_calls(tmp_path: Path) -> None:
