@@ -16,8 +16,8 @@ the device's dense bf16 peak), peak memory, and the ops and host syncs one epoch
 (training/dispatch_count.py). Then the single-process loop (prl_bench.e2e.Loop, the torch engine
 generating on the same GPU) on a copy of the model whose end-of-turn logit is calibrated as in
 chat_shape.py: seconds per step, generation tokens/s, training seconds. TRL's GRPOTrainer runs
-alongside when `trl` is importable (its whole step: generation and training). Not here: `up`. `bench/prl_bench/gpu_engine.py`, when present, adds the
-engine against HF generate (issue 38).
+alongside when `trl` is importable (its whole step: generation and training). Not here: `up`.
+`bench/prl_bench/gpu_engine.py`, when present, adds the engine against HF generate (issue 38).
 
 Without CUDA the benchmark prints one line and returns nothing; the smoke preset (tests) runs the
 same code at a tiny shape on the CPU instead.
