@@ -112,3 +112,36 @@ def test_the_pool_runs_in_order_and_shutdown_cancels_what_has_not_started() -> N
     assert first.result(timeout=5) is True
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(sum, [1])
+
+
+class HangingReset:
+    def reset(self, row: object) -> list[dict[str, str]]:
+        guard_plugins.RELEASE.wait()
+        return []
+
+    def step(self, text: str) -> tuple[list[dict[str, str]], float, bool]:
+        return [], 0.0, True
+
+
+def test_the_buffer_prompt_check_never_hangs_on_a_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffer renders an environment's reset to check a group's prompt ids: a reset that hangs
+    costs one deadline, then every later check fails at once (the buffer's thread is never held)."""
+    from prl_actors.config import load_config
+    from prl_actors.envs_llm import registry
+
+    guard_plugins.RELEASE.clear()
+    monkeypatch.setattr(guard_plugins, "HangingReset", HangingReset, raising=False)
+    cfg = load_config(None, {"task.environment": "tests.guard_plugins:HangingReset", "task.name": "add"})
+    ids = registry.episode_prompt_ids(cfg, Tok(), lambda p, r, a: 0.0, timeout_s=0.3)
+    row = Prompt(group_id=0, prompt="1+1=", answer="2")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EnvError, match="did not return within 0.3s"):
+            ids(row)
+        with pytest.raises(EnvError, match="did not return within 0.3s"):
+            ids(row)  # at once: the hung thread is not waited for again
+        assert time.monotonic() - t0 < 2
+    finally:
+        guard_plugins.RELEASE.set()
+    fine = registry.episode_prompt_ids(load_config(None, {"task.name": "guess"}), Tok(), lambda p, r, a: 0.0)
+    assert fine(Prompt(group_id=0, prompt="0-9=", answer="3")) == [ord(c) for c in "0-9="]

@@ -12,6 +12,8 @@ from prl_actors.envs_llm.guess import GuessEnv
 from prl_actors.envs_llm.tools import Tool, ToolEnv, tool
 from prl_actors.plugins import load_callable
 
+RESET_TIMEOUT_S = 30.0  # episode_prompt_ids: an environment's factory + reset at most
+
 
 def load_object(spec: str, option: str) -> Any:
     """Import `module:name`; any failure is a one-line ConfigError naming `option`."""
@@ -57,24 +59,35 @@ def tool_schemas(cfg: Config) -> list[dict[str, Any]]:
 
 
 def episode_prompt_ids(
-    cfg: Config, tokenizer: Any, reward: Callable[[str, str, str], float]
+    cfg: Config, tokenizer: Any, reward: Callable[[str, str, str], float], timeout_s: float = RESET_TIMEOUT_S
 ) -> Callable[[Any], list[int]]:
     """row (a Prompt) -> the token ids of its episodes' shared initial prompt, exactly as the
     multi-turn engine renders them (a fresh environment's `reset`, then the Renderer): what the
-    buffer checks a group's prompt_ids against. A reset that raises is an EnvError (the buffer then
-    refuses the group as the engine would have failed it)."""
+    buffer checks a group's prompt_ids against. The factory and `reset` (user code) run on a daemon
+    thread under `timeout_s`, so a reset that hangs cannot hold the caller (the buffer); after one
+    such hang every later call fails at once. A reset that raises or hangs is an EnvError."""
     from prl_actors.envs_llm.base import EnvError, reset_messages
+    from prl_actors.envs_llm.pool import DaemonPool
     from prl_actors.envs_llm.render import Renderer
 
     renderer = Renderer(tokenizer, cfg.task.chat_template, tool_schemas(cfg))
     factory = env_factory(cfg, reward)
+    pool = DaemonPool(1, "env-reset")
+    hung: list[str] = []
 
     def ids(row: Any) -> list[int]:
+        if hung:
+            raise EnvError(hung[0])
+        future = pool.submit(lambda: reset_messages(factory(), row))
         try:
-            return renderer.initial(reset_messages(factory(), row))
+            messages = future.result(timeout=timeout_s)
+        except TimeoutError:
+            hung.append(f"environment factory or reset did not return within {timeout_s:g}s")
+            raise EnvError(hung[0]) from None
         except EnvError:
             raise
         except Exception as exc:  # noqa: BLE001 - a plugin's reset may raise anything
             raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
+        return renderer.initial(messages)  # the tokenizer in the caller's thread only
 
     return ids
