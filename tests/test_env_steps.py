@@ -145,3 +145,24 @@ def test_the_buffer_prompt_check_never_hangs_on_a_reset(monkeypatch: pytest.Monk
         guard_plugins.RELEASE.set()
     fine = registry.episode_prompt_ids(load_config(None, {"task.name": "guess"}), Tok(), lambda p, r, a: 0.0)
     assert fine(Prompt(group_id=0, prompt="0-9=", answer="3")) == [ord(c) for c in "0-9="]
+
+
+def test_a_hung_reset_never_holds_the_workers_thread_and_fails_its_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The factory and reset (user code) run on the pool: `step` returns while a reset hangs (the
+    worker's thread stays free to stop), and the group fails after the deadline."""
+    monkeypatch.setattr(multiturn, "STEP_TIMEOUT_S", 0.3)
+    guard_plugins.RELEASE.clear()
+    renderer = Renderer(Tok(), False)  # type: ignore[arg-type]
+    engine = MultiTurnEngine(Turns(), HangingReset, renderer, max_turns=3, max_turn_tokens=4)
+    try:
+        engine.admit([Prompt(group_id=5, prompt="q", answer="a")], 2)
+        t0 = time.monotonic()
+        assert engine.step() == [] and engine.busy and engine.rows == 2
+        assert time.monotonic() - t0 < 0.2  # one step: no longer than ENV_WAIT_S, the reset still hanging
+        with pytest.raises(EnvError, match="environments of group 5 did not reset within 0.3s"):
+            while time.monotonic() - t0 < 5:
+                engine.step()
+        assert engine.abort() == [5] and not engine.busy
+    finally:
+        engine.close()
+        guard_plugins.RELEASE.set()

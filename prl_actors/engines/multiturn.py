@@ -11,9 +11,12 @@ The group leaves (`step` returns it) once its G episodes are over; each sample i
 the prompt: its tokens, a loss mask (1 = model, 0 = environment) and the model tokens' behaviour
 log-probs only (protocol Sample.loss_mask).
 
-Not blocking the batch: an environment step runs in a thread pool (`async def` steps on a private
-loop in that thread); the episode leaves the running batch while it waits, so the other rows go on
-decoding, and re-enters as a new one-row entry once its observation is back.
+Not blocking the batch: an environment step, and the G factory calls + resets that start a group,
+run in a pool of daemon threads (`async def` ones on a private loop in that thread), never on the
+worker's thread, each under STEP_TIMEOUT_S (past it the group fails with an EnvError, and a thread
+that never returns keeps nothing alive: envs_llm/pool.py); the episode leaves the running batch while
+it waits, so the other rows go on decoding, and re-enters as a new one-row entry once its observation
+is back.
 
 Re-entry re-prefills the whole context rather than extending the row's old KV cache. Why: the
 running batch is a left-padded rectangle; appending a different number of observation tokens to one
@@ -39,7 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
-from prl_actors.envs_llm.base import EnvError, EnvFactory, Environment, StepResult, reset_messages, step_result
+from prl_actors.envs_llm.base import (
+    EnvError,
+    EnvFactory,
+    Environment,
+    Message,
+    StepResult,
+    reset_messages,
+    step_result,
+)
 from prl_actors.envs_llm.pool import DaemonPool
 from prl_actors.envs_llm.render import Renderer
 from prl_actors.protocol.messages import EpisodeStats, Prompt
@@ -103,6 +114,17 @@ class Episode:
     done: bool = False  # the environment ended it (else max_turns or the context limit did)
 
 
+def _make_envs(factory: EnvFactory, p: Prompt, size: int) -> list[tuple[Environment, list[Message]]]:
+    """G environments and their reset messages (on a pool thread: user code). EnvError for any failure."""
+    try:
+        envs = [factory() for _ in range(size)]
+        return [(env, reset_messages(env, p)) for env in envs]
+    except EnvError:
+        raise
+    except Exception as exc:
+        raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
+
+
 @dataclass
 class EpisodeSample(Generated):
     """A finished episode: a Generated sample with its counts (the worker sends them as Sample.episode)."""
@@ -150,6 +172,7 @@ class MultiTurnEngine:
         self.groups: dict[int, EpisodeGroup] = {}
         self.in_turn: dict[int, tuple[EpisodeGroup, int]] = {}  # turn id -> (group, first episode index)
         self.waiting: dict[cf.Future[StepResult], tuple[EpisodeGroup, Episode, float]] = {}
+        self.resetting: dict[cf.Future[Any], tuple[Prompt, int, float]] = {}  # G resets on the pool
         self._next_turn = 0
 
     # --- the Engine protocol ---------------------------------------------------------------------
@@ -168,29 +191,30 @@ class MultiTurnEngine:
         self.turns.load_weights(version, tensors)
 
     def admit(self, prompts: list[Prompt], group_size: int) -> None:
-        """Queue groups; their environments are made and reset by the next `step` (so a plugin that
-        raises fails inside `step`, where the worker hands the groups back and says why)."""
+        """Queue groups; their environments are made and reset on the pool from the next `step` (a
+        plugin that raises or hangs fails inside `step`, where the worker hands the groups back and
+        says why)."""
         self.starting += [(p, group_size) for p in prompts]
 
     def _start(self, p: Prompt, group_size: int) -> None:
-        """Make and reset G environments (in the caller's thread) and queue the group's first turn."""
-        try:
-            envs = [self.factory() for _ in range(group_size)]
-            firsts = [self.renderer.initial(reset_messages(env, p)) for env in envs]
-        except EnvError:
-            raise
-        except Exception as exc:
-            raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
+        """Make and reset G environments on the pool (user code: never on the caller's thread)."""
+        future = self.pool.submit(_make_envs, self.factory, p, group_size)
+        self.resetting[future] = (p, group_size, time.monotonic())
+
+    def _started(self, p: Prompt, made: list[tuple[Environment, list[Message]]]) -> None:
+        """The G environments are reset: render their prompt (here: one thread uses the tokenizer)
+        and queue the group's first turn."""
+        firsts = [self.renderer.initial(messages) for _, messages in made]
         if any(ids != firsts[0] for ids in firsts):
             raise EnvError(f"reset gave different prompts to the episodes of group {p.group_id}")
-        episodes = [Episode(i, env) for i, env in enumerate(envs)]
+        episodes = [Episode(i, env) for i, (env, _) in enumerate(made)]
         group = EpisodeGroup(p, firsts[0], self.turns.seed_for(p.group_id), episodes, time.monotonic())
         self.groups[p.group_id] = group
-        self._submit(group, 0, group_size, firsts[0], 0)
+        self._submit(group, 0, len(made), firsts[0], 0)
 
     def step(self) -> list[GeneratedGroup]:
-        """Start queued groups, take back finished environment steps, advance the turns one step,
-        return the finished groups."""
+        """Start queued groups, take back finished resets and environment steps, advance the turns
+        one step, return the finished groups."""
         starting, self.starting = self.starting, []
         for p, size in starting:
             self._start(p, size)
@@ -198,14 +222,16 @@ class MultiTurnEngine:
         if self.turns.busy:
             for out in self.turns.poll():
                 self._turn_done(out)
-        elif self.waiting:
+        elif self.waiting or self.resetting:
             self._collect(block=True)
         return self._finished()
 
     def abort(self) -> list[int]:
-        """Drop every episode (the environment steps still running finish unseen)."""
+        """Drop every episode (the environment steps and resets still running finish unseen)."""
         dropped = sorted([*self.groups, *(p.group_id for p, _ in self.starting)])
+        dropped = sorted([*dropped, *(p.group_id for p, _, _ in self.resetting.values())])
         self.starting = []
+        self.resetting.clear()
         self.turns.abort()
         self.groups.clear()
         self.in_turn.clear()
@@ -214,13 +240,14 @@ class MultiTurnEngine:
 
     @property
     def busy(self) -> bool:
-        return bool(self.groups or self.starting)
+        return bool(self.groups or self.starting or self.resetting)
 
     @property
     def rows(self) -> int:
-        """Episodes still playing (to start, running, queued or waiting on their environment)."""
+        """Episodes still playing (to start, resetting, running, queued or waiting on their environment)."""
         playing = sum(1 for g in self.groups.values() for e in g.episodes if not e.over)
-        return playing + sum(size for _, size in self.starting)
+        waiting = sum(size for _, size in self.starting) + sum(size for _, size, _ in self.resetting.values())
+        return playing + waiting
 
     def generate(self, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:
         return generate_all(self, prompts, group_size)  # type: ignore[arg-type]
@@ -250,12 +277,17 @@ class MultiTurnEngine:
         self.waiting[self.pool.submit(step_result, episode.env, text)] = (group, episode, time.monotonic())
 
     def _collect(self, block: bool) -> None:
-        """Apply the environment steps that are done (waiting up to ENV_WAIT_S for one if `block`)."""
-        if not self.waiting:
+        """Apply the resets and environment steps that are done (waiting up to ENV_WAIT_S for one if
+        `block`)."""
+        if not (self.waiting or self.resetting):
             return
         if block:
-            cf.wait(list(self.waiting), timeout=ENV_WAIT_S, return_when=cf.FIRST_COMPLETED)
+            pending: list[cf.Future[Any]] = [*self.waiting, *self.resetting]
+            cf.wait(pending, timeout=ENV_WAIT_S, return_when=cf.FIRST_COMPLETED)
         self._overdue()
+        for future in [f for f in self.resetting if f.done()]:
+            p, _, _ = self.resetting.pop(future)
+            self._started(p, future.result())  # an EnvError propagates: the worker hands the groups back
         for future in [f for f in self.waiting if f.done()]:
             group, episode, _ = self.waiting.pop(future)
             if self.groups.get(group.prompt.group_id) is not group:
@@ -266,6 +298,9 @@ class MultiTurnEngine:
         """An environment step running past STEP_TIMEOUT_S fails its group (EnvError: the worker
         hands it back and says why); its thread is abandoned (a daemon)."""
         now = time.monotonic()
+        for reset, (p, _, t0) in self.resetting.items():
+            if not reset.done() and now - t0 > STEP_TIMEOUT_S:
+                raise EnvError(f"the environments of group {p.group_id} did not reset within {STEP_TIMEOUT_S:g}s")
         for future, (group, _, t0) in list(self.waiting.items()):
             if not future.done() and now - t0 > STEP_TIMEOUT_S and self.groups.get(group.prompt.group_id) is group:
                 raise EnvError(
