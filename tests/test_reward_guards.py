@@ -152,3 +152,13 @@ def test_a_huge_http_answer_is_refused_without_reading_it(huge: str, path: str) 
         RewardSet([svc]).score(records())
     assert time.monotonic() - t0 < 5.0
     assert _Huge.sent < 100 << 20  # the client hung up after ~1 MiB (plus socket buffers), not 500 MB
+
+
+def test_a_plugin_that_calls_sys_exit_is_a_reward_error_not_the_workers_exit() -> None:
+    import sys
+
+    def bye(record: RewardInput) -> float:
+        sys.exit(3)
+
+    with pytest.raises(RewardError, match=r"reward 'x' \(m:x\) raised on prompt 4 \(row 9\): SystemExit: 3"):
+        RewardSet([Reward("x", bye, source="m:x", isolated=True, timeout_s=5)]).score(records())

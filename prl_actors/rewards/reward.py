@@ -129,8 +129,8 @@ class Reward:
 
         threading.Thread(target=target, name=f"reward-{self.name}", daemon=True).start()
         ok, value = await self._wait(done, at)
-        if not ok:
-            raise value
+        if not ok:  # a SystemExit or KeyboardInterrupt of the plugin's is its error too, never the worker's exit
+            raise value if isinstance(value, Exception) else self._raised(value, at)
         return value
 
     async def _wait(self, future: Awaitable[Any], at: str) -> Any:
