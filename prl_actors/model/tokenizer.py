@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 CHARS = "0123456789+-= "
@@ -34,6 +34,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved in a local model directory (never downloads). A missing pad token is set
     to the eos token, which batched generation needs."""
+    from transformers import AutoTokenizer  # here: it imports torch (~2 s), which the built-in tokenizer does not need
+
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
