@@ -33,6 +33,8 @@ def boom(kind: str) -> str:
         return "x" * 10_000_000
     if kind == "surrogate":
         return "a\ud800b"
+    if kind == "exit":
+        raise SystemExit(2)
     if kind == "bigint":
         return 10**100_000  # type: ignore[return-value]  # str() of it raises ValueError
     raise KeyError(kind)
@@ -56,7 +58,7 @@ HOSTILE = {
     "many calls": call('{"name": "calculator", "arguments": {"expression": "1"}}') * 50,
     **{
         f"tool {k}": call(json.dumps({"name": "boom", "arguments": {"kind": k}}))
-        for k in ("recursion", "unprintable", "huge", "surrogate", "bigint", "other")
+        for k in ("recursion", "unprintable", "huge", "surrogate", "bigint", "exit", "other")
     },
 }
 
@@ -131,3 +133,20 @@ def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: 
     assert checker.check(3, group(rendered)) is None
     refused = checker.check(3, group(encode_prompt(tok, prompt.prompt, True)))
     assert refused is not None and refused[0] == RejectReason.WRONG_PROMPT
+
+
+def test_an_environment_step_or_reset_that_exits_is_an_env_error() -> None:
+    from prl_actors.engines.multiturn import _make_envs
+    from prl_actors.envs_llm.base import EnvError, step_result
+
+    class Exits(ToolEnv):
+        def reset(self, row: Prompt) -> list[dict[str, Any]]:
+            raise SystemExit(1)
+
+        def step(self, text: str) -> Any:
+            raise SystemExit(1)
+
+    with pytest.raises(EnvError, match="environment step raised SystemExit"):
+        step_result(Exits([], lambda p, r, a: 1.0), "x")
+    with pytest.raises(EnvError, match="factory or reset raised SystemExit"):
+        _make_envs(lambda: Exits([], lambda p, r, a: 1.0), Prompt(group_id=0, prompt="q"), 2)

@@ -121,7 +121,7 @@ def _make_envs(factory: EnvFactory, p: Prompt, size: int) -> list[tuple[Environm
         return [(env, reset_messages(env, p)) for env in envs]
     except EnvError:
         raise
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - a SystemExit of the plugin's is its error, not the worker's exit
         raise EnvError(f"environment factory or reset raised {type(exc).__name__}: {exc}") from exc
 
 

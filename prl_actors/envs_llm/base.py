@@ -81,7 +81,7 @@ def step_result(env: Environment, text: str) -> StepResult:
     """`env.step(text)`, resolved and checked (an EnvError names what is wrong)."""
     try:
         out = resolve(env.step(text))
-    except Exception as exc:
+    except BaseException as exc:  # noqa: BLE001 - a SystemExit of the environment's is its error, not the worker's exit
         raise EnvError(f"environment step raised {type(exc).__name__}: {exc}") from exc
     if isinstance(out, StepResult):
         result = out

@@ -143,7 +143,7 @@ def _call(tools: dict[str, Tool], name: str, args: dict[str, Any]) -> tuple[str,
         return f"error: unknown tool {clean(name, MAX_NAME_CHARS)!r} (tools: {', '.join(sorted(tools))})", True
     try:
         return tools[name](args), False
-    except Exception as exc:  # noqa: BLE001 - a tool's failure is the model's information, not the run's
+    except BaseException as exc:  # noqa: BLE001 - a tool's failure (SystemExit too) is the model's information
         return f"error: {type(exc).__name__}: {_text(exc)}", True
 
 
