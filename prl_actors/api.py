@@ -43,6 +43,7 @@ from typing import Any
 CALLABLES_ENV = "PRL_API_CALLABLES"  # the pickled callables of this run, for the processes it starts
 MODULE = "prl_actors.api"  # what task.rewards names a registered callable by: prl_actors.api:<name>
 DATASET_TASKS = ("jsonl", "math", "code")
+EXPORT_STAMP = ".from"  # in a directory final_model() exported: the checkpoint it came from
 _REGISTERED: dict[str, Callable[..., Any]] = {}  # this process's callables, by name
 _LOADED: dict[str, Callable[..., Any]] | None = None  # the ones unpickled from CALLABLES_ENV
 
@@ -164,7 +165,8 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
 class Run:
     """One training run driven from Python. `start()` launches `prl-actors up` on this machine;
     `metrics()` yields each finished epoch's row; `stop()` stops it (resumable, as Ctrl-C);
-    `final_model()` exports the newest checkpoint as a Hugging Face directory.
+    `final_model()` is the final model as a Hugging Face directory (RUN_DIR/final, or the newest
+    checkpoint exported).
 
     config: a YAML path, a dict of sections ({"run": {"epochs": 3}}) or a Config; None = defaults.
     rewards: callables `fn(record) -> float` (or a {name: fn} mapping), summed with weight 1, reported
@@ -331,31 +333,66 @@ class Run:
             raise RunFailed(f"the run in {self.run_dir} ended with exit code {self.returncode}: " + " | ".join(errors))
 
     def final_model(self, out: str | os.PathLike[str] | None = None) -> Path:
-        """The newest intact checkpoint exported as a Hugging Face directory (default RUN_DIR/final);
-        an existing export of that checkpoint is reused."""
-        from cli.export_cmd import export_checkpoint
-        from prl_actors.rundir import RunDir
+        """The run's final model as a Hugging Face directory (default RUN_DIR/final). A completed run
+        wrote RUN_DIR/final itself (in the model's dtype, as the workers ran it): that directory, copied
+        to `out` when given, unless a newer checkpoint came after it (a resume stopped early). Otherwise
+        (a stopped run, a LoRA run) the newest intact checkpoint is exported; an existing export of that
+        checkpoint is reused."""
+        from prl_actors.rundir import FINAL, RunDir
 
         checkpoint = RunDir(self.run_dir).latest_checkpoint()
+        written = self.run_dir / FINAL
+        if _is_current_final(written, checkpoint):
+            if out is None or Path(out).resolve() == written.resolve():
+                return written
+            return _copy_dir(written, Path(out))
         if checkpoint is None:
             raise FileNotFoundError(f"{self.run_dir} holds no complete checkpoint")
-        target = Path(out) if out is not None else self.run_dir / "final"
-        stamp = target / ".from"
-        if stamp.is_file() and stamp.read_text() == str(checkpoint.resolve()):
-            return target
-        if target.exists():
-            import shutil
-
-            shutil.rmtree(target)
-        export_checkpoint(checkpoint, target)
-        stamp.write_text(str(checkpoint.resolve()))
-        return target
+        return _export(checkpoint, Path(out) if out is not None else written)
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _is_current_final(final: Path, checkpoint: Path | None) -> bool:
+    """RUN_DIR/final as the trainer wrote it at the end of a completed run (not an export of ours: no
+    `.from` stamp), written after the newest checkpoint was complete."""
+    from prl_actors.rundir import DONE
+
+    if not (final / "config.json").is_file() or (final / EXPORT_STAMP).exists():
+        return False
+    if checkpoint is None:
+        return True
+    written = max(f.stat().st_mtime for f in final.iterdir() if f.is_file())
+    return written >= (checkpoint / DONE).stat().st_mtime
+
+
+def _copy_dir(source: Path, target: Path) -> Path:
+    import shutil
+
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target)
+    return target
+
+
+def _export(checkpoint: Path, target: Path) -> Path:
+    """`checkpoint` exported to `target` (reused when `target` is already its export)."""
+    import shutil
+
+    from cli.export_cmd import export_checkpoint
+
+    stamp = target / EXPORT_STAMP
+    if stamp.is_file() and stamp.read_text() == str(checkpoint.resolve()):
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    export_checkpoint(checkpoint, target)
+    stamp.write_text(str(checkpoint.resolve()))
+    return target
 
 
 def _user_paths() -> list[str]:

@@ -169,8 +169,9 @@ def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_p
                 break
     assert run.returncode == 130  # stopped as Ctrl-C stops it
     assert [r["reward/right_row"] for r in rows] == [1.0, 1.0]
-    model = run.final_model()
+    model = run.final_model()  # a stopped run wrote no RUN_DIR/final: its newest checkpoint, exported
     assert (model / "config.json").is_file() and (model / "generation_config.json").is_file()
+    assert model == tmp_path / "final" and (model / api.EXPORT_STAMP).is_file()
     done = len((tmp_path / "metrics.jsonl").read_text().splitlines())  # 2 or more: epochs are quick
     config["run"]["epochs"] = done + 2  # resumed for two more: every epoch once, the callables reloaded
     data = [{"prompt": prompt, "answer": answer}]
@@ -178,6 +179,38 @@ def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_p
     rows = list(again.start().metrics(timeout_s=120))
     assert again.returncode == 0
     assert [r["epoch"] for r in rows] == list(range(done + 2)) and all(r["reward/right_row"] == 1.0 for r in rows)
+    written = (tmp_path / "final" / "model.safetensors").stat()  # the completed run's own RUN_DIR/final
+    assert again.final_model() == tmp_path / "final" and not (tmp_path / "final" / api.EXPORT_STAMP).exists()
+    assert (tmp_path / "final" / "model.safetensors").stat().st_mtime_ns == written.st_mtime_ns  # not re-exported
+    copy = again.final_model(tmp_path / "copy")
+    assert (copy / "model.safetensors").read_bytes() == (tmp_path / "final" / "model.safetensors").read_bytes()
+
+
+def test_final_model_prefers_the_runs_final_unless_a_newer_checkpoint_came_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RUN_DIR/final as the trainer writes it is returned as is; a checkpoint completed after it (a
+    resume stopped early), or our own export's stamp in it, sends final_model() to the checkpoint."""
+    from prl_actors.rundir import DONE, RunDir
+
+    checkpoint = tmp_path / "checkpoints" / "v3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / DONE).write_text("{}")
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    os.utime(checkpoint / DONE, ns=(1, 1))  # the checkpoint, then the final model
+    monkeypatch.setattr(RunDir, "latest_checkpoint", lambda self, on_skip=None: checkpoint)
+    exported: list[tuple[Path, Path]] = []
+    monkeypatch.setattr(api, "_export", lambda ckpt, target: exported.append((ckpt, target)) or target)
+    run = api.Run(run_dir=tmp_path)
+    assert run.final_model() == final and exported == []
+    assert (run.final_model(tmp_path / "out") / "config.json").is_file() and exported == []
+    os.utime(final / "config.json", ns=(0, 0))  # a newer checkpoint than the final model
+    assert run.final_model() == final and exported == [(checkpoint, final)]
+    os.utime(final / "config.json")
+    (final / api.EXPORT_STAMP).write_text(str(checkpoint))  # an export of ours: its stamp decides
+    assert run.final_model() == final and exported[-1] == (checkpoint, final) and len(exported) == 2
 
 
 def test_readme_example_runs(tmp_path: Path) -> None:
