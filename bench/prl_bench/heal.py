@@ -21,7 +21,6 @@ the issue's "every ~30 s" is scaled down so the benchmark ends in minutes on 2 c
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import re
@@ -168,22 +167,30 @@ def _disturb(ctx: BenchContext, proc: subprocess.Popen[bytes], run_dir: Path, in
     return kills
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted((run_dir / "logs").glob("*.jsonl")) if (run_dir / "logs").is_dir() else []:
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(line))
+def log_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every event of the run's logs, logs/<actor>.jsonl and the .jsonl.gz an ended run's large logs
+    are moved into (rundir.compress_logs), read by replay's reader: a live run's half-written last line
+    is skipped; a file replay cannot read is left out (none yet: [])."""
+    from prl_actors.replay.events import ReplayError, log_files, read_file
+
+    try:
+        files = log_files(run_dir)
+    except ReplayError:
+        return []
+    out: list[dict[str, Any]] = []
+    for path in files:
+        with contextlib.suppress(ReplayError, OSError, EOFError):
+            out += read_file(path, [])
     return out
 
 
 def _opened(run_dir: Path) -> bool:
-    return any(e["event"] == "epoch_open" for e in _events(run_dir))
+    return any(e["event"] == "epoch_open" for e in log_events(run_dir))
 
 
 def _live(run_dir: Path) -> dict[str, int]:
     """actor name -> pid of its newest process, for those still running."""
-    newest = {e["actor"]: int(e["pid"]) for e in _events(run_dir) if e["event"] == "actor_start"}
+    newest = {e["actor"]: int(e["pid"]) for e in log_events(run_dir) if e["event"] == "actor_start"}
     return {a: pid for a, pid in newest.items() if _alive(pid)}
 
 
@@ -195,7 +202,7 @@ def _alive(pid: int) -> bool:
 
 
 def _summary(ctx: BenchContext, run_dir: Path, epochs: int, kills: list[str], err: str, name: str) -> dict[str, Any]:
-    events = _events(run_dir)
+    events = log_events(run_dir)
     first_open = min(e["t_mono"] for e in events if e["event"] == "epoch_open" and e["actor"] == "coordinator")
     last = [e["t_mono"] for e in events if e["event"] == "epoch_done" and e.get("done_epoch") == epochs - 1]
     train_s = max(last) - first_open

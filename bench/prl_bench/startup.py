@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from prl_bench.common import BenchContext, Entry, run_up
+from prl_bench.heal import log_events
 
 GOAL_S = 5.0
 PORT_RETRIES = 3
@@ -109,7 +110,7 @@ def _measure(
     ctx: BenchContext, name: str, epochs: int, env: dict[str, str], fork_server: bool = True
 ) -> dict[str, Any]:
     run_dir, t0 = _up(ctx, name, epochs, env, fork_server)
-    events = _events(run_dir)
+    events = log_events(run_dir)  # logs/*.jsonl and *.jsonl.gz
     first_done = min(e["t_wall"] for e in events if e["event"] == "epoch_done" and e["actor"] == "coordinator")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     walls = [r["wall_s"] for r in rows if not r.get("eval")]  # the demo also evaluates (eval rows have no wall_s)
@@ -121,17 +122,6 @@ def _measure(
     }
     ctx.say(f"[startup] {name}: first epoch after {row['first_epoch_s']:.2f}s; {phases}")
     return row
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted((run_dir / "logs").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 def _phases(events: list[dict[str, Any]], t0: float) -> str:
