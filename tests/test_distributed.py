@@ -144,6 +144,8 @@ def test_two_ddp_ranks_give_the_weights_of_one_process(tmp_path: Path) -> None:
             assert b[key] == a[key], key
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-9)
+        assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-9)  # summed with its token count
+        assert (b["clip_frac_low"], b["clip_frac_high"]) == (a["clip_frac_low"], a["clip_frac_high"])
     assert two.version == 2
     assert two.pending == 0 and two.flush() == 0  # the Learner interface's flush: nothing queued
 

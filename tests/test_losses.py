@@ -15,6 +15,7 @@ from prl_actors.training.losses import (
     ADV_EPS,
     batch_reward_std,
     cispo_loss,
+    clip_sides,
     entropy,
     group_advantages,
     k3_kl,
@@ -118,6 +119,20 @@ def test_ppo_clip_asymmetric_bounds() -> None:
     loss, clipped = ppo_clip_loss(logp, torch.zeros(2), torch.tensor([1.0, -1.0]), eps_low=0.2, eps_high=0.28)
     assert torch.allclose(loss, torch.tensor([-1.25, 0.8]))  # 1.25 < 1.28 not clipped; 0.7 -> 0.8 clipped
     assert clipped.tolist() == [False, True]
+
+
+def test_clip_sides_count_the_low_and_the_high_side_by_the_advantage_s_sign() -> None:
+    """As TRL's clip_ratio/low_mean and high_mean: low = ratio < 1 - eps_low with A < 0, high = ratio >
+    1 + eps_high with A > 0. Asymmetric eps (0.2 / 0.28), so swapping them, swapping the sides or
+    dropping the sign condition each changes the answer."""
+    ratio = torch.tensor([0.5, 0.5, 1.5, 1.5, 0.79, 1.25, 0.5, 1.5])
+    adv = torch.tensor([-1.0, 1.0, 1.0, -1.0, -0.5, 2.0, 0.0, 0.0])
+    low, high = clip_sides(ratio, adv, eps_low=0.2, eps_high=0.28)
+    assert low.tolist() == [True, False, False, False, True, False, False, False]
+    assert high.tolist() == [False, False, True, False, False, False, False, False]
+    logp = ratio.log()
+    _, clipped = ppo_clip_loss(logp, torch.zeros(8), adv, eps_low=0.2, eps_high=0.28)
+    assert torch.equal(clipped, low | high)  # the PPO clip is active exactly on the two sides
 
 
 def test_on_policy_gradient_is_minus_advantage() -> None:

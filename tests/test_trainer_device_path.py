@@ -8,10 +8,11 @@ responses of up to 48 tokens. The gpu impl must dispatch as many ops for 64 samp
 epoch; the cpu impl, measured in the same test, shows what a per-sample loop and per-micro-batch
 reads look like to the same counter (its ops grow with the samples, its syncs pass 10).
 
-Maths: impl gpu gives the cpu impl's losses, metrics and weights (float32 / float64) across loss
-types, beta > 0, shared and unshared prompts, several minibatches and iterations, engine-mismatch
-correction, the entropy bonus with top-p (the full-logits fallback), and the periodic == sync
-invariant (arrival order and micro-batching do not change the update).
+Maths: impl gpu gives the cpu impl's losses, metrics (clip_frac_low / high and entropy among them)
+and weights (float32 / float64) across loss types, beta > 0, shared and unshared prompts, several
+minibatches and iterations, engine-mismatch correction, the entropy bonus with top-p (the full-logits
+fallback), a clip that acts on both sides, and the periodic == sync invariant (arrival order and
+micro-batching do not change the update).
 """
 
 from __future__ import annotations
@@ -149,6 +150,9 @@ METRICS = (
     "loss",
     "kl",
     "clip_frac",
+    "clip_frac_low",
+    "clip_frac_high",
+    "entropy",
     "ratio_mean",
     "ratio_min",
     "ratio_max",
@@ -182,10 +186,15 @@ CASES: list[dict[str, object]] = [
     {"loss_type": "dr_grpo", "is_correction": "mis", "is_cap": 1.2, "scale_rewards": "batch"},
     {"loss_type": "bnpo", "entropy_coef": 0.01, "_worker__sampling__top_p": 0.9, "_model__dtype": "float64"},
     {"loss_type": "dapo", "lora": {"r": 4}, "gradient_checkpointing": True},  # reference = adapter off
+    {"loss_type": "dapo", "num_iterations": 3, "eps_low": 0.01, "eps_high": 0.01},  # the clip acts: low and high
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[str(c["loss_type"]) + ("-lora" if "lora" in c else "") for c in CASES])
+def case_id(case: dict[str, object]) -> str:
+    return str(case["loss_type"]) + ("-lora" if "lora" in case else "-clip" if "eps_low" in case else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_gpu_impl_equals_cpu_impl(small_dir: Path, case: dict[str, object]) -> None:
     """Two epochs (the second has a KL and, with M x mu > 1, a frozen epoch-start policy). Weights
     within 1e-5 (float32: summation order, magnified on near-zero entries by AdamW's first step, as
@@ -197,6 +206,30 @@ def test_gpu_impl_equals_cpu_impl(small_dir: Path, case: dict[str, object]) -> N
         metrics = {impl: epoch(learner, groups, index) for impl, learner in learners.items()}
         assert_same(learners["cpu"], learners["gpu"], metrics["cpu"], metrics["gpu"], atol)
     assert metrics["gpu"]["kl"] > 0 and metrics["gpu"]["optimizer_steps"] >= 1
+    assert metrics["gpu"]["entropy"] > 0
+    if "eps_low" in case:  # measured: low 0.31, high 0.34 of the tokens (each side, not only their sum)
+        low, high = metrics["gpu"]["clip_frac_low"], metrics["gpu"]["clip_frac_high"]
+        assert low > 0.1 and high > 0.1 and math.isclose(low + high, metrics["gpu"]["clip_frac"], rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "gpu"])
+def test_the_entropy_metric_is_the_mean_token_entropy_over_trained_tokens(small_dir: Path, impl: str) -> None:
+    """entropy = mean over the trained tokens (truncated samples masked out) of -(p log p).sum(-1),
+    p = softmax(logits / T) of the epoch-start weights, computed here one sample at a time."""
+    groups = groups_of(16, max_new=12, seed=2)
+    cfg = config(impl=impl, mask_truncated_completions=True, _worker__sampling__temperature=0.7)
+    got = epoch(GRPOLearner(cfg, small_dir), groups)["entropy"]
+    model = load_model(small_dir, dtype="float64")
+    values = []
+    with torch.no_grad():
+        for g in groups:
+            for smp in (smp for smp in g.samples if smp.finished):
+                ids = torch.tensor([g.prompt_ids + smp.token_ids])
+                logits = model(input_ids=ids).logits[0, len(g.prompt_ids) - 1 : -1] / 0.7  # [L, V]
+                p = torch.softmax(logits, -1)
+                values.append(-(p * p.log()).sum(-1))
+    want = torch.cat(values).mean().item()
+    assert math.isclose(got, want, rel_tol=1e-5), (got, want)
 
 
 def test_gpu_impl_gradient_equals_cpu_impl_on_long_rows(chat_dir: Path) -> None:
@@ -258,6 +291,25 @@ def test_chunked_head_equals_log_softmax_with_gradients(monkeypatch: pytest.Monk
     assert torch.allclose(got, want, atol=1e-12)
     for a, b in zip(mine, [hidden.grad, head.weight.grad, head.bias.grad], strict=True):
         assert torch.allclose(a, b, atol=1e-12)  # type: ignore[arg-type]
+
+
+def test_chunked_head_entropy_equals_the_whole_distribution_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four chunks of 100 rows: the entropy from the running chunks is -(p log p).sum(-1) of the whole
+    softmax (float64), and asking for it leaves the log-probs and their gradient as they were."""
+    monkeypatch.setattr(device_forward, "VOCAB_CHUNK", 100)
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, VOCAB, bias=True, dtype=torch.float64)
+    hidden = 3 * torch.randn(9, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([0, 99, 100, 383, 250, 7, 301, 199, 200])
+    logp, ent = device_forward.head_scores(hidden, head, targets, 0.7, with_entropy=True)
+    p = torch.softmax(head(hidden) / 0.7, -1)
+    assert ent is not None and not ent.requires_grad
+    assert torch.allclose(ent, -(p * p.log()).sum(-1), atol=1e-12)
+    assert torch.equal(logp, device_forward.head_logprobs(hidden, head, targets, 0.7))
+    assert device_forward.head_scores(hidden, head, targets, 0.7)[1] is None
+    (grad_with,) = torch.autograd.grad(logp.sum(), hidden)
+    (grad_without,) = torch.autograd.grad(device_forward.head_logprobs(hidden, head, targets, 0.7).sum(), hidden)
+    assert torch.equal(grad_with, grad_without)
 
 
 def test_rows_pack_whole_segments_first_fit_decreasing() -> None:

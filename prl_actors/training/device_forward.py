@@ -8,10 +8,12 @@ keeping it. With a 150k vocabulary and 15k tokens the logits would be 9 GB in fl
 is N x 8192. The number of ops is the number of chunks (fixed by the vocabulary), not the tokens.
 
 The chunked head serves the plain behaviour (temperature only: no top-p / top-k / min-p / penalty)
-without the entropy bonus; otherwise the [N, V] logits of the predicting rows are made once and go
-through training/behaviour.py as on the CPU path. A model whose head is not a plain `nn.Linear`
-under its decoder body (logit soft-capping or scaling, an adapter on the head) is found by
-`head_split`'s one-time check (body + head == the model's own logits) and runs whole.
+without the entropy bonus, and gives the entropy metric from its own chunks (a running E_q[z] beside
+the running log-sum-exp: a constant number of ops per chunk, no gradient); otherwise the [N, V]
+logits of the predicting rows are made once and go through training/behaviour.py as on the CPU path.
+A model whose head is not a plain `nn.Linear` under its decoder body (logit soft-capping or scaling,
+an adapter on the head) is found by `head_split`'s one-time check (body + head == the model's own
+logits) and runs whole.
 
 Precision: under autocast the head's matmuls run in the autocast dtype (as `lm_head` would), the
 log-sum-exp and the output in float32 (float64 for a float64 model), as behaviour_logprobs.
@@ -43,7 +45,9 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 class _HeadLogprob(torch.autograd.Function):
-    """log softmax(h W^T + b)[target] / temperature, chunked over W's rows (see module docstring)."""
+    """log softmax(h W^T + b)[target] / temperature, chunked over W's rows (see module docstring); and,
+    `with_entropy`, the distribution's entropy per row, from the same chunks (no gradient: a metric):
+    H = lse - E_q[z], E_q[z] kept as a running softmax-weighted sum rescaled as the lse grows."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -54,24 +58,30 @@ class _HeadLogprob(torch.autograd.Function):
         targets: torch.Tensor,
         temperature: float,
         compute: torch.dtype,
-    ) -> torch.Tensor:
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         whole = weight.shape[0] <= VOCAB_CHUNK
         with torch.autocast(hidden.device.type, enabled=False):
             h = hidden.to(compute)
             lse: torch.Tensor | None = None  # [N] running log-sum-exp
             picked: torch.Tensor | None = None  # [N] the target's logit
+            mean_z: torch.Tensor | None = None  # [N] E_q[z] over the chunks so far (with_entropy)
             for start in range(0, weight.shape[0], VOCAB_CHUNK):
                 z = _chunk(h, weight, bias, start, temperature, compute)  # [N, c]
                 part, mine = torch.logsumexp(z, dim=-1), _target_logit(z, targets, start, whole)
+                if with_entropy:
+                    mean_z = _mean_logit(mean_z, lse, z, part)
                 lse = part if lse is None else torch.logaddexp(lse, part)
                 picked = mine if picked is None else picked + mine
         assert lse is not None and picked is not None, "a head with no rows"
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.compute = temperature, compute
-        return picked - lse  # [N]
+        entropy = lse - mean_z if mean_z is not None else lse.new_empty(0)  # [N] or [0]
+        ctx.mark_non_differentiable(entropy)
+        return picked - lse, entropy  # [N], [N]
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor, _entropy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         t, compute = ctx.temperature, ctx.compute
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -97,7 +107,19 @@ class _HeadLogprob(torch.autograd.Function):
                 if grad_b is not None:
                     grad_b[start:stop] = dz.sum(0).to(bias.dtype)
         grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _mean_logit(
+    mean_z: torch.Tensor | None, lse: torch.Tensor | None, z: torch.Tensor, part: torch.Tensor
+) -> torch.Tensor:
+    """[N] E_q[z] over the chunks so far and chunk `z` ([N, c], its log-sum-exp `part`): each side
+    weighted by its share of the probability mass, exp(its lse - the joint lse)."""
+    mine = (torch.exp(z - part[:, None]) * z).sum(-1)  # [N] E[z] within the chunk
+    if mean_z is None or lse is None:
+        return mine
+    joint = torch.logaddexp(lse, part)
+    return mean_z * torch.exp(lse - joint) + mine * torch.exp(part - joint)
 
 
 def _chunk(
@@ -134,10 +156,17 @@ def head_logprobs(
 ) -> torch.Tensor:
     """[N] log q(target) of hidden states [N, H] under `head` and a temperature, chunked (differentiable
     through hidden and the head's parameters)."""
-    out: torch.Tensor = _HeadLogprob.apply(
-        hidden, head.weight, head.bias, targets, float(temperature), _compute_dtype(hidden)
+    return head_scores(hidden, head, targets, temperature)[0]
+
+
+def head_scores(
+    hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(`head_logprobs`, and with `with_entropy` the entropy of q per row [N], without gradient)."""
+    logp, ent = _HeadLogprob.apply(
+        hidden, head.weight, head.bias, targets, float(temperature), _compute_dtype(hidden), with_entropy
     )
-    return out
+    return logp, (ent if with_entropy else None)
 
 
 def plain(b: Behaviour) -> bool:
@@ -203,8 +232,11 @@ def device_logprobs(
     behaviour: Behaviour,
     context: torch.Tensor | None = None,
     with_entropy: bool = False,
+    measure_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log q(target) [N], entropy [N] or None) of every response token of `batch` under `model`."""
+    """(log q(target) [N], entropy [N] or None) of every response token of `batch` under `model`:
+    the entropy with its gradient (`with_entropy`: the bonus) or, `measure_entropy` alone, its value
+    (the metric: from the chunked head's own chunks, or the logits already made, under no_grad)."""
     split = head_split(model)
     inputs = {"input_ids": batch.input_ids, "attention_mask": mask, "position_ids": batch.position_ids}
     if split is None:
@@ -214,8 +246,13 @@ def device_logprobs(
         body, head = split
         hidden = body(**inputs, use_cache=False)[0].flatten(0, 1)[batch.predict_index]  # [N, H]
         if plain(behaviour) and not with_entropy:
-            return head_logprobs(hidden, head, batch.targets, behaviour.temperature), None
+            return head_scores(hidden, head, batch.targets, behaviour.temperature, measure_entropy)
         picked = head(hidden)  # [N, V]
     logp = behaviour_logprobs(picked, batch.targets, behaviour, context=context)
-    ent = behaviour_entropy(picked, behaviour, context=context) if with_entropy else None
+    ent = None
+    if with_entropy:
+        ent = behaviour_entropy(picked, behaviour, context=context)
+    elif measure_entropy:
+        with torch.no_grad():
+            ent = behaviour_entropy(picked.detach(), behaviour, context=context)
     return logp, ent

@@ -35,13 +35,16 @@ from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.device_batch import DeviceBatch, allowed_mask, build
 from prl_actors.training.device_forward import attention_mask, device_logprobs
 from prl_actors.training.epoch_stats import EpochStats
-from prl_actors.training.losses import engine_is_weights, kl_estimate, token_weights
+from prl_actors.training.losses import clip_sides, engine_is_weights, kl_estimate, token_weights
 from prl_actors.training.trimodel import TriLogprobs
 
 SUMS = (
     "loss_sum",
     "kl_sum",
     "clipped",
+    "clipped_low",
+    "clipped_high",
+    "entropy_sum",
     "ratio_sum",
     "diff_tokens",
     "diff_sum",
@@ -52,7 +55,7 @@ SUMS = (
 )
 PEAKS = ("ratio_max", "ratio_min", "diff_max", "is_max", "is_min")
 """Peaks are kept as maxima; a minimum as the maximum of its negation."""
-COUNTS = frozenset({"clipped", "diff_tokens", "is_tokens", "is_corrected"})
+COUNTS = frozenset({"clipped", "clipped_low", "clipped_high", "diff_tokens", "is_tokens", "is_corrected"})
 
 
 def resolve_impl(impl: str, device: torch.device) -> str:
@@ -183,7 +186,10 @@ class DeviceFlush:
         self.stats.trained_tokens += batch.kept_tokens
         if self.first_pass:
             self.stats.tokens += batch.model_tokens
-        self._record_device(batch, out, per_token, ratio, clipped, rho, corrected)
+        if out.entropy is not None:
+            self.stats.entropy_tokens += batch.kept_tokens
+        low, high = clip_sides(ratio, adv_tok, c.eps_low, c.eps_high)  # [N] x 2
+        self._record_device(batch, out, per_token, ratio, (clipped, low, high), rho, corrected)
 
     def _tri_device(self, groups: list[Group], batch: DeviceBatch) -> TriLogprobs:
         """Policy (with grad), old and reference log-probs over one mask; the no-grad ones first."""
@@ -204,7 +210,7 @@ class DeviceFlush:
                 elif self.tri.adapter_reference:
                     with self.policy.disable_adapter():
                         ref = device_logprobs(self.policy, batch, mask, b, context)[0]
-            logp, ent = device_logprobs(self.policy, batch, mask, b, context, self.cfg.entropy_coef > 0)
+            logp, ent = device_logprobs(self.policy, batch, mask, b, context, self.cfg.entropy_coef > 0, True)
         old_logp = logp.detach() if old is None else old.to(logp)
         return TriLogprobs(policy=logp, old=old_logp, ref=ref, entropy=ent)
 
@@ -214,15 +220,19 @@ class DeviceFlush:
         out: TriLogprobs,
         per_token: torch.Tensor,
         ratio: torch.Tensor,
-        clipped: torch.Tensor,
+        clips: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         rho: torch.Tensor,
         corrected: torch.Tensor,
     ) -> None:
-        """The micro-batch's metric sums and peaks, added on the device (see DeviceStats)."""
+        """The micro-batch's metric sums and peaks, added on the device (see DeviceStats). clips: [N]
+        bool x 3, the clipped term active, the clip's low side, its high side (losses.clip_sides)."""
         keep = batch.keep  # [N] bool
+        clipped, low, high = clips
         v: dict[str, torch.Tensor] = {
             "loss_sum": _where(keep, per_token.detach(), 0.0).sum(),
             "clipped": (clipped & keep).sum(),
+            "clipped_low": (low & keep).sum(),
+            "clipped_high": (high & keep).sum(),
             "ratio_sum": _where(keep, ratio, 0.0).sum(),
             "ratio_max": _where(keep, ratio, float("-inf")).max(),
             "ratio_min": _where(keep, ratio, float("inf")).min(),
@@ -230,6 +240,8 @@ class DeviceFlush:
         if out.ref is not None:
             kl = kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator)  # [N]
             v["kl_sum"] = _where(keep, kl, 0.0).sum()
+        if out.entropy is not None:
+            v["entropy_sum"] = _where(keep, out.entropy.detach(), 0.0).sum()
         if self.first_pass:
             diff = (batch.engine - out.old.to(torch.float64)).abs()  # [N], NaN where the engine gave none
             known = ~diff.isnan()

@@ -22,7 +22,11 @@ class EpochStats:
     correct: int = 0
     loss_sum: float = 0.0
     kl_sum: float = 0.0
-    clipped: int = 0
+    clipped: int = 0  # tokens whose clipped term is active (losses.ppo_clip_loss; cispo: weight clipped)
+    clipped_low: int = 0  # ratio < 1 - eps_low with A < 0 (losses.clip_sides)
+    clipped_high: int = 0  # ratio > 1 + eps_high with A > 0
+    entropy_sum: float = 0.0  # the policy's behaviour entropy summed over the trained tokens
+    entropy_tokens: int = 0  # the tokens it was measured on (every trained token; 0: nothing measured)
     diff_tokens: int = 0
     diff_sum: float = 0.0
     diff_max: float = 0.0
@@ -89,12 +93,14 @@ class EpochStats:
 
     def metrics(self) -> dict[str, float]:
         samples, trained = max(self.samples, 1), max(self.trained_tokens, 1)
-        return {
+        row = {
             "reward_mean": self.reward_sum / samples,
             "accuracy": self.correct / samples,
             "loss": self.loss_sum / trained,
             "kl": self.kl_sum / trained,
             "clip_frac": self.clipped / trained,
+            "clip_frac_low": self.clipped_low / trained,
+            "clip_frac_high": self.clipped_high / trained,
             "ratio_mean": self.ratio_sum / trained if self.trained_tokens else 1.0,
             "ratio_min": self.ratio_min if self.trained_tokens else 1.0,
             "ratio_max": self.ratio_max if self.trained_tokens else 1.0,
@@ -105,7 +111,13 @@ class EpochStats:
             "samples": float(self.samples),
             "groups": float(self.groups),
             "response_len": self.tokens / samples,
-        } | self.is_metrics()
+        }
+        return row | self.is_metrics() | self.entropy_metrics()
+
+    def entropy_metrics(self) -> dict[str, float]:
+        """entropy: the mean per-token entropy of the policy's behaviour distribution over the trained
+        tokens (every forward of the epoch, as loss); absent when it was not measured."""
+        return {"entropy": self.entropy_sum / self.entropy_tokens} if self.entropy_tokens else {}
 
     def _diff(self, value: float) -> float:
         """NaN when tokens were trained but no engine log-prob came with them (nothing measured)."""

@@ -62,6 +62,7 @@ from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
     batch_reward_std,
     cispo_loss,
+    clip_sides,
     engine_is_weights,
     host_advantages,
     kl_estimate,
@@ -287,7 +288,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         context = response_contexts(pairs) if self.tri.transform.penalised else None  # [N, C]
         with self._autocast():
             old = self._old_logprobs(batch, context)  # [N] or None (the policy's own)
-            out = self.tri(batch, old, context=context, with_entropy=self.cfg.entropy_coef > 0)
+            out = self.tri(batch, old, context=context, with_entropy=self.cfg.entropy_coef > 0, measure_entropy=True)
         model_tokens = loss_mask(groups).to(self.device) > 0  # [N] False on environment tokens (multi-turn)
         keep = keep_s.to(self.device)[batch.sample_index] & model_tokens  # [N]
         adv_tok = adv.to(self.device, out.policy.dtype)[batch.sample_index]  # [N]
@@ -300,7 +301,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         loss = (weights * per_token).sum()
         loss.backward()
         self.norm.tokens += int(keep.sum())
-        self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped)
+        self._record(groups, out, keep, int(model_tokens.sum()), per_token, ratio, clipped, adv_tok)
         if self.first_pass:  # the same ratios on every pass (old = the epoch-start policy)
             self.stats.add_is(rho[keep].cpu(), corrected[keep].cpu())
 
@@ -348,7 +349,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         loss = pg if is_weight is None else pg * is_weight
         if out.ref is not None:
             loss = loss + c.beta * kl_estimate(out.policy, out.ref, c.kl_estimator)
-        if out.entropy is not None:
+        if c.entropy_coef > 0 and out.entropy is not None:
             loss = loss - c.entropy_coef * out.entropy
         return loss, lr_.detach().exp(), clipped
 
@@ -361,15 +362,23 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         per_token: torch.Tensor,
         ratio: torch.Tensor,
         clipped: torch.Tensor,
+        adv: torch.Tensor,
     ) -> None:
-        """Epoch stats of one micro-batch (plain floats): loss, KL, ratio and clipping over the tokens
-        that enter the loss (keep: [N] bool); `tokens` counts the model's tokens."""
+        """Epoch stats of one micro-batch (plain floats): loss, KL, ratio, clipping (and its low and
+        high sides: adv [N], each token's advantage) and entropy over the tokens that enter the loss
+        (keep: [N] bool); `tokens` counts the model's tokens."""
         self.stats.trained_tokens += int(keep.sum())
         self.stats.loss_sum += float(per_token.detach()[keep].sum())
         if out.ref is not None:
             kl = kl_estimate(out.policy.detach(), out.ref, self.cfg.kl_estimator)  # [N]
             self.stats.kl_sum += float(kl[keep].sum())
         self.stats.clipped += int((clipped & keep).sum())
+        low, high = clip_sides(ratio, adv, self.cfg.eps_low, self.cfg.eps_high)  # [N] x 2
+        self.stats.clipped_low += int((low & keep).sum())
+        self.stats.clipped_high += int((high & keep).sum())
+        if out.entropy is not None:
+            self.stats.entropy_sum += float(out.entropy.detach()[keep].sum())
+            self.stats.entropy_tokens += int(keep.sum())
         self.stats.add_ratio(ratio[keep])
         if self.first_pass:
             self.stats.tokens += model_tokens

@@ -123,6 +123,17 @@ def ppo_clip_loss(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).detach()
 
 
+def clip_sides(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low [N], high [N]) bool: the tokens whose ratio the clip holds at its low side (ratio <
+    1 - eps_low with A < 0) and at its high side (ratio > 1 + eps_high with A > 0), as TRL's
+    clip_ratio/low_mean and high_mean. ratio, adv: [N] (each token carries its sample's advantage)."""
+    low = (ratio < 1.0 - eps_low) & (adv < 0)
+    high = (ratio > 1.0 + eps_high) & (adv > 0)
+    return low, high
+
+
 def cispo_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,6 +45,7 @@ SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
     *("loss_sum", "kl_sum", "clipped", "diff_tokens", "diff_sum", "trained_tokens", "ratio_sum"),
     *("is_tokens", "is_sum", "is_corrected"),
+    *("clipped_low", "clipped_high", "entropy_sum", "entropy_tokens"),
 )
 NORM = ("tokens", "sequences", "samples")
 BUCKET_BYTES = 32 << 20

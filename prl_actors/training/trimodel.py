@@ -33,7 +33,7 @@ class TriLogprobs:
     policy: torch.Tensor
     old: torch.Tensor
     ref: torch.Tensor | None
-    entropy: torch.Tensor | None = None  # [N] the policy's behaviour entropy, only when asked for
+    entropy: torch.Tensor | None = None  # [N] the policy's behaviour entropy (with grad: the bonus), when asked for
 
 
 class TriModel(torch.nn.Module):
@@ -60,16 +60,24 @@ class TriModel(torch.nn.Module):
         behaviour: torch.Tensor | None = None,
         context: torch.Tensor | None = None,
         with_entropy: bool = False,
+        measure_entropy: bool = False,
     ) -> TriLogprobs:
         """`behaviour` ([N], optional) overrides the old-policy log-probs: the frozen epoch-start
         policy's after an epoch's first minibatch step (training/grpo.py), or the engine's for a
         future off-policy mode; by default old = policy, detached (strict on-policy). `context`
-        ([N, C]): each token's context, needed with a repetition penalty (behaviour.response_contexts)."""
+        ([N, C]): each token's context, needed with a repetition penalty (behaviour.response_contexts).
+        `with_entropy`: the entropy with its gradient (the entropy bonus); `measure_entropy` alone: its
+        value, from the same logits under no_grad (the entropy metric)."""
         b = self.transform
         logits = response_logits(self.policy, batch)  # [N, V]
         ctx = None if context is None else context.to(logits.device)
         logp = behaviour_logprobs(logits, batch.targets, b, context=ctx)  # [N]
-        ent = behaviour_entropy(logits, b, context=ctx) if with_entropy else None
+        ent = None
+        if with_entropy:
+            ent = behaviour_entropy(logits, b, context=ctx)  # [N]
+        elif measure_entropy:
+            with torch.no_grad():
+                ent = behaviour_entropy(logits.detach(), b, context=ctx)  # [N]
         ref = None
         if self.reference is not None:
             with torch.no_grad():
