@@ -574,8 +574,8 @@ class TrainerSection(_Section):
 
 def bounded_refused(cfg: Config) -> str:
     """Why run.mode bounded cannot run with `cfg` ('' if it can): stale samples need the GRPO learner
-    and an importance correction; dynamic sampling, evaluation and trainer rank groups are not
-    pipelined with it yet."""
+    and an importance correction; dynamic sampling and trainer rank groups are not pipelined with it
+    yet (evaluation is: the pipeline pauses at an evaluated epoch, actors/coordinator.py `_bound`)."""
     if cfg.trainer.learner != "grpo":
         return "needs trainer.learner grpo (stale samples are corrected by the GRPO learner)"
     if cfg.trainer.is_correction == "none" and cfg.run.max_staleness > 0:
@@ -584,8 +584,6 @@ def bounded_refused(cfg: Config) -> str:
         return "with coordinator.dynamic_sampling is not supported yet"
     if cfg.trainer.strategy != "single":
         return f"with trainer.strategy {cfg.trainer.strategy} is not supported yet: use strategy single"
-    if cfg.eval.every_epochs > 0:
-        return "with evaluation (eval.every_epochs > 0) is not supported yet: add --set eval.every_epochs=0"
     return ""
 
 

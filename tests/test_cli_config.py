@@ -94,8 +94,12 @@ def test_bounded_mode_defaults_to_truncated_is() -> None:
     with pytest.raises(ConfigError, match="is_correction"):  # an explicit none is the user's, and refused
         load_config(None, {"run.mode": "bounded", "run.max_staleness": 1, "trainer.is_correction": "none"})
     assert load_config(None, {}).trainer.is_correction == "none"  # other modes: unchanged
-    with pytest.raises(ConfigError, match="add --set eval.every_epochs=0"):
-        load_config(ROOT / "configs/demo.yaml", {"run.mode": "bounded", "run.max_staleness": 1})
+    for extra in ([], ["--set", "run.max_staleness=1"]):  # with its evaluation on (the pipeline pauses there)
+        demo = ("up", "--config", str(ROOT / "configs/demo.yaml"), "--set", "run.mode=bounded", *extra, "--dry-run")
+        code, out = run_cli(*demo)
+        assert code == 0 and "dry run: the config checks out" in out, out
+    demo_k1 = load_config(ROOT / "configs/demo.yaml", {"run.mode": "bounded", "run.max_staleness": 1})
+    assert demo_k1.eval.every_epochs == 10 and demo_k1.trainer.is_correction == "tis"
 
 
 def test_help_says_what_an_epoch_is_and_the_defaults() -> None:

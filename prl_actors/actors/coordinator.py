@@ -7,7 +7,9 @@ Invariants it keeps:
 - epoch e is bound to weights v_e (protocol/versions.py); a worker is given epoch-e work only when its
   WorkRequest says it holds v_e (on-policy), or, under run.mode bounded with k = max_staleness, any
   of v_{e-k} .. v_e (`within_bound`); then epoch e+1 opens as soon as epoch e is generated and
-  v_{e+1-k} is published (`may_open`), before the trainer has made v_{e+1};
+  v_{e+1-k} is published (`may_open`), before the trainer has made v_{e+1}; except an epoch whose
+  weights are evaluated (`_bound`): it opens at v_e, is generated with v_e only, and the next epoch
+  waits for that evaluation (the pipeline pauses there, docs/OBSERVE.md);
 - every group of the epoch is queued, held by exactly one live worker, or done (accepted by the
   buffer); a leaving or silent worker's held groups go back to the queue; a done group is never handed
   out again.
@@ -160,6 +162,7 @@ class CoordinatorCore(Core):
         self.eval_last: dict[str, float] = {}
         self.final_eval = False  # the last step is done; the run ends when this evaluation does
         self.final_epoch = -1  # set once the last step is done: the epoch of the final weights
+        self.strict_epoch = -1  # bounded mode: the last epoch opened at k = 0 for its evaluation (`_bound`)
         eval_done = sorted(eval_plan.done) if eval_plan is not None else []
         self.log(  # for replay (the epochs already evaluated decide what is evaluated)
             "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
@@ -252,7 +255,7 @@ class CoordinatorCore(Core):
         workers = self.members.of_role(Role.WORKER)
         if not workers:
             return "no worker is registered"
-        behind = [m.name for m in workers if not within_bound(self.epoch, m.version, self.s.max_staleness)]
+        behind = [m.name for m in workers if not within_bound(self.epoch, m.version, self._bound(self.epoch))]
         if len(behind) == len(workers):
             return f"every worker still holds an older version ({', '.join(sorted(behind)[:4])})"
         return f"{len(self.work.holder)} groups held by workers{self._holders()}, {len(self.work.queue)} queued"
@@ -404,7 +407,7 @@ class CoordinatorCore(Core):
             return NoWorkReason.DONE
         if not self.phase.is_(Phase.RUNNING):
             return NoWorkReason.NO_EPOCH
-        if not within_bound(self.epoch, held_version, self.s.max_staleness):
+        if not within_bound(self.epoch, held_version, self._bound(self.epoch)):
             return NoWorkReason.STALE_VERSION
         return None if self.work.queue else NoWorkReason.QUEUE_EMPTY
 
@@ -487,8 +490,11 @@ class CoordinatorCore(Core):
             e = max(epoch_for(v), self.epoch)
         else:
             return
-        if e >= self.s.epochs or not may_open(e, v, self.s.max_staleness):
+        if e >= self.s.epochs or not may_open(e, v, self._bound(e)):
             return  # the last epoch is generated (StepDone ends the run), or its floor weights are not out
+        if self._eval_blocks() and self.eval_epoch < e:  # the workers must keep v_e until it is evaluated
+            self.log("epoch_open_deferred", reason=f"evaluation of v{version_for(self.eval_epoch)} running")
+            return
         self._open(e, version_for(e))
 
     def _open(self, e: int, v: int) -> None:
@@ -503,6 +509,8 @@ class CoordinatorCore(Core):
         self.prompts = {p.group_id: p for p in self._epoch_prompts(e, range(self.s.groups_per_epoch))}
         self.work = EpochWork(list(self.prompts))
         self.assigned_at, self.failures = {}, {}
+        if self.s.max_staleness and self._bound(e) == 0:  # its evaluation pauses the pipeline here
+            self.strict_epoch = e
         self._start_eval(e, final=False)
         self.phase.to(Phase.OPENING)
         open_ = EpochOpen(
@@ -872,16 +880,32 @@ class CoordinatorCore(Core):
         floor (of the last epoch opened) up to it. Periodic, sync and k = 0: `msg` unchanged."""
         if not self.s.max_staleness or self.available_version < 0:
             return msg
+        newest = self.available_version
+        if self._eval_blocks():  # no drift pull past the evaluated weights: workers must keep them until it is done
+            newest = min(newest, version_for(self.eval_epoch))
         floor = self._floor(self.epoch) if self.epoch >= 0 else 0
-        oldest = max(floor, self.available_version - self.s.max_staleness - 1)  # at most k + 1 steps (a resume)
-        msg.newest = self.available_version
-        msg.step_kls = to_wire(self.available_version, oldest, self.step_kls)
+        oldest = max(floor, newest - self.s.max_staleness - 1)  # at most k + 1 steps (a resume)
+        msg.newest = newest
+        msg.step_kls = to_wire(newest, oldest, self.step_kls)
         return msg
 
     def _floor(self, epoch: int) -> int:
         """The version a worker must hold at least to generate `epoch` (v_e; v_{e-k} in bounded mode):
         what Welcome, EpochStart, HeartbeatAck and NoWork tell workers."""
-        return floor_version(epoch, self.s.max_staleness)
+        return floor_version(epoch, self._bound(epoch))
+
+    def _bound(self, epoch: int) -> int:
+        """k for `epoch`: run.max_staleness, but 0 in bounded mode for an epoch whose weights v_e are
+        evaluated (due, or opened so). Such an epoch opens only once v_e is published, every worker
+        loads v_e to generate it (nothing newer exists before its step), and the next epoch waits for
+        the evaluation (`_maybe_open_bounded`), so the eval prompts find workers holding exactly v_e:
+        the pipeline pauses at that epoch and the evaluation runs as in periodic mode. Fixed once the
+        epoch opens (`strict_epoch`), whenever the evaluation ends."""
+        k = self.s.max_staleness
+        if not k or epoch == self.strict_epoch:
+            return 0
+        due = self.eval_plan is not None and epoch < self.s.epochs and self.eval_plan.due(epoch, self.s.epochs)
+        return 0 if due else k
 
     def _to_member(self, name: str, msg: Msg) -> None:
         """Send a copy of `msg` (with its own id) to a member."""
