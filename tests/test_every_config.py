@@ -2,9 +2,9 @@
 --epochs 2` (configs/*.yaml and configs/recipes/*.yaml, each found by glob, so a new config is in
 the tier by itself), then `prl-actors replay RUN --check` green.
 
-The opt-in `configs` tier (`make test-configs`): not in `make test`. Measured: 13 tests in 11 min on
-2 cores shared with other work (4 min of CPU); guess 137 s (its warm start), demo 104 s (the add
-warm start the recipes then share from the cache), cartpole 73 s, tools 65 s, the rest 17-60 s.
+The opt-in `configs` tier (`make test-configs`): not in `make test`. Measured on 2 cores: 13 tests in
+4 min 47 s (3.4 min of CPU); guess 67 s (its warm start), demo 60 s (the add warm start the recipes
+then share from the cache), cartpole 39 s, the rest 9-17 s. Under other work on the same cores: 11 min.
 A config that needs `model.path` (a chat checkpoint) gets a tiny random-init Qwen2
 (prl_actors.model.tiny), as its header tells a user to try it. The only other change is the run
 directory (a temporary one). A config that cannot run here is listed in NOT_HERE with the reason,
