@@ -391,7 +391,8 @@ def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without CUDA: one skip line and no entries; the smoke preset runs the same trainer code at a
-    tiny shape on the CPU (impl gpu and cpu), with finite numbers and the ops it dispatched."""
+    tiny shape on the CPU (impl gpu and cpu), the single-process loop and `prl-actors up` (2 epochs,
+    its logs passing `replay --check`), with finite numbers and the ops it dispatched."""
     from prl_bench import gpu
     from prl_bench.common import BenchContext
 
@@ -405,6 +406,12 @@ def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
     assert by["single-process loop tiny cpu"].raw["impl"] == "cpu"  # auto on the CPU
     assert all(math.isfinite(e.measured) and e.measured > 0 for e in entries)
     assert by["trainer impl gpu ops per epoch tiny cpu"].raw["syncs"] <= 10
+    up = {"up tiny cpu", "up generation tiny cpu", "up training tiny cpu", "up trainer tokens/s tiny cpu"}
+    assert up <= set(by), sorted(by)
+    run = by["up tiny cpu"].raw
+    assert run["replay_check"] == "ok" and run["epochs"] == 2 and run["peak_gib"] is None  # no peak in up's logs
+    assert run["wall_s"] >= run["train_s"] > 0 and run["gen_s"] > 0
+    assert by["up trainer tokens/s tiny cpu"].measured == pytest.approx(run["tokens"] / run["train_s"])
 
 
 def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_allocated_yet(

@@ -201,14 +201,17 @@ def measure_actors(
     epochs: int,
     overrides_: dict[str, Any] | None = None,
     tag: str = "",
+    timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
+    """`prl-actors up` (1 worker) for `epochs`: medians of the steady epochs (after the first), and
+    the run's dir and metrics rows for the caller (bench gpu reads generation and training from them)."""
     run_dir = ctx.work_dir / f"up-{shape}{tag}"
     cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
     chosen = settings(ctx, shape) if overrides_ is None else overrides_
     overrides = {**chosen, "model.path": str(model_dir), "transport.base_port": free_port(5)}
     for k, v in overrides.items():
         cmd += ["--set", f"{k}={v}"]
-    code, err = run_up(cmd, timeout_s=1800.0)
+    code, err = run_up(cmd, timeout_s=timeout_s)
     if code != 0:
         raise RuntimeError(f"prl-actors up ({shape}) failed ({code}): {err[-1500:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -219,6 +222,8 @@ def measure_actors(
         "samples": rows[0]["samples"],
         "sync_s": weight_sync_s(run_dir),
         "epochs": len(rows),
+        "rows": rows,
+        "run_dir": run_dir,
     }
 
 

@@ -15,9 +15,15 @@ per step (accumulate every group, flush, step; the device synchronised around it
 the device's dense bf16 peak), peak memory, and the ops and host syncs one epoch dispatches
 (training/dispatch_count.py). Then the single-process loop (prl_bench.e2e.Loop, the torch engine
 generating on the same GPU) on a copy of the model whose end-of-turn logit is calibrated as in
-chat_shape.py: seconds per step, generation tokens/s, training seconds. TRL's GRPOTrainer runs
-alongside when `trl` is importable (its whole step: generation and training). Not here: `up`.
-`bench/prl_bench/gpu_engine.py`, when present, adds the engine against HF generate (issue 38).
+chat_shape.py: seconds per step, generation tokens/s, training seconds. `prl-actors up` on that
+model with the loop's settings (1 worker, worker and trainer on the same GPU; run first, before this
+process holds GPU memory, so the trainer's memory budget sees the whole device), a few epochs under
+a deadline: from RUN/metrics.jsonl (medians after the first epoch) seconds per step, generation and
+training seconds per step (wall_s, gen_s, train_s), generated and trainer tokens/s; whether
+`prl-actors replay RUN --check` passes; peak memory only if the metrics rows carry it (`up` logs
+none today). TRL's GRPOTrainer runs alongside when `trl` is importable (its whole step: generation
+and training). `bench/prl_bench/gpu_engine.py`, when present, adds the engine against HF generate
+(issue 38).
 
 Without CUDA the benchmark prints one line and returns nothing; the smoke preset (tests) runs the
 same code at a tiny shape on the CPU instead.
@@ -29,6 +35,8 @@ import json
 import math
 import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,8 +59,12 @@ def run(ctx: BenchContext) -> list[Entry]:
             ctx.say("[gpu] skipped: torch sees no CUDA device")
             return []
         entries = trainer_entries(ctx.work_dir, "cpu", tiny=True, say=ctx.say)
-        return entries + loop_entries(ctx.work_dir, "cpu", tiny=True, iters=2, say=ctx.say)
-    entries = trainer_entries(ctx.work_dir, "cuda", tiny=ctx.smoke, steps=ctx.size(5, 3, 1), say=ctx.say)
+        entries += loop_entries(ctx.work_dir, "cpu", tiny=True, iters=2, say=ctx.say)
+        return entries + up_entries(ctx, "cpu", tiny=True, epochs=2)
+    # `up` first: its trainer sizes micro-batches from the GPU's free memory, which this process's
+    # cached blocks would otherwise hold
+    entries = up_entries(ctx, "cuda", tiny=ctx.smoke, epochs=ctx.size(5, 3, 2))
+    entries += trainer_entries(ctx.work_dir, "cuda", tiny=ctx.smoke, steps=ctx.size(5, 3, 1), say=ctx.say)
     entries += loop_entries(ctx.work_dir, "cuda", tiny=ctx.smoke, iters=ctx.size(3, 2, 2), say=ctx.say)
     entries += trl_entries(ctx)
     entries += engine_entries(ctx)
@@ -271,20 +283,11 @@ def loop_entries(work: Path, device: str, tiny: bool, iters: int, say: Any = pri
     """The single-process loop (prl_bench.e2e.Loop: the torch engine generates the batch, the learner
     trains it, repeat) on `device`: seconds per step, generation tokens/s, training seconds."""
     from prl_actors.config import load_config
-    from prl_bench.chat_shape import chat_settings
     from prl_bench.e2e import Loop
 
     shape = "tiny" if tiny else "qwen2-358m"
     model_dir = build_model(work / f"{shape}-chat", tiny, calibrate=device)
-    overrides = {
-        **chat_settings(4 if tiny else 16, 16 if tiny else CAP),
-        "worker.group_size": 4 if tiny else 8,
-        "model.path": str(model_dir),
-        "model.dtype": "float32" if tiny else "bfloat16",
-        "trainer.device": device,
-        "worker.device": device,
-    }
-    loop = Loop(load_config(None, overrides), model_dir)
+    loop = Loop(load_config(None, loop_settings(model_dir, device, tiny)), model_dir)
     rows = [loop.iteration(i) for i in range(iters)]
     steady = rows[1:] or rows
     med = {k: statistics.median(r[k] for r in steady) for k in rows[0]}
@@ -299,6 +302,85 @@ def loop_entries(work: Path, device: str, tiny: bool, iters: int, say: Any = pri
         Entry(BENCH, f"single-process loop training {shape} {device}", "training s per step", train, "s", train,
               None, raw={"train_s": med["train_s"], "step_s": med["step_s"]}),
     ]  # fmt: skip
+
+
+def up_entries(ctx: BenchContext, device: str, tiny: bool, epochs: int) -> list[Entry]:
+    """`prl-actors up` (1 worker; worker and trainer on `device`) on the loop's model and settings,
+    for `epochs` under a deadline (prl_bench.e2e.measure_actors): seconds per step, generation and
+    training seconds per step (the metrics rows' wall_s, gen_s and train_s, medians after the first
+    epoch), generated and trainer tokens/s, and whether `prl-actors replay RUN --check` passes."""
+    from prl_bench.e2e import measure_actors
+
+    shape = "tiny" if tiny else "qwen2-358m"
+    model_dir = build_model(ctx.work_dir / f"{shape}-chat", tiny, calibrate=device)
+    _release_cuda()  # the calibration's cached blocks: `up`'s trainer sizes its micro-batches from free memory
+    deadline = 300.0 if tiny else 600.0 + 120.0 * epochs
+    run = measure_actors(ctx, f"gpu-{shape}-{device}", model_dir, epochs, loop_settings(model_dir, device, tiny),
+                         timeout_s=deadline)  # fmt: skip
+    steady = [r for r in run["rows"] if "wall_s" in r and not r.get("eval")]
+    steady = steady[1:] or steady
+    med = {k: statistics.median(float(r[k]) for r in steady) for k in ("wall_s", "gen_s", "train_s", "tokens")}
+    check = replay_check(run["run_dir"])
+    peak = peak_memory_gib(run["rows"])
+    ctx.say(f"[gpu] up on {device}: {med['wall_s']:.2f} s/step (generation {med['gen_s']:.2f}, training "
+            f"{med['train_s']:.2f}); replay --check {check}")  # fmt: skip
+    rows = [{k: r.get(k) for k in ("epoch", "wall_s", "gen_s", "train_s", "tokens")} for r in run["rows"]]
+    raw = {**med, "epochs": run["epochs"], "replay_check": check, "peak_gib": peak, "deadline": deadline, "rows": rows}
+    out = [
+        Entry(BENCH, f"up {shape} {device}", "s per step", med["wall_s"], "s", med["wall_s"],
+              9.6 if device == "cuda" and not tiny else None, "<=", raw=raw,
+              note="issue 37 goal: <= TRL GRPOTrainer's 9.6 s/step on an H200 at this shape; "
+                   f"replay --check {check}"),
+        Entry(BENCH, f"up generation {shape} {device}", "generation s per step", med["gen_s"], "s", med["gen_s"],
+              None, raw={"generated_tokens_per_s": med["tokens"] / med["gen_s"]}),
+        Entry(BENCH, f"up training {shape} {device}", "training s per step", med["train_s"], "s", med["train_s"],
+              None, raw={"train_s": med["train_s"]}),
+        Entry(BENCH, f"up trainer tokens/s {shape} {device}", "response tokens/s of training",
+              med["tokens"] / med["train_s"], "tok/s", med["tokens"] / med["train_s"], None,
+              raw={"tokens": med["tokens"]}),
+    ]  # fmt: skip
+    if peak is not None:
+        out.append(Entry(BENCH, f"up peak memory {shape}", "peak allocated", peak, "GiB", peak, None))
+    return out
+
+
+def loop_settings(model_dir: Path, device: str, tiny: bool) -> dict[str, Any]:
+    """The overrides of the single-process loop and of `up`: chat_shape's math task with chat prompts,
+    16 prompts x G = 8, up to CAP new tokens (tiny: 4 x 4, 16), bfloat16 (tiny: float32)."""
+    from prl_bench.chat_shape import chat_settings
+
+    return {
+        **chat_settings(4 if tiny else 16, 16 if tiny else CAP),
+        "worker.group_size": 4 if tiny else 8,
+        "model.path": str(model_dir),
+        "model.dtype": "float32" if tiny else "bfloat16",
+        "trainer.device": device,
+        "worker.device": device,
+    }
+
+
+def replay_check(run_dir: Path) -> str:
+    """'ok', or the tail of what `prl-actors replay RUN --check` said when it failed."""
+    out = subprocess.run([sys.executable, "-m", "cli.main", "replay", str(run_dir), "--check"],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    return "ok" if out.returncode == 0 else f"FAILED ({out.returncode}): {(out.stdout + out.stderr)[-500:]}"
+
+
+def peak_memory_gib(rows: list[dict[str, Any]]) -> float | None:
+    """The largest peak-memory figure the metrics rows carry (a key naming peak memory in GiB), if any:
+    `up` does not log one today, so this is None until it does."""
+    found = [float(v) for r in rows for k, v in r.items() if "peak" in k and k.endswith("gib")]
+    return max(found) if found else None
+
+
+def _release_cuda() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def trl_entries(ctx: BenchContext) -> list[Entry]:
