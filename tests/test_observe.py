@@ -195,6 +195,11 @@ def test_completions_replay_and_curves(runs: tuple[Path, Path], tmp_path: Path) 
     assert res.exit_code == 0 and "== epoch 1 (v1)" in res.output and "epoch 0" not in res.output
     res = CliRunner().invoke(app, ["replay", str(evald), "--curves", str(tmp_path / "c.png")])
     assert res.exit_code == 0, res.output
+    for panel in ("loss", "grad norm", "response length", "entropy", "clip fraction"):  # the learner reports them
+        assert panel in res.output, (panel, res.output)
+    for row in RunDir(evald).metrics_rows():
+        assert {"clip_frac_low", "clip_frac_high", "entropy", "grad_norm", "response_len"} <= set(row)
+        assert row["entropy"] > 0 and row["clip_frac_low"] == row["clip_frac_high"] == 0  # M x mu = 1: ratio 1
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     res = CliRunner().invoke(app, ["replay", str(tmp_path), "--completions"])
     assert res.exit_code == 2 and "log_completions" in res.output
