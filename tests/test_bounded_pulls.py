@@ -233,7 +233,7 @@ def train_epoch(core: Any, groups: list[m.Group], spoil_probe: bool = False) -> 
         core.probe = [m.Group(group_id=0, prompt="x", prompt_ids=[4], samples=[bad], worker="worker-0")]
     core.handle(0.0, inbound(m.EpochComplete(epoch=0, groups=len(groups)), "buffer", peer="buffer"))
     assert core.learner.version == 1  # the step happened either way
-    ((_, _, metrics),) = core.finished.values()
+    ((_, metrics),) = core.finished.values()
     return metrics  # type: ignore[no-any-return]
 
 
