@@ -119,8 +119,9 @@ def counted(model_dir: Path, impl: str, n_samples: int) -> tuple[DispatchCount, 
 
 
 def test_gpu_impl_dispatches_a_flat_number_of_ops_and_no_sync_per_micro_batch(chat_dir: Path) -> None:
-    """Measured here (CPU, this shape): gpu 1,546 ops and 0 syncs for 16 and for 64 samples, the
-    step 74 ops and 1 sync (the metrics' one read); cpu 3,043 -> 8,830 ops and 32 -> 44 syncs."""
+    """Measured here (CPU, this shape): gpu 1,571 ops and 0 syncs for 16 and for 64 samples (1,546
+    before the clip sides and the entropy metric), the step 74 ops and 1 sync (the metrics' one
+    read); cpu 3,043 -> 8,830 ops and 32 -> 44 syncs."""
     gpu16, step16 = counted(chat_dir, "gpu", 16)
     gpu64, step64 = counted(chat_dir, "gpu", 64)
     assert gpu64.ops / gpu16.ops <= 1.25, (gpu16.ops, gpu64.ops, gpu64.top())
@@ -412,6 +413,27 @@ def test_gpu_bench_skips_without_cuda_and_its_tiny_cpu_path_runs(
     assert run["replay_check"] == "ok" and run["epochs"] == 2 and run["peak_gib"] is None  # no peak in up's logs
     assert run["wall_s"] >= run["train_s"] > 0 and run["gen_s"] > 0
     assert by["up trainer tokens/s tiny cpu"].measured == pytest.approx(run["tokens"] / run["train_s"])
+
+
+def test_the_gpu_bench_samples_ups_peak_memory_over_what_was_in_use_before() -> None:
+    """`up` logs no peak memory: the bench samples the device's memory in use while it runs."""
+    import threading
+
+    from prl_bench.gpu import sampled_peak
+
+    readings, seen = iter([3.0, 5.0, 9.5, 4.0]), threading.Event()
+
+    def read() -> float:
+        value = next(readings, 4.0)
+        seen.set() if value == 4.0 else None
+        return value
+
+    with sampled_peak(read, every_s=0.001) as peak:
+        assert seen.wait(5.0) and peak == []
+    assert peak == [6.5]  # 9.5 GiB at most, 3.0 before
+    with sampled_peak(None) as none:
+        pass
+    assert none == []
 
 
 def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_allocated_yet(
