@@ -20,10 +20,11 @@ model with the loop's settings (1 worker, worker and trainer on the same GPU; ru
 process holds GPU memory, so the trainer's memory budget sees the whole device), a few epochs under
 a deadline: from RUN/metrics.jsonl (medians after the first epoch) seconds per step, generation and
 training seconds per step (wall_s, gen_s, train_s), generated and trainer tokens/s; whether
-`prl-actors replay RUN --check` passes; peak memory only if the metrics rows carry it (`up` logs
-none today). TRL's GRPOTrainer runs alongside when `trl` is importable (its whole step: generation
-and training). `bench/prl_bench/gpu_engine.py`, when present, adds the engine against HF generate
-(issue 38).
+`prl-actors replay RUN --check` passes; peak memory from the metrics rows if they carry it (`up`
+logs none today), else the device's memory in use (every process, `torch.cuda.mem_get_info`) sampled
+on a thread while `up` runs, less what was in use before it started. TRL's GRPOTrainer runs
+alongside when `trl` is importable (its whole step: generation and training).
+`bench/prl_bench/gpu_engine.py`, when present, adds the engine against HF generate (issue 38).
 
 Without CUDA the benchmark prints one line and returns nothing; the smoke preset (tests) runs the
 same code at a tiny shape on the CPU instead.
@@ -31,13 +32,16 @@ same code at a tiny shape on the CPU instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -315,13 +319,15 @@ def up_entries(ctx: BenchContext, device: str, tiny: bool, epochs: int) -> list[
     model_dir = build_model(ctx.work_dir / f"{shape}-chat", tiny, calibrate=device)
     _release_cuda()  # the calibration's cached blocks: `up`'s trainer sizes its micro-batches from free memory
     deadline = 300.0 if tiny else 600.0 + 120.0 * epochs
-    run = measure_actors(ctx, f"gpu-{shape}-{device}", model_dir, epochs, loop_settings(model_dir, device, tiny),
-                         timeout_s=deadline)  # fmt: skip
+    with sampled_peak(_device_gib_in_use if device == "cuda" else None) as sampled:
+        run = measure_actors(ctx, f"gpu-{shape}-{device}", model_dir, epochs, loop_settings(model_dir, device, tiny),
+                             timeout_s=deadline)  # fmt: skip
     steady = [r for r in run["rows"] if "wall_s" in r and not r.get("eval")]
     steady = steady[1:] or steady
     med = {k: statistics.median(float(r[k]) for r in steady) for k in ("wall_s", "gen_s", "train_s", "tokens")}
     check = replay_check(run["run_dir"])
-    peak = peak_memory_gib(run["rows"])
+    logged = peak_memory_gib(run["rows"])
+    peak = logged if logged is not None else (sampled[0] if sampled else None)
     ctx.say(f"[gpu] up on {device}: {med['wall_s']:.2f} s/step (generation {med['gen_s']:.2f}, training "
             f"{med['train_s']:.2f}); replay --check {check}")  # fmt: skip
     rows = [{k: r.get(k) for k in ("epoch", "wall_s", "gen_s", "train_s", "tokens")} for r in run["rows"]]
@@ -340,7 +346,9 @@ def up_entries(ctx: BenchContext, device: str, tiny: bool, epochs: int) -> list[
               raw={"tokens": med["tokens"]}),
     ]  # fmt: skip
     if peak is not None:
-        out.append(Entry(BENCH, f"up peak memory {shape}", "peak allocated", peak, "GiB", peak, None))
+        how = "peak allocated (up's metrics)" if logged is not None else "peak device memory in use by up (sampled)"
+        note = "" if logged is not None else "4x a second: every process on the device, less what it held before"
+        out.append(Entry(BENCH, f"up peak memory {shape}", how, peak, "GiB", peak, None, note=note))
     return out
 
 
@@ -371,6 +379,38 @@ def peak_memory_gib(rows: list[dict[str, Any]]) -> float | None:
     `up` does not log one today, so this is None until it does."""
     found = [float(v) for r in rows for k, v in r.items() if "peak" in k and k.endswith("gib")]
     return max(found) if found else None
+
+
+@contextlib.contextmanager
+def sampled_peak(read: Callable[[], float] | None, every_s: float = 0.25) -> Iterator[list[float]]:
+    """While the block runs, `read()` (GiB in use) every `every_s` on a thread; afterwards the list it
+    yields holds the peak less the reading at the start (it stays empty without `read`)."""
+    out: list[float] = []
+    if read is None:
+        yield out
+        return
+    start, seen, stop = read(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every_s):
+            seen.append(read() - start)
+
+    thread = threading.Thread(target=sample, name="bench-gpu-memory", daemon=True)
+    thread.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join()
+        out.append(max(seen))
+
+
+def _device_gib_in_use() -> float:
+    """Memory in use on the current CUDA device by every process (the driver's count), GiB."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
 
 
 def _release_cuda() -> None:
