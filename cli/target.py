@@ -15,6 +15,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from cli.common import CoordOpt, KeysOpt
+from cli.common import fail as _fail
+
 RunDirArg = Annotated[
     Path | None,
     typer.Argument(
@@ -23,24 +26,6 @@ RunDirArg = Annotated[
     ),
 ]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="The run's RUN_DIR/config.yaml.")]
-CoordOpt = Annotated[
-    str | None,
-    typer.Option("--coordinator", envvar="PRL_COORDINATOR", help="Coordinator address, e.g. tcp://host:27500."),
-]
-KeysOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--keys",
-        envvar="PRL_KEYS",
-        help="CurveZMQ key directory (default: the run's RUN_DIR/keys; on another host an exported copy, "
-        "see `prl-actors keys export`).",
-    ),
-]
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
 
 
 @dataclass

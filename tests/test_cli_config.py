@@ -8,20 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from cli.config_cmd import reference
-from cli.main import app
 from prl_actors.config import ConfigError, RunSection, load_config, nearest_field, parse_override
-
-ROOT = Path(__file__).resolve().parent.parent
-runner = CliRunner()
-
-
-def run_cli(*args: str) -> tuple[int, str]:
-    result = runner.invoke(app, list(args))
-    assert "Traceback" not in result.output
-    return result.exit_code, result.output
+from tests.test_cli_commands import ROOT, run_cli
 
 
 def test_config_md_is_the_generated_reference() -> None:
