@@ -126,8 +126,10 @@ class Finished:
     seconds: float  # from admission to its last token
 
 
-class RunningBatch:
-    """The running batch of one model. Not thread-safe: one caller (the worker's actor thread)."""
+class GroupQueue:
+    """What every running batch shares (RunningBatch here, StaticBatch on the accelerator path): the
+    queue of groups waiting for rows, the groups in the batch, notes for the worker's log, and when a
+    row is done. Not thread-safe: one caller (the worker's actor thread)."""
 
     def __init__(
         self,
@@ -136,28 +138,16 @@ class RunningBatch:
         max_rows: int,
         eos_ids: set[int],
         pad_id: int,
-        behaviour: Behaviour,
         max_new_tokens: int,
         stopper: Callable[[list[int]], bool] | None = None,
     ) -> None:
         self.model, self.max_rows = model, max_rows
         self.eos_ids, self.pad_id = eos_ids, pad_id
-        self.behaviour, self.max_new_tokens = behaviour, max_new_tokens
+        self.max_new_tokens = max_new_tokens
         self.stopper = stopper  # tokens so far -> has a stop string appeared (ends the row, finished)
-        self.device = next(model.parameters()).device
-        self._eos = torch.tensor(sorted(eos_ids), device=self.device)
         self.pending: deque[Running] = deque()
         self.groups: list[Running] = []  # in the batch
-        self.rows: list[Row] = []  # aligned with the batch dimension
-        self.cache: Any = None
-        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [B, T]
-        self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
-        self.window = _sliding_window(model)
-        self.can_share: bool | None = None  # the model routes the shared-prefix store (checked when first wanted)
-        self.store: PrefixKV | None = None  # the running batch's shared-prefix store (None: it uses `cache`)
         self.notes: list[tuple[str, dict[str, Any]]] = []  # for the worker's log (drain_notes)
-
-    # --- the caller's API ------------------------------------------------------------------------
 
     def add(
         self,
@@ -179,6 +169,53 @@ class RunningBatch:
     def busy(self) -> bool:
         return bool(self.pending or self.groups)
 
+    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
+        """What the batch learned about its model since the last call (engines/base.py engine_notes)."""
+        notes, self.notes = self.notes, []
+        return notes
+
+    def row_done(self, row: Row) -> bool:
+        """Has `row` ended (eos or max_new_tokens)?"""
+        return row.eos or len(row.tokens) >= self.max_new_tokens
+
+    def _drop_all(self) -> list[int]:
+        """Empty the queue and the batch's group list; returns the dropped groups' ids."""
+        dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]
+        self.pending.clear()
+        self.groups = []
+        return dropped
+
+
+class RunningBatch(GroupQueue):
+    """The running batch of one model. Not thread-safe: one caller (the worker's actor thread)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        max_rows: int,
+        eos_ids: set[int],
+        pad_id: int,
+        behaviour: Behaviour,
+        max_new_tokens: int,
+        stopper: Callable[[list[int]], bool] | None = None,
+    ) -> None:
+        super().__init__(
+            model, max_rows=max_rows, eos_ids=eos_ids, pad_id=pad_id, max_new_tokens=max_new_tokens, stopper=stopper
+        )
+        self.behaviour = behaviour
+        self.device = next(model.parameters()).device
+        self._eos = torch.tensor(sorted(eos_ids), device=self.device)
+        self.rows: list[Row] = []  # aligned with the batch dimension
+        self.cache: Any = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)  # [B, T]
+        self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] next position id
+        self.window = _sliding_window(model)
+        self.can_share: bool | None = None  # the model routes the shared-prefix store (checked when first wanted)
+        self.store: PrefixKV | None = None  # the running batch's shared-prefix store (None: it uses `cache`)
+
+    # --- the caller's API (add, busy, drain_notes, row_done: GroupQueue) -------------------------
+
     @property
     def shared(self) -> bool:
         """Does the running batch decode from the shared-prefix store (not from `cache`)?"""
@@ -193,9 +230,7 @@ class RunningBatch:
 
     def abort(self) -> list[int]:
         """Drop every group (running and pending); returns their ids."""
-        dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]
-        self.pending.clear()
-        self.groups = []
+        dropped = self._drop_all()
         self._select([])
         return dropped
 
@@ -270,11 +305,6 @@ class RunningBatch:
             self.notes.append(("decode_attention", {"shared_prefix": self.can_share, "why": why}))
         return self.can_share
 
-    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
-        """What the batch learned about its model since the last call (engines/base.py engine_notes)."""
-        notes, self.notes = self.notes, []
-        return notes
-
     def _merge(self, cache: Any, mask: torch.Tensor, pos: torch.Tensor) -> None:
         """Append rows (their cache, mask [n, P], next positions [n]) to the batch (with the shared
         store, the rows are in it already: only their positions)."""
@@ -326,10 +356,6 @@ class RunningBatch:
             r.tokens.append(t)
             r.logprobs.append(lp)
             r.eos = e or (self.stopper is not None and self.stopper(r.tokens))
-
-    def row_done(self, row: Row) -> bool:
-        """Has `row` ended (eos or max_new_tokens)?"""
-        return row.eos or len(row.tokens) >= self.max_new_tokens
 
     # --- leaving ---------------------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ decoder computes each layer as the model does).
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.engines.batching import Finished, Row, Running, uniforms
+from prl_actors.engines.batching import Finished, GroupQueue, Row, Running, uniforms
 from prl_actors.engines.device_sampling import DeviceSampler
 from prl_actors.engines.graphs import StepRunner
 from prl_actors.engines.sampling import left_pad
@@ -77,7 +76,7 @@ class Views:
     seen: torch.Tensor | None  # [B, V] (repetition penalty)
 
 
-class StaticBatch:
+class StaticBatch(GroupQueue):
     """The running batch of one model on a static cache (see module docstring). One caller."""
 
     def __init__(
@@ -92,25 +91,22 @@ class StaticBatch:
         stopper: Callable[[list[int]], bool] | None = None,
         capture: bool | None = None,
     ) -> None:
-        self.model, self.max_rows = model, max_rows
-        self.eos_ids, self.pad_id = eos_ids, pad_id
-        self.max_new_tokens, self.stopper = max_new_tokens, stopper
+        super().__init__(
+            model, max_rows=max_rows, eos_ids=eos_ids, pad_id=pad_id, max_new_tokens=max_new_tokens, stopper=stopper
+        )
         self.decoder = LeanDecoder(model)
         self.device = self.decoder.device
         self.runner = StepRunner(self.device, capture)
         self._behaviour = behaviour
         self.sampler = DeviceSampler(behaviour)
-        self.pending: deque[Running] = deque()
-        self.groups: list[Running] = []
         self.slot_rows: list[Row | None] = []  # the row holding each slot (None: free)
         self.pos_host = np.zeros(0, dtype=np.int64)  # [S] each slot's next position
         self.kv: StaticKV | None = None
         self.seen: torch.Tensor | None = None  # [S, V] with a repetition penalty
-        self.notes: list[tuple[str, dict[str, Any]]] = []
         self._said: list[tuple[str, dict[str, Any]]] = []  # notes made so far (each said once)
         self.steps = 0  # decode steps run (for tests and the bench)
 
-    # --- RunningBatch's API ------------------------------------------------------------------------
+    # --- RunningBatch's API (add, busy, drain_notes, row_done: GroupQueue) ---------------------
 
     @property
     def behaviour(self) -> Behaviour:
@@ -124,40 +120,14 @@ class StaticBatch:
             if b.penalised and self.seen is None and self.kv is not None:
                 self.seen = self._seen_buffer(self.kv.slots)
 
-    def add(
-        self,
-        group_id: int,
-        prompt_ids: list[int],
-        key: int,
-        size: int,
-        tag: Any = None,
-        index: int = 0,
-        offset: int = 0,
-    ) -> None:
-        """Queue a group (RunningBatch.add: rows index..index+size-1, counters from offset)."""
-        self.pending.append(Running(group_id, list(prompt_ids), key, size, tag, index=index, offset=offset))
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.pending or self.groups)
-
     @property
     def running_rows(self) -> int:
         return sum(r is not None for r in self.slot_rows)
 
     def abort(self) -> list[int]:
-        dropped = [g.group_id for g in self.groups] + [g.group_id for g in self.pending]
-        self.pending.clear()
-        self.groups = []
+        dropped = self._drop_all()
         self.slot_rows = [None] * len(self.slot_rows)
         return dropped
-
-    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]:
-        notes, self.notes = self.notes, []
-        return notes
-
-    def row_done(self, row: Row) -> bool:
-        return row.eos or len(row.tokens) >= self.max_new_tokens
 
     def weights_changed(self) -> None:
         """The model's parameters (or its LoRA hooks) changed: take the new tensors. Captured steps
