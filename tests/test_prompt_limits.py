@@ -52,7 +52,8 @@ def test_long_prompts_are_left_out_with_one_line(model: Path, tmp_path: Path) ->
     rows = [json.loads(x)["prompt"] for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert [p for p, _ in task.items] == rows[::2]
     assert task.note == (
-        f"task.max_prompt_tokens {limit}: left out 2 of 5 prompts longer than that (first: row 1, {lengths[1]} tokens)"
+        f"task.max_prompt_tokens {limit}: left out 2 of 5 prompts longer than that "
+        f"(first: {tmp_path / 'd.jsonl'}:2, {lengths[1]} tokens)"
     )
     assert load_task(cfg).note == ""  # no limit: nothing left out
 
@@ -64,7 +65,7 @@ def test_prompts_past_the_model_positions_are_refused_at_load(model: Path, tmp_p
     line = str(err.value)
     assert "\n" not in line
     assert line.startswith(f"2 prompts are longer than the model's {POSITIONS} positions minus")
-    assert f"= {POSITIONS - 16} tokens (first: row 1," in line
+    assert f"= {POSITIONS - 16} tokens (first: {tmp_path / 'd.jsonl'}:2," in line
     # max_prompt_tokens leaves them out instead
     ok = load_task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"max_prompt_tokens": 100})}))
     assert len(ok.items) == 2 and "left out 2 of 4" in ok.note
@@ -95,3 +96,12 @@ def test_the_builtin_model_has_256_positions(tmp_path: Path) -> None:
     long.write_text(json.dumps({"prompt": "1+" * 130 + "1=", "answer": "131"}) + "\n")
     with pytest.raises(ConfigError, match="256 positions minus worker.sampling.max_new_tokens 8 = 248 tokens"):
         load_task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"prompts_file": str(long)})}))
+
+
+def test_a_refused_prompt_is_named_by_its_files_line_1_based(model: Path, tmp_path: Path) -> None:
+    """Blank lines count as lines: the long prompt on the file's 4th line is named ':4', not by its
+    index among the prompts (issue 40: 'row 1' named the 2nd line)."""
+    path = dataset(tmp_path / "d.jsonl", [2, 600])
+    path.write_text("\n" + path.read_text().replace("\n", "\n\n", 1))  # lines: blank, short, blank, long
+    with pytest.raises(ConfigError, match=rf"\(first: {path}:4, \d+ tokens\)"):
+        load_task(config(model, path))

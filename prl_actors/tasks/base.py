@@ -42,7 +42,8 @@ class Task:
 
     Invariant: `prompts_for_epoch(e, n)` depends only on (seed, e, n, items): every item is used
     once per pass over the items before any repeats (see data/sampler.py).
-    `rows[i]` (when given) is item i's dataset row with all its columns; `rewards` (set by
+    `rows[i]` (when given) is item i's dataset row with all its columns, `wheres[i]` where it stands
+    (a JSONL file's 1-based line, another format's 0-based row); `rewards` (set by
     load_task from `task.rewards`) replaces `reward`, the task's own (prompt, response, answer) one."""
 
     items: list[tuple[str, str]]
@@ -50,6 +51,7 @@ class Task:
     seed: int = 0
     name: str = ""
     rows: list[Mapping[str, Any]] = field(default_factory=list)
+    wheres: list[str] = field(default_factory=list)  # item i's place in its file ("data.jsonl:7"), for errors
     rewards: RewardSet | None = None
     overlong: Callable[[int], float] | None = None  # length -> reward shaping (tasks/shaping.py), set by load_task
     note: str = ""  # what loading left out (tasks/limits.py), one line for the log and the console

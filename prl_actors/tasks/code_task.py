@@ -51,6 +51,7 @@ def code_task(cfg: Config) -> Task:
         unsafe_local=t.code_unsafe_local,
     )  # fmt: skip
     task = Task(items=items, reward=_no_legacy, seed=cfg.run.seed, name="code", rows=[r for _, r in rows])
+    task.wheres = [where for where, _ in rows]
     task.rewards = RewardSet([Reward("code", fn, source="builtin code")])
     return task
 

@@ -20,14 +20,14 @@ def load_items(
 
 def load_items_and_rows(
     cfg: Config, path: str, default_prompt_field: str, answer_fn: AnswerFn | None = None
-) -> tuple[list[tuple[str, str]], list[Mapping[str, Any]]]:
+) -> tuple[list[tuple[str, str]], list[Mapping[str, Any]], list[str]]:
     """load_items, plus every row with all its columns (aligned with the items: what rewards read
-    as `record.row`)."""
+    as `record.row`) and where each row stands in its file (for error messages)."""
     t = cfg.task
     prompt_field = t.prompt_field or default_prompt_field
     rows = read_rows(path, [prompt_field, t.answer_field], t.split, all_columns=True)
     items = build_items(rows, prompt_field, t.answer_field, path, answer_fn)
-    return template(cfg, items), [fields for _, fields in rows]
+    return template(cfg, items), [fields for _, fields in rows], [where for where, _ in rows]
 
 
 def template(cfg: Config, items: list[Item]) -> list[tuple[str, str]]:

@@ -18,5 +18,5 @@ def jsonl_task(cfg: Config) -> Task:
         raise ConfigError(
             "task.name 'jsonl' needs task.prompts_file (a JSONL or parquet file, or a datasets directory)"
         )
-    items, rows = load_items_and_rows(cfg, cfg.task.prompts_file, "prompt")
-    return Task(items=items, reward=exact_match, seed=cfg.run.seed, name="jsonl", rows=rows)
+    items, rows, wheres = load_items_and_rows(cfg, cfg.task.prompts_file, "prompt")
+    return Task(items=items, reward=exact_match, seed=cfg.run.seed, name="jsonl", rows=rows, wheres=wheres)

@@ -13,6 +13,7 @@ encode them).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,13 @@ def model_positions(cfg: Config) -> int | None:
     return None
 
 
-def limit_prompts(cfg: Config, items: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str]:
+def limit_prompts(
+    cfg: Config, items: list[tuple[str, str]], wheres: list[str] | None = None
+) -> tuple[list[tuple[str, str]], str]:
     """The items whose prompts fit, and the one line saying what was left out ('' when nothing).
-    Raises ConfigError (one line) when a kept prompt cannot fit the model's positions."""
+    Raises ConfigError (one line) when a kept prompt cannot fit the model's positions. `wheres[i]`
+    names item i's place in its file; without them an item is named by its 1-based number."""
+    name = _namer(wheres)
     lengths = prompt_lengths(cfg, [p for p, _ in items])
     limit = cfg.task.max_prompt_tokens
     long = [i for i, n in enumerate(lengths) if limit is not None and n > limit]
@@ -63,16 +68,21 @@ def limit_prompts(cfg: Config, items: list[tuple[str, str]]) -> tuple[list[tuple
     if long:
         note = (
             f"task.max_prompt_tokens {limit}: left out {len(long)} of {len(items)} prompts longer than that "
-            f"(first: row {long[0]}, {lengths[long[0]]} tokens)"
+            f"(first: {name(long[0])}, {lengths[long[0]]} tokens)"
         )
-    _refuse_unfit(cfg, [(i, n) for i, n in enumerate(lengths) if limit is None or n <= limit])
+    _refuse_unfit(cfg, [(i, n) for i, n in enumerate(lengths) if limit is None or n <= limit], name)
     kept = [item for item, n in zip(items, lengths, strict=True) if limit is None or n <= limit]
     if not kept:
         raise ConfigError(f"{note}: no prompt is left")
     return kept, note
 
 
-def _refuse_unfit(cfg: Config, lengths: list[tuple[int, int]]) -> None:
+def _namer(wheres: list[str] | None) -> Callable[[int], str]:
+    """Item index -> how an error names it: its file and line (or row), else 'prompt N' (1-based)."""
+    return (lambda i: wheres[i]) if wheres else (lambda i: f"prompt {i + 1}")
+
+
+def _refuse_unfit(cfg: Config, lengths: list[tuple[int, int]], name: Callable[[int], str]) -> None:
     positions = model_positions(cfg)
     if positions is None:
         return
@@ -82,6 +92,6 @@ def _refuse_unfit(cfg: Config, lengths: list[tuple[int, int]]) -> None:
         i, n = unfit[0]
         raise ConfigError(
             f"{len(unfit)} prompts are longer than the model's {positions} positions minus "
-            f"worker.sampling.max_new_tokens {cfg.worker.sampling.max_new_tokens} = {room} tokens (first: row {i}, "
+            f"worker.sampling.max_new_tokens {cfg.worker.sampling.max_new_tokens} = {room} tokens (first: {name(i)}, "
             f"{n} tokens); set task.max_prompt_tokens <= {room} to leave them out, or lower max_new_tokens"
         )

@@ -47,6 +47,6 @@ def math_reward(prompt: str, response: str, answer: str, format_reward: float = 
 
 def math_task(cfg: Config) -> Task:
     path = cfg.task.prompts_file or sample_path()
-    items, rows = load_items_and_rows(cfg, path, "question", reference_answer)
+    items, rows, wheres = load_items_and_rows(cfg, path, "question", reference_answer)
     reward = partial(math_reward, format_reward=cfg.task.format_reward)
-    return Task(items=items, reward=reward, seed=cfg.run.seed, name="math", rows=rows)
+    return Task(items=items, reward=reward, seed=cfg.run.seed, name="math", rows=rows, wheres=wheres)

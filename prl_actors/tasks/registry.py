@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from prl_actors.config import Config, ConfigError
 from prl_actors.rewards.load import PLUGIN_TIMEOUT_S, configure
@@ -27,6 +27,7 @@ TASKS: dict[str, Callable[[Config], Task]] = {
 }
 TASK_NAMES = tuple(TASKS)
 DATASET_TASKS = ("jsonl", "math", "code")
+R = TypeVar("R")
 
 
 def load_task(cfg: Config) -> Task:
@@ -39,8 +40,9 @@ def load_task(cfg: Config) -> Task:
         _check_options(cfg)
         task = TASKS[cfg.task.name](untemplated(cfg))
         loaded = task.items
-        task.items, task.note = limit_prompts(untemplated(cfg), task.items)
+        task.items, task.note = limit_prompts(untemplated(cfg), task.items, task.wheres)
         task.rows = kept_rows(loaded, task.items, task.rows)
+        task.wheres = kept_rows(loaded, task.items, task.wheres)
     if cfg.task.reward:
         task.reward, task.rewards = load_reward(cfg.task.reward), None
     task.rewards = configure(cfg.task, task.reward_set())
@@ -55,9 +57,7 @@ def load_task(cfg: Config) -> Task:
     return task
 
 
-def kept_rows(
-    loaded: list[tuple[str, str]], kept: list[tuple[str, str]], rows: list[Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
+def kept_rows(loaded: list[tuple[str, str]], kept: list[tuple[str, str]], rows: list[R]) -> list[R]:
     """The rows of the items `limit_prompts` kept (`kept` is a subsequence of `loaded`, in order; equal
     items have equal prompts, so they are kept or left out together)."""
     if not rows or len(kept) == len(loaded):
