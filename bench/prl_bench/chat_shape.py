@@ -104,21 +104,32 @@ def _calibrate_eos(model: Any, tok: Any, eos: int) -> None:
         msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
         prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
-        rows.append(torch.tensor(prompt + torch.randint(0, len(tok), (128,), generator=gen).tolist()))
+        rows.append(prompt + torch.randint(0, len(tok), (128,), generator=gen).tolist())
+    shift_eos(model, rows, eos)
+
+
+def shift_eos(model: Any, rows: list[list[int]], eos: int, rate: float = EOS_RATE) -> float:
+    """Add beta x u to the LM head's `eos` row (u: the unit mean final hidden state over `rows`), beta
+    bisected so the mean p(eos) over those positions is `rate`; on the model's own device. Returns beta."""
+    import torch
+
+    device = next(model.parameters()).device
     with torch.no_grad():
-        hs = torch.cat([model.model(input_ids=r[None]).last_hidden_state[0] for r in rows])  # [M, h]
-        weight = model.get_output_embeddings().weight  # [V, h] (tied)
+        hs = torch.cat([model.model(input_ids=torch.tensor([r], device=device)).last_hidden_state[0] for r in rows])
+        hs = hs.float()  # [M, h]
+        weight = model.get_output_embeddings().weight  # [V, h] (tied to the input embeddings)
         u = hs.mean(0) / hs.mean(0).norm()
-        base = hs @ weight.T  # [M, V]
-        along = hs @ u  # [M]
+        base, along = hs @ weight.float().T, hs @ u  # [M, V], [M]
         lo, hi = -100.0, 100.0
         for _ in range(60):
             beta = (lo + hi) / 2
             logits = base.clone()
             logits[:, eos] += beta * along
-            rate = float(torch.softmax(logits, -1)[:, eos].mean())
-            lo, hi = (beta, hi) if rate < EOS_RATE else (lo, beta)
-        weight[eos] += (lo + hi) / 2 * u
+            p_eos = float(torch.softmax(logits, -1)[:, eos].mean())
+            lo, hi = (beta, hi) if p_eos < rate else (lo, beta)
+        beta = (lo + hi) / 2
+        weight[eos] += (beta * u).to(weight.dtype)
+    return beta
 
 
 # --- the plain Hugging Face loop ---------------------------------------------------------------------

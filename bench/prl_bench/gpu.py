@@ -115,25 +115,11 @@ def calibrate_eos(model: Any, tok: Any, eos: int) -> None:
     mean p(eos) is chat_shape.EOS_RATE."""
     import torch
 
-    from prl_bench.chat_shape import EOS_RATE
+    from prl_bench.chat_shape import shift_eos
 
-    device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
     rows = [p + torch.randint(0, len(tok), (128,), generator=gen).tolist() for p in _chat_ids(tok, 16)]
-    with torch.no_grad():
-        hs = torch.cat([model.model(input_ids=torch.tensor([r], device=device)).last_hidden_state[0] for r in rows])
-        hs = hs.float()  # [M, h]
-        weight = model.get_output_embeddings().weight  # [V, h] (tied)
-        u = hs.mean(0) / hs.mean(0).norm()
-        base, along = hs @ weight.float().T, hs @ u  # [M, V], [M]
-        lo, hi = -100.0, 100.0
-        for _ in range(60):
-            beta = (lo + hi) / 2
-            logits = base.clone()
-            logits[:, eos] += beta * along
-            rate = float(torch.softmax(logits, -1)[:, eos].mean())
-            lo, hi = (beta, hi) if rate < EOS_RATE else (lo, beta)
-        weight[eos] += ((lo + hi) / 2 * u).to(weight.dtype)
+    shift_eos(model, rows, eos)
 
 
 def chat_prompts(model_dir: Path, n: int) -> list[list[int]]:

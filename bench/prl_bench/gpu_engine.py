@@ -66,6 +66,7 @@ def calibrated(model_dir: Path, device: str) -> Path:
 
     from prl_actors.model.builtin import load_model, quiet_progress
     from prl_actors.model.tokenizer import load_tokenizer
+    from prl_bench.chat_shape import shift_eos
 
     stamp = model_dir / "prl_eos_calibrated.json"
     if stamp.is_file():
@@ -75,19 +76,7 @@ def calibrated(model_dir: Path, device: str) -> Path:
     eos = int(tok.convert_tokens_to_ids("<|im_end|>"))
     gen = torch.Generator().manual_seed(0)
     rows = [p + torch.randint(0, len(tok), (128,), generator=gen).tolist() for p in prompt_ids(model_dir, 16)]
-    with torch.no_grad():
-        hs = torch.cat([model.model(input_ids=torch.tensor([r], device=device)).last_hidden_state[0] for r in rows])
-        weight = model.get_output_embeddings().weight  # [V, h] (tied to the input embeddings)
-        u = hs.mean(0) / hs.mean(0).norm()
-        base, along = hs @ weight.T, hs @ u  # [M, V], [M]
-        lo, hi = -100.0, 100.0
-        for _ in range(60):
-            beta = (lo + hi) / 2
-            logits = base.clone()
-            logits[:, eos] += beta * along
-            rate = float(torch.softmax(logits, -1)[:, eos].mean())
-            lo, hi = (beta, hi) if rate < EOS_RATE else (lo, beta)
-        weight[eos] += beta * u
+    beta = shift_eos(model, rows, eos, EOS_RATE)
     model.generation_config.eos_token_id = eos
     with quiet_progress():
         model.to(torch.bfloat16).save_pretrained(model_dir)
