@@ -153,6 +153,12 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 FAST_MODULES = frozenset(
     {
         "test_batching",
+        "test_bench_logs",
+        "test_checkpoint_keep",
+        "test_code_sandbox_verdict",
+        "test_engine_device_path",
+        "test_multiturn_observe",
+        "test_tool_calls",
         "test_block_attention",
         "test_checkpoints",
         "test_cli_config",
