@@ -53,7 +53,7 @@ test-slow: $(STAMP)
 
 # Every shipped config (configs/, configs/recipes/) for 2 epochs through `up`, then `replay --check`
 # (tests/test_every_config.py; tiny checkpoints where a config needs model.path): 5 min on 2 cores (11 loaded).
-test-configs: $(STAMP)
+test-configs: $(STAMP) sandbox-tools
 	$(BIN)/pytest -q -m configs tests/test_every_config.py
 
 # The trainer as a torch.distributed group: FSDP2, sharded checkpoints, a hung rank, a whole run whose
