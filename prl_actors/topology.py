@@ -65,8 +65,10 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     role = role_of(name)
     run_dir = Path(cfg.run.run_dir)
     if role == "coordinator":
+        from prl_actors.actors.contract import contract_of
         from prl_actors.tasks import load_task
 
+        task = load_task(cfg)
         settings = CoordinatorSettings(
             run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
             mode=cfg.run.mode,
@@ -89,8 +91,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
             max_staleness=cfg.run.staleness_bound(),
             expelled_wait_s=cfg.transport.join_timeout_s,
+            contract=contract_of(cfg, task),
         )
-        task = load_task(cfg)
         return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))
     if role == "publisher":
         from prl_actors.weights_shm import ShmPublisher
@@ -137,15 +139,17 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             learner.on_fatal = core.fail
         return core
     if role == "worker":
+        from prl_actors.actors.contract import contract_of
         from prl_actors.tasks import load_task
         from prl_actors.weights_shm import ShmReader
 
         engine = _make_engine(cfg)
+        task = load_task(cfg)
         return WorkerCore(
             name,
             log,
             engine,
-            load_task(cfg),
+            task,
             cfg.worker.group_size,
             fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
             request_timeout_s=cfg.transport.request_timeout_s,
@@ -156,6 +160,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
             max_staleness=cfg.run.staleness_bound(),
             sync_kl_threshold=cfg.worker.sync_kl_threshold,
+            contract=contract_of(cfg, task),
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 

@@ -58,6 +58,15 @@ def sim_config(run_dir: Path, transport: str = "inproc", **overrides: object) ->
     return load_config(None, base)
 
 
+def worker_contract(cfg: Config):  # type: ignore[no-untyped-def]
+    """The generation contract a worker built from `cfg` registers with: a hand-driven worker must
+    send it too (actors/contract.py; the coordinator refuses a worker without the run's)."""
+    from prl_actors.actors.contract import contract_of
+    from prl_actors.tasks import load_task
+
+    return contract_of(cfg, load_task(cfg))
+
+
 def alive(pid: int) -> bool:
     """Running, not a zombie (a killed child of ours waits to be reaped). A process that exits while
     its stat file is read is not alive either (ProcessLookupError)."""

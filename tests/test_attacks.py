@@ -26,7 +26,7 @@ from prl_actors.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
 from prl_actors.transport.auth import KeyStore, create_keys, export_keys
-from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for
+from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for, worker_contract
 
 EPOCHS, B, WORKERS = 4, 6, 2
 SERVERS = ("coordinator", "publisher", "buffer")
@@ -151,7 +151,8 @@ def test_fabricated_groups_are_refused_even_with_a_worker_key(run_dir: Path, ref
         pub = insider(ctx, cfg, "publisher")
         assert isinstance(ask(pub, m.FetchWeights()), m.WeightsBegin)  # a worker key may read the weights
         coord, buf = insider(ctx, cfg, "coordinator"), insider(ctx, cfg, "buffer")
-        assert isinstance(ask(coord, m.Register(role=m.Role.WORKER, sender="worker-evil")), m.Welcome)
+        joining = m.Register(role=m.Role.WORKER, sender="worker-evil", contract=worker_contract(cfg))
+        assert isinstance(ask(coord, joining), m.Welcome)
         assign = work_for_evil(coord)
         e, mine = assign.epoch, assign.prompts[0]  # a real ticket, for one group of epoch e, for worker-evil
         replies = [ask(buf, fake_group(g, e)) for g in range(B)]  # no ticket

@@ -19,7 +19,7 @@ from prl_actors.protocol import messages as m
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.events import load_run
 from prl_actors.tasks.base import exact_match
-from tests.conftest import read_logs, sim_config, wait_for
+from tests.conftest import read_logs, sim_config, wait_for, worker_contract
 from tests.test_attacks import EPOCHS, WORKERS, ask, insider, reference, trained_as_unattacked, work_for_evil
 
 __all__ = ["reference"]  # the unattacked run's rewards (a module fixture of test_attacks)
@@ -80,7 +80,8 @@ def run_with_insider(run_dir: Path, cfg: Config, kinds: tuple[str, ...]) -> list
     try:
         wait_for(run_dir, lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator" and e["epoch"] == 1)
         coord, buf = insider(ctx, cfg, "coordinator"), insider(ctx, cfg, "buffer")
-        assert isinstance(ask(coord, m.Register(role=m.Role.WORKER, sender="worker-evil")), m.Welcome)
+        joining = m.Register(role=m.Role.WORKER, sender="worker-evil", contract=worker_contract(cfg))
+        assert isinstance(ask(coord, joining), m.Welcome)
         for kind in kinds:
             try:
                 assign = work_for_evil(coord, timeout_s=10.0)
@@ -141,7 +142,8 @@ def test_status_carries_the_expulsion_notice_and_the_key_is_refused(run_dir: Pat
     try:
         wait_for(run_dir, lambda e: e["event"] == "epoch_open" and e["actor"] == "coordinator" and e["epoch"] == 1)
         coord, buf = insider(ctx, cfg, "coordinator"), insider(ctx, cfg, "buffer")
-        assert isinstance(ask(coord, m.Register(role=m.Role.WORKER, sender="worker-evil")), m.Welcome)
+        joining = m.Register(role=m.Role.WORKER, sender="worker-evil", contract=worker_contract(cfg))
+        assert isinstance(ask(coord, joining), m.Welcome)
         assign = work_for_evil(coord, timeout_s=10.0)
         ask(buf, spoiled("non_finite", group_for(assign.prompts[0], assign.epoch)))
         wait_for(run_dir, lambda e: e["event"] == "member_expelled")
@@ -151,7 +153,7 @@ def test_status_carries_the_expulsion_notice_and_the_key_is_refused(run_dir: Pat
         status = request(cfg.address("coordinator"), m.StatusRequest(), keys=KeyStore(cfg.keys_path()))
         assert isinstance(status, m.Status) and status.notices_total >= 1
         assert any("expelled worker-evil" in n for n in status.notices), msgspec.to_builtins(status)
-        refused = ask(insider(ctx, cfg, "coordinator"), m.Register(role=m.Role.WORKER, sender="worker-evil"))
+        refused = ask(insider(ctx, cfg, "coordinator"), msgspec.structs.replace(joining, id=m.new_id()))
         assert isinstance(refused, m.Error) and refused.code == m.ErrorCode.FORBIDDEN
         assert cluster.wait(60)
     finally:

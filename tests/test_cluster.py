@@ -12,7 +12,7 @@ import zmq
 from prl_actors.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
-from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for
+from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for, worker_contract
 
 
 def run(cfg, workers: int = 2, timeout: float = 30.0) -> LocalCluster:  # type: ignore[no-untyped-def]
@@ -166,7 +166,8 @@ def test_stale_and_duplicate_groups_are_rejected_over_the_wire(run_dir: Path) ->
 
     try:
         wait_for(run_dir, lambda e: e["event"] == "epoch_open")
-        assert isinstance(request("coordinator", m.Register(role=m.Role.WORKER, sender="worker-raw")), m.Welcome)
+        joining = m.Register(role=m.Role.WORKER, sender="worker-raw", contract=worker_contract(cfg))
+        assert isinstance(request("coordinator", joining), m.Welcome)
         assign = request("coordinator", m.WorkRequest(sender="worker-raw", epoch=0, version=0))
         assert isinstance(assign, m.WorkAssign)
         (prompt,) = assign.prompts

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 import msgspec
 
-from prl_actors.actors import tickets
+from prl_actors.actors import contract, tickets
 from prl_actors.actors.dynamic_sampling import Rounds, epoch_stride
 from prl_actors.actors.epoch_work import Accept, EpochWork
 from prl_actors.actors.faults import armed, kill_point
@@ -48,6 +48,7 @@ from prl_actors.protocol.messages import (
     EvalAssign,
     EvalGroup,
     EvalResult,
+    GenerationContract,
     GiveBack,
     GroupAccepted,
     GroupDropped,
@@ -108,6 +109,7 @@ class CoordinatorSettings:
     max_group_failures: int = 3  # a group given back this often is given up (on_error)
     on_error: str = "fail_first"  # fail | skip | fail_first (config.TaskSection.on_error)
     expelled_wait_s: float = 60.0  # every worker expelled: how long one may still join (transport.join_timeout_s)
+    contract: GenerationContract | None = None  # the run's (actors/contract.py); None: workers are not checked
 
 
 NOTICES_KEPT = 20
@@ -164,8 +166,13 @@ class CoordinatorCore(Core):
         self.final_epoch = -1  # set once the last step is done: the epoch of the final weights
         self.strict_epoch = -1  # bounded mode: the last epoch opened at k = 0 for its evaluation (`_bound`)
         eval_done = sorted(eval_plan.done) if eval_plan is not None else []
-        self.log(  # for replay (the epochs already evaluated decide what is evaluated)
-            "coord_settings", epochs=settings.epochs, desired_workers=settings.desired_workers, eval_done=eval_done
+        run_contract = msgspec.to_builtins(settings.contract) if settings.contract is not None else None
+        self.log(  # for replay (the epochs already evaluated decide what is evaluated; the contract who joins)
+            "coord_settings",
+            epochs=settings.epochs,
+            desired_workers=settings.desired_workers,
+            eval_done=eval_done,
+            contract=run_contract,
         )
         if task.note:
             self.log("prompts_left_out", note=task.note)
@@ -300,6 +307,7 @@ class CoordinatorCore(Core):
             heartbeat_interval_s=self.s.heartbeat_interval_s,
             publisher_addr=self.s.publisher_addr,
             buffer_addr=self.s.buffer_addr,
+            contract=self.s.contract,
         )
         self.reply(inbound, welcome)
 
@@ -324,8 +332,22 @@ class CoordinatorCore(Core):
             )
             return True
         if old is None or not live or (old.pid, old.host) == (msg.pid, msg.host):
-            return False
+            return self._refused_contract(inbound)
         self.refuse(inbound, f"name {msg.sender!r} is held by a live member (pid {old.pid} on {old.host})")
+        return True
+
+    def _refused_contract(self, inbound: Inbound[Register]) -> bool:
+        """One generation contract (actors/contract.py): a worker whose sampling settings, group size,
+        token limits, model or task differ from the run's would generate off-policy (or with another
+        model or data): it is refused, with the first differing setting, never adapted."""
+        msg = inbound.msg
+        if msg.role != Role.WORKER or self.s.contract is None:
+            return False
+        why = contract.refusal(msg.sender, msg.contract, self.s.contract)
+        if why is None:
+            return False
+        self.notice(f"refused {msg.sender}: {why}")
+        self.refuse(inbound, why)
         return True
 
     @handles(Heartbeat)

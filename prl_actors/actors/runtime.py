@@ -57,6 +57,7 @@ from prl_actors.protocol.messages import (
     Ack,
     Error,
     ErrorCode,
+    GenerationContract,
     Heartbeat,
     HeartbeatAck,
     Msg,
@@ -146,6 +147,7 @@ class Core:
     join_timeout_s = 60.0  # set from transport.join_timeout_s by topology.start_actor
     fatal_errors: ClassVar[bool] = False  # a handler exception fails the actor (else: logged, it lives on)
     coordinator_addr = "the coordinator"
+    contract: GenerationContract | None = None  # what it generates under, sent in Register (actors/contract.py)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -376,7 +378,7 @@ class Core:
 
     def register(self) -> None:
         assert self.membership_client is not None, f"a {self.role} is a membership server: it does not register"
-        msg = Register(role=self.role, pid=os.getpid(), host=socket.gethostname())
+        msg = Register(role=self.role, pid=os.getpid(), host=socket.gethostname(), contract=self.contract)
         self.membership_client.registering(self.emit(Dest.peer(self.membership_peer), msg).id)
         self.expect(msg, self.join_timeout_s, "welcome", self._register_timed_out)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from prl_actors.actors.contract import refusal
 from prl_actors.actors.pulls import announced, drift_estimate, should_pull
 from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
 from prl_actors.actors.threads import ThreadPlan
@@ -39,6 +40,7 @@ from prl_actors.protocol.messages import (
     EvalGroup,
     EvalResult,
     FetchWeights,
+    GenerationContract,
     GiveBack,
     Group,
     GroupAck,
@@ -88,8 +90,10 @@ class WorkerCore(Core):
         eval_sampling: Any = None,
         max_staleness: int = 0,
         sync_kl_threshold: float | None = None,
+        contract: GenerationContract | None = None,
     ) -> None:
         super().__init__(name, log)
+        self.contract = contract  # what it generates under (actors/contract.py): sent in Register, checked on Welcome
         self.engine, self.task, self.group_size = engine, task, group_size
         self.fetch_timeout_s, self.request_timeout_s = fetch_timeout_s, request_timeout_s
         self.as_torch = as_torch
@@ -139,6 +143,11 @@ class WorkerCore(Core):
     # --- what the coordinator says ---------------------------------------------------------------
 
     def on_welcome(self, now: float, inbound: Inbound[Welcome]) -> None:
+        run = inbound.msg.contract
+        why = refusal(self.name, self.contract, run) if run is not None and self.contract is not None else None
+        if why is not None:  # the coordinator refuses such a worker; a welcome that says otherwise changes nothing
+            self.fail(f"cannot join run {inbound.msg.run_id}: {why}")
+            return
         restarted = bool(self.run_id) and inbound.msg.run_id != self.run_id
         super().on_welcome(now, inbound)
         self.run_id = inbound.msg.run_id

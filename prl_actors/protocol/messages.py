@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4  # 4: a worker's `register` carries its generation contract (refused without it)
 NONE = -1  # epoch / version "not applicable"
 
 
@@ -175,13 +175,35 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 # --- membership (any actor -> Coordinator) -------------------------------------------------------
 
 
+class GenerationContract(msgspec.Struct, kw_only=True):
+    """What a worker generates under (actors/contract.py): its sampling settings, group size and token
+    limits, and the identities of its model and task. A worker registers with its own; the coordinator
+    refuses one that differs from the run's in any field and sends the run's in Welcome."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    stop: list[str]
+    max_new_tokens: int
+    group_size: int
+    max_turns: int
+    max_turn_tokens: int
+    model: str  # "hf:<sha256 of config.json + tokenizer files, 16 hex>", "builtin:<key>" or "sim:<key>"
+    model_dtype: str
+    task: str  # "<task.name>:<items>:<sha256 of every (prompt, answer), 16 hex>"
+
+
 class Register(Msg, tag="register", kw_only=True):
     """Join the run as a member of `role` (not operator). Reply: Welcome; Error (rejected) when a
-    live member of another process holds the name; Shutdown when the run is over."""
+    live member of another process holds the name, or when a worker's `contract` is missing or
+    differs from the run's; Shutdown when the run is over."""
 
     role: Role
     pid: int = 0
     host: str = ""
+    contract: GenerationContract | None = None  # a worker's own (required of workers); other roles: none
 
 
 class Welcome(Msg, tag="welcome", kw_only=True):
@@ -195,6 +217,7 @@ class Welcome(Msg, tag="welcome", kw_only=True):
     heartbeat_interval_s: float
     publisher_addr: str
     buffer_addr: str
+    contract: GenerationContract | None = None  # the run's generation contract (None: a run that has none)
 
 
 class Heartbeat(Msg, tag="heartbeat", kw_only=True):

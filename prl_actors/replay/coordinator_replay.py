@@ -13,7 +13,8 @@ after that input:
 Message ids are fresh in the replay, so the ids of recorded sends map onto the replayed ones and the
 replies that come back as later inputs are rewritten (the buffer's Ack of epoch_open clears the
 right pending request). A restarted coordinator (a second `actor_start`) restarts the replay, with
-the epoch count that coordinator logged (`coord_settings`: `--resume --epochs N` may change it).
+the epoch count and generation contract that coordinator logged (`coord_settings`: `--resume --epochs N`
+may change the count; the contract is the one it refused workers by, whatever the files say today).
 Events after a `bad_frame`, `unexpected_message`, `forbidden_message`, `send_failed` or
 `stop_requested` belong to no input and are skipped.
 """
@@ -27,7 +28,7 @@ import msgspec
 
 from prl_actors.actors.runtime import QUIET_TYPES
 from prl_actors.logs import EventLog
-from prl_actors.protocol.messages import Message, Msg, tag_of
+from prl_actors.protocol.messages import GenerationContract, Message, Msg, tag_of
 from prl_actors.replay.events import Event, ReplayError, Run, run_config
 from prl_actors.transport.port import Dest, Inbound
 
@@ -179,6 +180,8 @@ def new_core(run: Run, settings: Event | None = None) -> Any:
     assert isinstance(core, CoordinatorCore)
     if settings and "epochs" in settings:
         core.s.epochs = int(settings["epochs"])
+    if settings and settings.get("contract") is not None:  # the run's, as logged: who may join does not
+        core.s.contract = msgspec.convert(settings["contract"], GenerationContract)  # depend on today's files
     if core.eval_plan is not None:  # evaluation: what the recorded coordinator had done, and no files written
         from prl_actors.evaluation import MemoryEvalSink
 
