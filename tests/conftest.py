@@ -174,6 +174,7 @@ FAST_MODULES = frozenset(
         "test_core_parts",
         "test_cores",
         "test_data",
+        "test_generation_contract",
         "test_dynamic_sampling",
         "test_env",
         "test_grpo_equivalence",
