@@ -27,7 +27,8 @@ def actor(
     Under torchrun (RANK set) with trainer.strategy ddp or fsdp2, `actor trainer` is one rank of the
     trainer group: RANK 0 runs the trainer actor, the others follow it (docs/DISTRIBUTED.md).
 
-    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys).
+    It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys). Its process
+    title is `prl-actors NAME (run RUN)` (`ps`; `top` shows `prl-NAME`: docs/DEBUGGING.md).
     """
     from prl_actors.topology import PEERS
 
@@ -50,6 +51,10 @@ def actor(
 
     if role_prefix(name) != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
+    from prl_actors.proctitle import set_title
+    from prl_actors.supervisor import STANDBY_ENV
+
+    set_title(f"spare-{name}" if os.environ.get(STANDBY_ENV) else name, cfg.run.name)  # a spare: run.standby_core
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator, name)
     if role == "coordinator":
@@ -86,6 +91,9 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
 
     if role_prefix(name) != role:
         fail(f"actor name {name!r} must start with its role {role!r}")
+    from prl_actors.proctitle import set_title
+
+    set_title(name, cfg.run.name)
     from prl_actors.envs.hub import EnvUnavailable
     from prl_actors.envs.run import run_env_actor, run_learner
     from prl_actors.transport.auth import KeysError
@@ -111,8 +119,10 @@ def _trainer_rank(cfg: Any) -> None:
         fail(str(exc))
     if env is None or env.rank == 0 or cfg.trainer.strategy == "single":
         return
+    from prl_actors.proctitle import set_title
     from prl_actors.training.distributed import run_rank
 
+    set_title(f"trainer-rank{env.rank}", cfg.run.name)
     try:
         code = run_rank(cfg, env)
     except ConfigError as exc:  # WORLD_SIZE / RANK that do not fit the config

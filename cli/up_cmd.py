@@ -93,6 +93,9 @@ def up(
         from prl_actors.compose import compose_up
 
         raise typer.Exit(compose_up(cfg))
+    from prl_actors.proctitle import set_title
+
+    set_title("up", cfg.run.name)  # `ps`: prl-actors up (run NAME); each actor titles itself so too
     if cfg.env is not None:
         _up_env(cfg)
     from prl_actors.rundir import RunDir, RunDirBusy
@@ -175,7 +178,7 @@ def _launch(cfg: Any, rd: Any) -> int:
     run.fork_server)."""
     from prl_actors.zygote import Zygote
 
-    zygote = Zygote() if cfg.run.fork_server else None  # it imports torch & co. while the checks run
+    zygote = Zygote(cfg.run.name) if cfg.run.fork_server else None  # it imports torch & co. while the checks run
     try:
         return _launch_with(cfg, rd, zygote)
     finally:

@@ -17,6 +17,7 @@ import zmq
 from prl_actors.actors.runtime import ActorHost, StartFailed, StopRequest
 from prl_actors.config import Config
 from prl_actors.plugins import STOPPING
+from prl_actors.proctitle import set_title
 from prl_actors.supervisor import STANDBY_ENV as STANDBY_ENV  # set by `up` for a spare core actor
 from prl_actors.supervisor import START_GATE_ENV as START_GATE_ENV  # set by `up` for the trainer and workers
 from prl_actors.supervisor import STOP_SIGNALS, watch_supervisor
@@ -39,8 +40,9 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     caller exits the process anyway (`exit_now`), as on a second signal. Started by `up`, an actor
     whose supervisor has gone (SIGKILLed) stops by itself, while it is still building too
     (`exit_if_orphaned_while_starting`). A spare (STANDBY_ENV) first waits to be
-    needed (`await_standby`)."""
-    await_standby()
+    needed (`await_standby`), titled `spare-NAME` till then (`ps`: docs/DEBUGGING.md)."""
+    if await_standby():
+        set_title(name, cfg.run.name)  # a spare no more: the actor it stood in for
     limit_actor_threads(role_of(name), cfg)
     starting = exit_if_orphaned_while_starting(name)
     ctx = zmq.Context()
@@ -107,19 +109,20 @@ def start_gate(cfg: Config) -> Callable[[], None] | None:
     return wait
 
 
-def await_standby() -> None:
+def await_standby() -> bool:
     """A spare core actor (run.standby_core): its imports are done (this module imports topology,
     torch with it), nothing is logged, built, bound or connected yet. Wait, without a deadline, until
     `up` needs it (creates the file named by STANDBY_ENV: a core restart); never past `up` itself.
-    No-op for any other actor."""
+    True once it was needed; no-op (False) for any other actor."""
     gate = os.environ.get(STANDBY_ENV, "")
     if not gate:
-        return
+        return False
     path, supervisor = Path(gate), int(os.environ.get(SUPERVISOR_ENV, "0") or 0)
     while not path.exists():
         if supervisor and os.getppid() != supervisor:
             raise ActorFailed("a spare whose prl-actors up is gone: not needed")
         time.sleep(GATE_POLL_S)
+    return True
 
 
 def serve_until_stopped(host: ActorHost, grace_s: float) -> str:

@@ -17,6 +17,9 @@ imports (~4 CPU-seconds for each of six actors) off the start's critical path (d
   Each answer carries the server's thread count at that fork (`Zygote.fork_threads`). No sockets
   or torch ops exist in the server either, so a child starts as clean as a new interpreter that
   has imported the same modules.
+- The server is titled `prl-actors fork-server (run NAME)` (prl_actors/proctitle.py: no thread
+  started), and a child titles itself once it knows its actor's name (`prl-actors actor`), so `ps`
+  tells them apart; until then a child reads as the server.
 - A child's supervisor (SUPERVISOR_ENV) is the server, its parent: the server exits when `up` does
   (its socket closes, or its parent changes), and the children then stop by themselves as they do
   when `up` is killed outright.
@@ -41,6 +44,7 @@ import time
 import traceback
 from typing import Any
 
+from prl_actors.proctitle import set_title
 from prl_actors.supervisor import SUPERVISOR_ENV, pid_exists
 
 PRELOAD = ("prl_actors.process", "prl_actors.topology", "cli.main")
@@ -64,11 +68,12 @@ class Zygote:
     """The running fork server, seen from `up`: `spawn` forks an actor, a reader thread collects
     the children's exit codes."""
 
-    def __init__(self) -> None:
+    def __init__(self, run: str = "") -> None:
+        """`run`: the run's name, in the server's process title."""
         ours, theirs = socket.socketpair()
         variables = {**os.environ, FD_ENV: str(theirs.fileno()), **SINGLE_THREADED}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "prl_actors.zygote"],
+            [sys.executable, "-m", "prl_actors.zygote", *([run] if run else [])],
             env=variables,
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
@@ -187,9 +192,11 @@ class ForkedProc:
 # --- the server -------------------------------------------------------------------------------------
 
 
-def serve(sock: socket.socket) -> None:
-    """Import PRELOAD, then fork a child per request until `up` closes the socket or exits."""
+def serve(sock: socket.socket, run: str = "") -> None:
+    """Import PRELOAD, then fork a child per request until `up` closes the socket or exits; titled
+    `prl-actors fork-server (run RUN)`."""
     parent = os.getppid()
+    set_title("fork-server", run)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is `up`'s to handle
     for module in PRELOAD:
         importlib.import_module(module)
@@ -310,4 +317,4 @@ def _exit_code(main: Any) -> int:
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(os.environ[FD_ENV])))
+    serve(socket.socket(fileno=int(os.environ[FD_ENV])), sys.argv[1] if len(sys.argv) > 1 else "")
