@@ -156,7 +156,7 @@ def test_a_restart_behind_the_workers_weights_makes_them_fetch_the_older_checkpo
 
 
 def processes_with(text: str) -> list[int]:
-    """Pids of live processes whose command line names `text` (this test's own config file)."""
+    """Pids of live processes whose command line (a process title included) holds `text`."""
     out = []
     for proc in Path("/proc").iterdir():
         try:
@@ -172,7 +172,8 @@ def test_a_spare_core_takes_over_and_none_outlives_the_run(tmp_path: Path, run_d
     """run.standby_core: the spares wait without a word in the logs (one actor_start per process
     that ran), take over after the coordinator's crash, a new spare waits for the next one, and
     every spare is stopped with the run."""
-    proc = start_up(heal_config(run_dir, run__epochs=8, run__standby_core=True), tmp_path)
+    name = f"heal-{tmp_path.name}"  # every process of the run carries it in its title (proctitle.py)
+    proc = start_up(heal_config(run_dir, run__epochs=8, run__standby_core=True, run__name=name), tmp_path)
     pids: list[int] = []
     try:
         kill_when_open(run_dir, "coordinator", epoch=4)  # the spares have long imported by then
@@ -184,7 +185,7 @@ def test_a_spare_core_takes_over_and_none_outlives_the_run(tmp_path: Path, run_d
         assert sorted(starts) == sorted([*CORE, *CORE, "worker-0", "worker-1"])
         failed = [(r.name, r.violations[:3]) for r in run_checks(load_run(run_dir)) if not r.ok]
         assert not failed, failed
-        assert processes_with(str(tmp_path / "cfg.yaml")) == []  # no spare left behind
+        assert processes_with(f"(run {name})") == []  # no spare left behind
     finally:
         proc.kill()
         kill_all(pids)

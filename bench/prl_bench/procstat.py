@@ -8,6 +8,7 @@ phase cut from the logs, whose t_mono is the same clock) can be read back with `
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -50,7 +51,10 @@ def actor_name(pid: int) -> str:
     except OSError:
         return "?"
     args = [a.decode(errors="replace") for a in argv]
-    return args[args.index("--name") + 1] if "--name" in args[:-1] else "launcher"
+    if "--name" in args[:-1]:
+        return args[args.index("--name") + 1]
+    title = re.fullmatch(r"prl-actors (\S+) \(run .*\)", args[0]) if args else None  # prl_actors/proctitle.py
+    return title.group(1) if title and title.group(1) not in ("up", "fork-server") else "launcher"
 
 
 def machine_busy_s() -> float:
