@@ -58,6 +58,9 @@ EPOCH_LINE_KEYS = (
     ("response_len", "len", 1),
     ("entropy", "ent", 3),
     ("zero_adv_share", "zero_adv", 3),
+    ("episode/turns", "turns", 2),  # multi-turn runs (rewards/metrics.py): per episode
+    ("episode/tool_calls", "tools", 2),
+    ("episode/tool_errors", "tool_err", 2),
 )
 SkipFn = Callable[[Path, str], None]
 

@@ -58,6 +58,8 @@ def test_epoch_line_carries_the_learning_metrics_and_the_time() -> None:
     more = epoch_line(ROW | {"clip_frac_low": 0.002, "clip_frac_high": 0.03, "entropy": 1.25})
     assert "clip_lo=0.002" in more and "clip_hi=0.030" in more and "ent=1.250" in more
     assert epoch_line({"epoch": 0, "version": 1}).startswith("epoch   0  v1")  # nothing else: no error
+    turns = epoch_line(ROW | {"episode/turns": 2.5, "episode/tool_calls": 1.25, "episode/tool_errors": 0.5})
+    assert "turns=2.50" in turns and "tools=1.25" in turns and "tool_err=0.50" in turns  # multi-turn runs
 
 
 def test_long_epoch_notes_only_for_long_epochs() -> None:
