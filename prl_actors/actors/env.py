@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.transfer import Assembler, TransferError
+from prl_actors.actors.runtime import handles
+from prl_actors.actors.transfer import Snapshot
+from prl_actors.actors.weight_fetch import FetchingCore, WeightFetch
 from prl_actors.envkit.arrays import ArrayError, leading, pack, unpack
 from prl_actors.envkit.local import SlotEnvs
 from prl_actors.logs import EventLog
@@ -39,9 +40,6 @@ from prl_actors.protocol.messages import (
     PolicyLogits,
     Role,
     Segment,
-    WeightChunk,
-    WeightsBegin,
-    WeightsEnd,
     Welcome,
 )
 from prl_actors.transport.port import Dest, Inbound
@@ -59,7 +57,7 @@ class EnvActorSettings:
     learner_timeout_s: float = 60.0  # nothing heard from the learner this long: it is gone, exit
 
 
-class EnvCore(Core):
+class EnvCore(FetchingCore):
     role = Role.ENV
     membership_peer = "learner"
 
@@ -71,9 +69,7 @@ class EnvCore(Core):
         self.act_round: int | None = None  # the round the learner cleared us to act next
         self.want_version = -1  # fetch this version before acting
         self.check_pending = False
-        self.fetching: Assembler | None = None
-        self.fetch_sent = 0.0
-        self.retry_at = 0.0
+        self.fetch = WeightFetch(settings.fetch_timeout_s)  # actors/weight_fetch.py
         self.last_kl, self.synced = -1.0, False
         self.last_heard = -1.0  # when the learner last said anything (its heartbeat acks included)
 
@@ -183,7 +179,7 @@ class EnvCore(Core):
 
     def _next(self) -> None:
         """Fetch if the wanted version is not held, else act the cleared round (as a later inbox item)."""
-        if self.policy is None or self.fetching is not None or self.fetch_sent or self.act_round is None:
+        if self.policy is None or self.fetch.busy or self.act_round is None:
             return
         if self.policy.version != self.want_version:
             self._fetch()
@@ -221,51 +217,25 @@ class EnvCore(Core):
 
     def _fetch(self) -> None:
         self.log("span_begin", span="weight_sync", target=self.want_version)
-        self.fetch_sent = self.now
+        self.fetch.request(self.now)
         self.emit(LEARNER, FetchWeights(version=self.policy.version))
 
-    @handles(WeightsBegin)
-    def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
+    def weights_arrived(self, now: float, snap: Snapshot, started: float) -> None:
         try:
-            self.fetching = Assembler(inbound.msg, now)
-        except TransferError as exc:
-            self._fetch_failed(now, str(exc))
-
-    @handles(WeightChunk)
-    def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
-        if self.fetching is None:
-            return
-        try:
-            self.fetching.chunk(inbound.msg, inbound.payloads)
-        except TransferError as exc:
-            self._fetch_failed(now, str(exc))
-
-    @handles(WeightsEnd)
-    def on_weights_end(self, now: float, inbound: Inbound[WeightsEnd]) -> None:
-        fetching, self.fetching = self.fetching, None
-        if fetching is None:
-            return
-        try:
-            snap = fetching.end(inbound.msg)
             self.policy.load(snap.version, unpack_weights(snap.metas, snap.data, as_torch=True))
-        except (TransferError, KeyError, RuntimeError, ValueError) as exc:
-            self._fetch_failed(now, str(exc))
+        except (KeyError, RuntimeError, ValueError) as exc:
+            self.fetch_failed(self.fetch.fail(now, str(exc)))
             return
-        self.version, self.fetch_sent, self.synced = snap.version, 0.0, True
+        self.fetch.clear()
+        self.version, self.synced = snap.version, True
         self.want_version = max(self.want_version, snap.version)  # a newer one than asked for is fine too
         self.count("weight_fetches")
         self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes)
         self._next()
 
-    def _fetch_failed(self, now: float, why: str) -> None:
-        self.count("weight_sync_failed")
-        self.log("weight_sync_failed", reason=why)
-        self.fetching, self.fetch_sent, self.retry_at = None, 0.0, now + 0.2
-
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)
-        if self.fetch_sent and self.fetching is None:  # e.g. nothing published yet: ask again soon
-            self.fetch_sent, self.retry_at = 0.0, now + 0.2
+        self.fetch.refused(now)  # e.g. nothing published yet: ask again soon
 
     def tick(self, now: float) -> None:
         super().tick(now)
@@ -274,11 +244,8 @@ class EnvCore(Core):
             self.envs.close()
             self.stopped = True
             return
-        timed_out = self.fetch_sent and now - self.fetch_sent > self.s.fetch_timeout_s
-        if timed_out:
-            self._fetch_failed(now, f"no complete transfer in {self.s.fetch_timeout_s}s")
-        if self.retry_at and now >= self.retry_at:
-            self.retry_at = 0.0
+        self.fetch_failed(self.fetch.expired(now))
+        if self.fetch.due(now):
             self._next()
 
     def close(self) -> None:

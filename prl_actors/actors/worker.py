@@ -28,9 +28,10 @@ import msgspec
 
 from prl_actors.actors.contract import refusal
 from prl_actors.actors.pulls import announced, drift_estimate, should_pull
-from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, Core, handles
+from prl_actors.actors.runtime import LOUD_EVERY, LOUD_FIRST, handles
 from prl_actors.actors.threads import ThreadPlan
-from prl_actors.actors.transfer import Assembler, Snapshot, TransferError
+from prl_actors.actors.transfer import Snapshot
+from prl_actors.actors.weight_fetch import FetchingCore, WeightFetch
 from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights, engine_notes
 from prl_actors.logs import EventLog, console
 from prl_actors.protocol.messages import (
@@ -53,9 +54,7 @@ from prl_actors.protocol.messages import (
     Prompt,
     Role,
     Sample,
-    WeightChunk,
     WeightsBegin,
-    WeightsEnd,
     Welcome,
     WorkAssign,
     WorkRequest,
@@ -71,7 +70,7 @@ from prl_actors.weights_shm import ShmReader, ShmRefused
 MAX_SEND_ATTEMPTS = 3
 
 
-class WorkerCore(Core):
+class WorkerCore(FetchingCore):
     role = Role.WORKER
 
     def __init__(
@@ -95,13 +94,12 @@ class WorkerCore(Core):
         super().__init__(name, log)
         self.contract = contract  # what it generates under (actors/contract.py): sent in Register, checked on Welcome
         self.engine, self.task, self.group_size = engine, task, group_size
-        self.fetch_timeout_s, self.request_timeout_s = fetch_timeout_s, request_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.as_torch = as_torch
         self.target = -1  # the version of the open epoch, as last heard from the coordinator
-        self.fetching: Assembler | None = None
-        self.fetch_sent = 0.0
+        self.fetch = WeightFetch(fetch_timeout_s)  # actors/weight_fetch.py
         self.requesting = False
-        self.retry_at = 0.0
+        self.retry_at = 0.0  # poll for work again (after a NoWork or an Error)
         self.hold: NoWorkReason | None = None  # why not to ask now (cleared by a nudge, an ack, retry_at)
         self.prefetch = prefetch
         self.assigned: dict[int, tuple[WorkAssign, Prompt]] = {}  # group id -> its assignment, in the engine
@@ -169,7 +167,8 @@ class WorkerCore(Core):
             self.count("groups_dropped", len(self.engine.abort()))
         self.assigned.clear()
         self.requests.pending.clear()  # timeouts of requests to the old core: nothing to retry
-        self.requesting, self.fetch_sent, self.fetching, self.hold, self.retry_at = False, 0.0, None, None, 0.0
+        self.requesting, self.hold, self.retry_at = False, None, 0.0
+        self.fetch.clear()
         self.target, self.stale_weights = -1, True
 
     @handles(EpochStart)
@@ -219,11 +218,11 @@ class WorkerCore(Core):
     def _next(self) -> None:
         """Decide the next step: fetch weights, ask for work, or wait. Work is asked for while the
         batch runs, up to the running batch plus `prefetch` queued groups, so freed rows never wait."""
-        if not self.registered or self.target < 0 or self.fetching is not None or self.requesting:
+        if not self.registered or self.target < 0 or self.requesting:
             return
         if self.evaluating is not None:  # eval prompts run alone in the engine: no training work meanwhile
             return
-        if self.fetch_sent:  # a fetch is out: its reply (or its timeout in tick) decides what is next
+        if self.fetch.busy:  # a fetch is out: its reply (or its timeout in tick) decides what is next
             return
         if self.engine.version < self.target or self.stale_weights:
             self._drop_running("a newer epoch is open")
@@ -259,23 +258,18 @@ class WorkerCore(Core):
 
     def tick(self, now: float) -> None:
         super().tick(now)
-        if self.fetching is not None and self.fetching.expired(now, self.fetch_timeout_s):
-            self.log("weight_sync_failed", reason=f"no complete transfer in {self.fetch_timeout_s}s")
-            self.count("weight_sync_failed")
-            self.fetching = None
-        if self.retry_at and now >= self.retry_at:
+        self.fetch_failed(self.fetch.expired(now))
+        fetch_due = self.fetch.due(now)
+        if fetch_due or (self.retry_at and now >= self.retry_at):
             self.retry_at = 0.0
             self._ask_again()
-        elif self.fetching is None and self.fetch_sent and now - self.fetch_sent > self.fetch_timeout_s:
-            self.fetch_sent = 0.0
-            self._next()
 
     # --- weights ---------------------------------------------------------------------------------
 
     def _fetch(self, reason: str) -> None:
         self.log("span_begin", span="weight_sync", target=self.target)
         self.pull_reason = reason
-        self.fetch_sent = self.now
+        self.fetch.request(self.now)
         proof = self.shm.proof(self.run_id) if self.shm is not None else ""
         self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version, host_proof=proof))
 
@@ -283,35 +277,11 @@ class WorkerCore(Core):
     def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
         if inbound.msg.shm_path:
             self._load_shared(now, inbound.msg)
-            return
-        try:
-            self.fetching = Assembler(inbound.msg, now)
-        except TransferError as exc:
-            self.log("weight_sync_failed", reason=str(exc))
-            self.fetch_sent, self.retry_at = 0.0, now + 0.1
+        else:
+            super().on_weights_begin(now, inbound)
 
-    @handles(WeightChunk)
-    def on_weight_chunk(self, now: float, inbound: Inbound[WeightChunk]) -> None:
-        if self.fetching is None:
-            return
-        try:
-            self.fetching.chunk(inbound.msg, inbound.payloads)
-        except TransferError as exc:
-            self.log("weight_sync_failed", reason=str(exc))
-            self.fetching, self.fetch_sent, self.retry_at = None, 0.0, now + 0.1
-
-    @handles(WeightsEnd)
-    def on_weights_end(self, now: float, inbound: Inbound[WeightsEnd]) -> None:
-        fetching, self.fetching = self.fetching, None
-        if fetching is None:
-            return
-        try:
-            snap = fetching.end(inbound.msg)
-        except TransferError as exc:
-            self.log("weight_sync_failed", reason=str(exc))
-            self.fetch_sent, self.retry_at = 0.0, now + 0.1
-            return
-        self._install(snap, fetching.started, via="chunks")
+    def weights_arrived(self, now: float, snap: Snapshot, started: float) -> None:
+        self._install(snap, started, via="chunks")
 
     def _load_shared(self, now: float, begin: WeightsBegin) -> None:
         """A same-host snapshot: validated and mapped, never trusted (a refusal means chunks from now on)."""
@@ -321,13 +291,14 @@ class WorkerCore(Core):
             data = self.shm.open(self.run_id, begin)
         except ShmRefused as exc:
             self.count("shm_refused")
-            self.log("weight_sync_failed", reason=f"shared memory: {exc}; fetching chunks instead")
-            self.shm, self.fetch_sent, self.retry_at = None, 0.0, now + 0.01
+            self.shm = None  # at once: the next fetch asks for chunks
+            why = self.fetch.fail(now, f"shared memory: {exc}; fetching chunks instead", retry_s=0.01)
+            self.log("weight_sync_failed", reason=why)  # not counted as one: the fallback, not a failure
             return
         self._install(Snapshot(begin.version, begin.tensors, data), now, via="shm")
 
     def _install(self, snap: Snapshot, started: float, via: str) -> None:
-        self.fetch_sent = 0.0
+        self.fetch.clear()
         if snap.version <= self.engine.version and not self.stale_weights:  # a late answer to an earlier fetch
             self.log("weights_ignored", new_version=snap.version, held=self.engine.version)
             self.pull_due = False
@@ -368,7 +339,7 @@ class WorkerCore(Core):
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)
         self.requesting = False
-        self.fetch_sent = 0.0
+        self.fetch.refused(now)  # e.g. nothing published yet
         self.retry_at = now + 0.2
 
     # --- work ------------------------------------------------------------------------------------
