@@ -168,6 +168,7 @@ FAST_MODULES = frozenset(
         "test_engine_device_path",
         "test_multiturn_observe",
         "test_tool_calls",
+        "test_weight_fetch",
         "test_block_attention",
         "test_checkpoints",
         "test_cli_config",
