@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,12 +55,42 @@ def system_python() -> str | None:
     return None
 
 
+def site_imports() -> set[Path]:
+    """The files of the top-level site packages that importing prl_actors.rewards.code loads (a
+    package's __init__.py, or a module's own file; extension modules included)."""
+    probe = (
+        "import json, sys; before = set(sys.modules); import prl_actors.rewards.code; "
+        "tops = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(json.dumps([getattr(sys.modules[t], '__file__', None) for t in sorted(tops) if t in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    files = [Path(f) for f in json.loads(out.stdout) if f and "site-packages" in f]
+    return {f for f in files if f.name == "__init__.py" or f.parent.name == "site-packages"}
+
+
+def readable_copy(into: Path) -> list[str]:
+    """The worker's imports (prl_actors and the site packages prl_actors.rewards.code loads) copied
+    into `into`, readable by every uid: a checkout or venv in a 0700 directory (a `mktemp -d` clone)
+    cannot be read by another uid's worker. Returns its PYTHONPATH."""
+    (into / "prl_actors").parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ROOT / "prl_actors", into / "prl_actors", ignore=shutil.ignore_patterns("__pycache__"))
+    for origin in site_imports():
+        if origin.name == "__init__.py":
+            shutil.copytree(origin.parent, into / origin.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(origin, into / origin.name)
+    for path in [into, *into.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return [str(into)]
+
+
 class Worker:
     """A worker process (another interpreter, maybe another uid) that scores programs sent to it."""
 
-    def __init__(self, prefix: list[str]) -> None:
+    def __init__(self, prefix: list[str], path: list[str] | None = None) -> None:
         site = [p for p in sys.path if p.endswith("site-packages")]
-        env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(ROOT), *site]), "HOME": "/nonexistent"}
+        path = path or [str(ROOT), *site]
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(path), "HOME": "/nonexistent"}
         self.prefix = prefix  # a neighbour of the worker's uid is started with it
         argv = [*prefix, str(system_python()), "-c", RUNNER]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")
@@ -88,14 +119,19 @@ def score(request: pytest.FixtureRequest) -> Iterator[Score]:
         return
     if system_python() is None:
         pytest.skip("no world-readable python of this version")
-    prefix = []
+    prefix, path = [], None
     if request.param.endswith("65534"):
         if os.getuid() != 0 or shutil.which("setpriv") is None:
             pytest.skip("an ordinary user's worker is started with setpriv, as root")
         prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    worker = Worker(prefix)
+        staged = Path(tempfile.mkdtemp(prefix="prl-sandbox-worker-"))
+        staged.chmod(0o755)
+        path = readable_copy(staged / "lib")
+    worker = Worker(prefix, path)
     yield worker
     worker.close()
+    if path:
+        shutil.rmtree(Path(path[0]).parent, ignore_errors=True)
 
 
 def world_writable_dir(tmp_path: Path) -> Path:

@@ -94,6 +94,7 @@ def _up_pid() -> int:
     server (zygote.py: a forked actor's supervisor is the server, `up`'s child)."""
     pid = int(os.environ.get(SUPERVISOR_ENV) or os.getppid())
     proc = Path(f"/proc/{pid}")
-    if b"prl_actors.zygote" in (proc / "cmdline").read_bytes():
+    cmdline = (proc / "cmdline").read_bytes()
+    if b"prl_actors.zygote" in cmdline or cmdline.startswith(b"prl-actors fork-server"):  # its title (proctitle.py)
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])  # field 4: its parent
     return pid
