@@ -6,10 +6,11 @@ kept equal by tests/test_cli_config.py). Imports only typer at module level.
 from __future__ import annotations
 
 import types
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
+
+from cli.common import ConfigOpt, SetOpt, _config
 
 config_app = typer.Typer(
     name="config",
@@ -26,32 +27,10 @@ or on the command line (`--set section.field=value`; a list takes `a,b` or `[a, 
 """
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
-
-
 @config_app.command()
-def show(
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="YAML config; default: the built-in defaults.")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set", metavar="KEY=VALUE", help="Override a config value: section.key=value, a list as a,b (repeatable)."
-        ),
-    ] = None,
-) -> None:
+def show(config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Print the resolved config: the file with --set applied and every default filled in (YAML)."""
-    from prl_actors.config import ConfigError, load_config, parse_override
-
-    try:
-        cfg = load_config(config, dict(parse_override(s) for s in set_ or []))
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
-    typer.echo(cfg.dump().rstrip())
+    typer.echo(_config(config, set_).dump().rstrip())
 
 
 @config_app.command()
