@@ -22,6 +22,7 @@ from prl_actors.training.device_forward import attention_mask, device_logprobs
 from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.packing import collate_unpacked, response_logprobs
+from tests.test_grpo_equivalence import captured_gradients
 from tests.test_trainer_device_path import groups_of, qwen2_dir
 
 pytestmark = [
@@ -49,23 +50,14 @@ def step_gradient(model_dir: Path, device: str, impl: str, dtype: str) -> dict[s
         },
     )
     learner = GRPOLearner(cfg, model_dir)
-    seen: dict[str, torch.Tensor] = {}
-    names = {id(p): n for n, p in learner.policy.named_parameters()}
-
-    def hook(optimizer: torch.optim.Optimizer, *_: object) -> None:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    seen[names[id(p)]] = p.grad.detach().float().cpu()
-
-    learner.optimizer.register_step_pre_hook(hook)
+    seen = captured_gradients(learner)
     gs = groups_of(32, prompt=124)
     learner.begin_epoch(0, len(gs))
     for g in gs:
         learner.accumulate(g)
     metrics = learner.step()
     assert metrics["loss"] == metrics["loss"] and seen  # a finite loss, a gradient captured
-    return seen
+    return {name: grad.float().cpu() for name, grad in seen.items()}
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 5e-2)])
