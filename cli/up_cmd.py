@@ -198,8 +198,7 @@ def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
     )
     _run_keys(cfg)
     t0 = time.monotonic()
-    if cfg.worker.engine != "sim":
-        _prepare_model(cfg)
+    _prepare_model(cfg)  # nothing to prepare for the sim engine
     try:  # after the model (a first build takes minutes): another run cannot take the ports meanwhile
         pick_ports(cfg)
         check_ports(cfg)
