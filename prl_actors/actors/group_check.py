@@ -80,9 +80,10 @@ class GroupChecker:
                 RejectReason.WRONG_PROMPT,
                 f"prompt {_short(group.prompt)} is not the assigned {_short(assigned.prompt)}",
             )
-        want = self.encode(assigned.prompt) if self.encode is not None else None
-        if self.encode_row is not None:
+        if self.encode_row is not None:  # multi-turn: the rendered reset, not the plain prompt
             want = self.encode_row(assigned)
+        else:
+            want = self.encode(assigned.prompt) if self.encode is not None else None
         if want is not None and group.prompt_ids != want:
             return RejectReason.WRONG_PROMPT, "prompt_ids are not the assigned prompt's tokenisation"
         return None
