@@ -228,8 +228,8 @@ class MultiTurnEngine:
 
     def abort(self) -> list[int]:
         """Drop every episode (the environment steps and resets still running finish unseen)."""
-        dropped = sorted([*self.groups, *(p.group_id for p, _ in self.starting)])
-        dropped = sorted([*dropped, *(p.group_id for p, _, _ in self.resetting.values())])
+        resetting = (p.group_id for p, _, _ in self.resetting.values())
+        dropped = sorted([*self.groups, *(p.group_id for p, _ in self.starting), *resetting])
         self.starting = []
         self.resetting.clear()
         self.turns.abort()
