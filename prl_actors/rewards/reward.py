@@ -86,7 +86,7 @@ class Reward:
             else:
                 value = self.fn(arg)
             if inspect.isawaitable(value):
-                value = await self._wait(asyncio.ensure_future(value), at)
+                value = await self._wait(value, at)
             return value
         except RewardError:
             raise
