@@ -229,9 +229,11 @@ class Lifecycle:
 
     starts: list[float]
     ends: list[float]  # ending events, and the coordinator's sending it Shutdown
-    first: float
-    last: float
-    times: list[float] = field(default_factory=list)  # every event's time, in order
+    times: list[float]  # every event's time, in order (at least one)
+
+    @property
+    def first(self) -> float:
+        return self.times[0]
 
     def last_before(self, until: float) -> float:
         """The time of its last event before `until` (its first event when none is)."""
@@ -248,7 +250,7 @@ def lifecycles(run: Run) -> dict[str, Lifecycle]:
     for actor, mine in run.by_actor.items():
         starts = [e["t"] for e in mine if e["event"] == "actor_start"]
         ends = sorted([e["t"] for e in mine if e["event"] in ENDING_EVENTS] + told[actor])
-        out[actor] = Lifecycle(starts, ends, mine[0]["t"], mine[-1]["t"], [e["t"] for e in mine])
+        out[actor] = Lifecycle(starts, ends, [e["t"] for e in mine])
     return out
 
 
