@@ -317,10 +317,8 @@ class RunDir:
         """The newest `checkpoints/v<version>` directory that is complete (has its DONE marker) and
         intact (every file the marker lists has its sha256). A damaged one is reported through
         `on_skip` (and on the console with `echo`) and the one before it is tried."""
-        root = self.checkpoints
-        done = [p for p in root.glob("v*") if (p / DONE).exists() and p.name[1:].isdigit()] if root.exists() else []
         problems: list[str] = []
-        for path in sorted(done, key=lambda p: int(p.name[1:]), reverse=True):
+        for path in self._complete():
             why = checkpoint_damage(path)
             if why is None:
                 self.protected.add(path.resolve())
@@ -331,7 +329,7 @@ class RunDir:
             if on_skip is not None:
                 on_skip(path, why)
         if problems:
-            raise CheckpointError(f"no intact checkpoint in {root}: {'; '.join(problems)}")
+            raise CheckpointError(f"no intact checkpoint in {self.checkpoints}: {'; '.join(problems)}")
         return None
 
 
