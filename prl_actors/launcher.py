@@ -479,19 +479,21 @@ class Launcher:
             if st.waiting_for and st.waiting_for != self.last_stall:
                 console(f"stalled: {st.waiting_for}")
             self.last_stall = st.waiting_for
+        if st.state not in (Phase.RUNNING, Phase.TRAINING):
+            return
         workers = sum(m.role == "worker" for m in st.members)
-        if not self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
+        if not self.progress:  # no terminal: a line now and then inside a long epoch
             args = (st.epoch, st.epochs_total, st.groups_done, st.groups_per_epoch, workers)
             note = self.long_epoch.line(time.monotonic(), *args)
             if note:
                 console(note)
-        if self.progress and st.state in (Phase.RUNNING, Phase.TRAINING):
-            bar = progress_bar(st.groups_done, st.groups_per_epoch)
-            sys.stderr.write(
-                f"\r  epoch {st.epoch + 1}/{st.epochs_total} {bar} {st.groups_done}/{st.groups_per_epoch} groups"
-                f"  workers {sum(m.role == 'worker' for m in st.members)}  {time.monotonic() - self.t0:6.1f}s\x1b[K\r"
-            )
-            sys.stderr.flush()
+            return
+        bar = progress_bar(st.groups_done, st.groups_per_epoch)
+        sys.stderr.write(
+            f"\r  epoch {st.epoch + 1}/{st.epochs_total} {bar} {st.groups_done}/{st.groups_per_epoch} groups"
+            f"  workers {workers}  {time.monotonic() - self.t0:6.1f}s\x1b[K\r"
+        )
+        sys.stderr.flush()
 
     def _note_back(self, st: Status) -> None:
         """After a restart: one line once the new core runs an epoch with every local worker back."""
