@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-EOS_RATE = 1 / 110
+from prl_bench.chat_shape import EOS_RATE
+
 FULL = {"prompts": 16, "group": 8, "max_new_tokens": 256, "repeats": 3}
 SMOKE = {"prompts": 2, "group": 4, "max_new_tokens": 16, "repeats": 1}
 

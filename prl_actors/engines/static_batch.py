@@ -103,7 +103,7 @@ class StaticBatch(GroupQueue):
         self.pos_host = np.zeros(0, dtype=np.int64)  # [S] each slot's next position
         self.kv: StaticKV | None = None
         self.seen: torch.Tensor | None = None  # [S, V] with a repetition penalty
-        self._said: list[tuple[str, dict[str, Any]]] = []  # notes made so far (each said once)
+        self._said: set[bool] = set()  # "captured" of each decode_graphs note made so far (each said once)
         self.steps = 0  # decode steps run (for tests and the bench)
 
     # --- RunningBatch's API (add, busy, drain_notes, row_done: GroupQueue) ---------------------
@@ -282,13 +282,12 @@ class StaticBatch(GroupQueue):
 
     def _note_graphs(self) -> None:
         """Say once that steps run as CUDA graphs, and once if capturing them was given up."""
-        said = {fields["captured"] for event, fields in self._said if event == "decode_graphs"}
         r = self.runner
         for captured, ok in ((True, r.captures > 0), (False, bool(r.failed))):
-            if ok and captured not in said:
-                note = ("decode_graphs", {"captured": captured, "why": r.failed or f"{r.captures} step shapes"})
-                self.notes.append(note)
-                self._said.append(note)
+            if ok and captured not in self._said:
+                why = r.failed or f"{r.captures} step shapes"
+                self.notes.append(("decode_graphs", {"captured": captured, "why": why}))
+                self._said.add(captured)
 
     def _uniforms(self, live: list[int], rows: list[Row | None], b: int, k: int) -> np.ndarray:
         """[b, k] the uniform of each live slot's next k draws (free slots: 0.5)."""
