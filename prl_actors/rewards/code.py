@@ -62,7 +62,7 @@ async def run_tests(
     lines = await sandbox.run_job(job, timeout_s, unsafe_local=unsafe_local)
     values = [decode_line(line, len(s.probes)) for line, s in zip(lines, splits, strict=False)]
     values += [None] * (len(splits) - len(values))
-    return await _verdicts(splits, values, setup, {**job, "mode": "judge"}, timeout_s, unsafe_local)
+    return await _verdicts(splits, values, {**job, "mode": "judge"}, timeout_s, unsafe_local)
 
 
 def _parses(code: str) -> bool:
@@ -74,19 +74,19 @@ def _parses(code: str) -> bool:
 
 
 async def _verdicts(
-    splits: list[Split], values: list[list[Any] | None], setup: str, job: dict[str, Any], timeout_s: float,
-    unsafe_local: bool,
-) -> list[bool]:  # fmt: skip
+    splits: list[Split], values: list[list[Any] | None], job: dict[str, Any], timeout_s: float, unsafe_local: bool
+) -> list[bool]:
     """Each test's verdict: here when it only compares plain data, else in a judge sandbox that runs
-    the row's setup and the verdicts, never the program."""
-    passed = [
-        v is not None and judgeable_here(s.verdict) and judge(s.verdict, v) for s, v in zip(splits, values, strict=True)
-    ]
-    remote = [
-        i
-        for i, (s, v) in enumerate(zip(splits, values, strict=True))
-        if v is not None and not judgeable_here(s.verdict)
-    ]
+    the row's setup (in `job`) and the verdicts, never the program. A test without values fails."""
+    passed = [False] * len(splits)
+    remote: list[int] = []
+    for i, (s, v) in enumerate(zip(splits, values, strict=True)):
+        if v is None:
+            continue
+        if judgeable_here(s.verdict):
+            passed[i] = judge(s.verdict, v)
+        else:
+            remote.append(i)
     if remote:
         job["code"] = ""
         job["tests"] = [_judge_test(splits[i], values[i]) for i in remote]
