@@ -90,7 +90,7 @@ def _load_env_callables() -> dict[str, Callable[..., Any]]:
 
 def _as_dict(config: Any) -> dict[str, Any]:
     """A config file path, a dict of sections, a Config or None (the defaults) -> a dict of sections."""
-    from prl_actors.config import Config, ConfigError
+    from prl_actors.config import Config, ConfigError, read_config_file
 
     if config is None:
         return {}
@@ -99,15 +99,7 @@ def _as_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
     if isinstance(config, str | os.PathLike):
-        import yaml
-
-        path = Path(config)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
-        return loaded
+        return read_config_file(config)
     raise ConfigError(f"config must be a file path, a dict or a Config, not {type(config).__name__}")
 
 
@@ -154,14 +146,6 @@ def trl_style(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
-    node = data
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
-
-
 class Run:
     """One training run driven from Python. `start()` launches `prl-actors up` on this machine;
     `metrics()` yields each finished epoch's row; `stop()` stops it (resumable, as Ctrl-C);
@@ -192,15 +176,13 @@ class Run:
         echo: bool = True,
         resume: bool = False,
     ) -> None:
-        from pydantic import ValidationError
-
-        from prl_actors.config import Config, ConfigError, format_validation_error
+        from prl_actors.config import ConfigError, set_path, validate_config
 
         data = _as_dict(config)
         for key, value in (overrides or {}).items():
-            _set(data, key, value)
+            set_path(data, key, value)
         if run_dir is not None:
-            _set(data, "run.run_dir", str(run_dir))
+            set_path(data, "run.run_dir", str(run_dir))
         named = _named(rewards)
         self.rewards = {n: TrlStyle(fn) if trl_style(fn) else fn for n, fn in named.items()}
         unknown = sorted(set(weights or {}) - set(self.rewards))
@@ -212,8 +194,8 @@ class Run:
                 {"fn": f"{MODULE}:{n}", "name": n, "weight": w.get(n, 1.0), "batched": trl_style(named[n])}
                 for n in self.rewards
             ]
-            _set(data, "task.rewards", specs)
-            _set(data, "task.reward", None)
+            set_path(data, "task.rewards", specs)
+            set_path(data, "task.reward", None)
         self.dataset = None if dataset is None else [dict(row) for row in dataset]
         run = data.get("run")
         self.run_dir = Path((run.get("run_dir") if isinstance(run, dict) else None) or "runs/latest")
@@ -221,10 +203,7 @@ class Run:
             task = data.setdefault("task", {})
             task["name"] = task.get("name") if task.get("name") in DATASET_TASKS else "jsonl"
             task["prompts_file"] = str((self.run_dir / "api" / "dataset.jsonl").resolve())
-        try:
-            self.config = Config.model_validate(data)
-        except ValidationError as exc:  # one line per problem, as the CLI says it
-            raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
+        self.config = validate_config(data)
         self.echo, self.resume = echo, resume
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import os
 import re
 import types
 from pathlib import Path
@@ -1068,7 +1069,8 @@ def check_resume(run: Config, asked: Config) -> None:
         )
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """data[a][b][c] = value for 'a.b.c', making the sections on the way."""
     node = data
     *parents, leaf = dotted.split(".")
     for key in parents:
@@ -1216,23 +1218,32 @@ def _synonym(dotted: str) -> str:
     return f"{sections[0]}.{meant}" if sections else ""
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config (or the defaults), apply dotted overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
-        data = loaded or {}
-    for key, value in (overrides or {}).items():
-        _set_path(data, key, value)
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A YAML config file's mapping of sections ({} when empty); ConfigError when it is missing or
+    holds no mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections")
+    return loaded or {}
+
+
+def validate_config(data: dict[str, Any]) -> Config:
+    """A mapping of sections as a Config; ConfigError with one line per problem (as the CLI says it)."""
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"invalid config: {format_validation_error(exc)}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (or the defaults), apply dotted overrides, validate."""
+    data = read_config_file(path) if path is not None else {}
+    for key, value in (overrides or {}).items():
+        set_path(data, key, value)
+    return validate_config(data)
