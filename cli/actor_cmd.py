@@ -44,13 +44,7 @@ def actor(
         _env_actor(role, name, cfg)
     if role == "trainer":
         _trainer_rank(cfg)
-    import socket
-
-    name = name or (f"worker-{socket.gethostname()}-{os.getpid()}" if role == "worker" else role)
-    from prl_actors.protocol.messages import role_prefix
-
-    if role_prefix(name) != role:
-        fail(f"actor name {name!r} must start with its role {role!r}")
+    name = _actor_name(role, name)
     from prl_actors.proctitle import set_title
     from prl_actors.supervisor import STANDBY_ENV
 
@@ -81,16 +75,9 @@ def actor(
 
 def _env_actor(role: str, name: str | None, cfg: Any) -> None:
     """The classic-RL roles: the learner process, or one env actor (it connects to the learner)."""
-    import os
-    import socket
-
     if cfg.env is None:
         fail("the learner and env roles need a config with an `env` section (see configs/cartpole.yaml)")
-    name = name or (f"env-{socket.gethostname()}-{os.getpid()}" if role == "env" else role)
-    from prl_actors.protocol.messages import role_prefix
-
-    if role_prefix(name) != role:
-        fail(f"actor name {name!r} must start with its role {role!r}")
+    name = _actor_name(role, name)
     from prl_actors.proctitle import set_title
 
     set_title(name, cfg.run.name)
@@ -104,6 +91,19 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
         raise typer.Exit(130) from None
     except (EnvUnavailable, KeysError) as exc:
         fail(str(exc), code=1)
+
+
+def _actor_name(role: str, name: str | None) -> str:
+    """`name`, or the role's default (ROLE-HOST-PID for a worker or an env actor, of which a run has
+    many; else the role); refused unless it starts with its role."""
+    import socket
+
+    from prl_actors.protocol.messages import role_prefix
+
+    name = name or (f"{role}-{socket.gethostname()}-{os.getpid()}" if role in ("worker", "env") else role)
+    if role_prefix(name) != role:
+        fail(f"actor name {name!r} must start with its role {role!r}")
+    return name
 
 
 def _trainer_rank(cfg: Any) -> None:
