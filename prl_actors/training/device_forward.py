@@ -28,7 +28,7 @@ import torch
 
 from prl_actors.training.behaviour import Behaviour, behaviour_logprobs
 from prl_actors.training.device_batch import DeviceBatch
-from prl_actors.training.losses import entropy as behaviour_entropy
+from prl_actors.training.losses import optional_entropy
 
 VOCAB_CHUNK = 8192
 """Vocabulary rows per chunk of the head (the Qwen2.5 vocabulary, 151,936 rows: 19 chunks)."""
@@ -249,10 +249,4 @@ def device_logprobs(
             return head_scores(hidden, head, batch.targets, behaviour.temperature, measure_entropy)
         picked = head(hidden)  # [N, V]
     logp = behaviour_logprobs(picked, batch.targets, behaviour, context=context)
-    ent = None
-    if with_entropy:
-        ent = behaviour_entropy(picked, behaviour, context=context)
-    elif measure_entropy:
-        with torch.no_grad():
-            ent = behaviour_entropy(picked.detach(), behaviour, context=context)
-    return logp, ent
+    return logp, optional_entropy(picked, behaviour, context, with_entropy, measure_entropy)

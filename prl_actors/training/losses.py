@@ -183,6 +183,19 @@ def entropy(
     return -(logq.exp() * logq.nan_to_num(neginf=0.0)).sum(-1)
 
 
+def optional_entropy(
+    logits: torch.Tensor, b: Behaviour, context: torch.Tensor | None, with_grad: bool, measure: bool
+) -> torch.Tensor | None:
+    """[N] `entropy` of logits [N, V]: with its gradient (`with_grad`: the entropy bonus), or with
+    `measure` alone its value under no_grad (the entropy metric); None when neither is asked for."""
+    if with_grad:
+        return entropy(logits, b, context=context)
+    if not measure:
+        return None
+    with torch.no_grad():
+        return entropy(logits.detach(), b, context=context)
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """k3 estimate of KL(policy || reference) per token, [N], always >= 0."""
     delta = ref_logp - logp

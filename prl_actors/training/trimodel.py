@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from prl_actors.training.behaviour import Behaviour, as_behaviour, behaviour_logprobs
-from prl_actors.training.losses import entropy as behaviour_entropy
+from prl_actors.training.losses import optional_entropy
 from prl_actors.training.packing import ModelBatch, response_logits, response_logprobs
 
 
@@ -72,12 +72,7 @@ class TriModel(torch.nn.Module):
         logits = response_logits(self.policy, batch)  # [N, V]
         ctx = None if context is None else context.to(logits.device)
         logp = behaviour_logprobs(logits, batch.targets, b, context=ctx)  # [N]
-        ent = None
-        if with_entropy:
-            ent = behaviour_entropy(logits, b, context=ctx)  # [N]
-        elif measure_entropy:
-            with torch.no_grad():
-                ent = behaviour_entropy(logits.detach(), b, context=ctx)  # [N]
+        ent = optional_entropy(logits, b, ctx, with_entropy, measure_entropy)  # [N] or None
         ref = None
         if self.reference is not None:
             with torch.no_grad():
