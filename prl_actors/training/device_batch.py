@@ -101,10 +101,8 @@ def build(
     width, rows = pack_rows(lengths)
     flat = [s for g in groups for s in g.samples]
     first_sample = _first_samples(segs)
-    n_rows = len(rows)
-    ids, pos, seg, smp = ([0] * (n_rows * width) for _ in range(4))
-    seg[:] = [-1] * len(seg)
-    smp[:] = [PAD] * len(smp)
+    n_rows, cells = len(rows), len(rows) * width
+    ids, pos, seg, smp = [0] * cells, [0] * cells, [-1] * cells, [PAD] * cells
     start = [0] * len(segs)  # flat offset of each segment
     for r, members in enumerate(rows):
         at = r * width
@@ -119,7 +117,7 @@ def build(
     ints = torch.tensor(ids + pos + seg + smp + predict + targets + sample_index + keep + model, dtype=torch.long)
     floats = torch.tensor(engine + list(advantages), dtype=torch.float64)
     ints, floats = _to_device(ints, device), _to_device(floats, device)
-    cells, n = n_rows * width, len(targets)
+    n = len(targets)
     grid = ints[: 4 * cells].view(4, n_rows, width)  # [4, B, T]
     tok = ints[4 * cells :].view(5, n)  # [5, N]
     return DeviceBatch(
