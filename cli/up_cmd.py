@@ -96,11 +96,11 @@ def up(
     from prl_actors.proctitle import set_title
 
     set_title("up", cfg.run.name)  # `ps`: prl-actors up (run NAME); each actor titles itself so too
-    if cfg.env is not None:
-        _up_env(cfg)
     from prl_actors.rundir import RunDir, RunDirBusy
 
     rd = RunDir(cfg.run.run_dir)
+    if cfg.env is not None:
+        _up_env(cfg, rd)
     if rd.has_run() and not resume:
         fail(f"run dir {rd.root} already holds a run; use another --run-dir, or --resume to continue it")
     try:
@@ -257,45 +257,43 @@ def _check_task(cfg: Any) -> Any:
     return task
 
 
-def _up_env(cfg: Any) -> None:
+def _up_env(cfg: Any, rd: Any) -> None:
     """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
-    from prl_actors.rundir import RunDir, RunDirBusy
+    from prl_actors.rundir import RunDirBusy
 
-    rd = Path(cfg.run.run_dir)
-    if RunDir(rd).has_run():
-        fail(f"run dir {rd} already holds a run; use another --run-dir")
+    if rd.has_run():
+        fail(f"run dir {rd.root} already holds a run; use another --run-dir")
     try:
-        with RunDir(rd).lock():  # as GRPO's `up`: a second `up` on this run dir fails at once
+        with rd.lock():  # as GRPO's `up`: a second `up` on this run dir fails at once
             code = _launch_env(cfg, rd)
     except RunDirBusy as exc:
         fail(str(exc))
     raise typer.Exit(code)
 
 
-def _launch_env(cfg: Any, rd: Path) -> int:
+def _launch_env(cfg: Any, rd: Any) -> int:
     """Pick or check the ports, write RUN_DIR/config.yaml and the keys, run the env runtime."""
     from prl_actors.envs.run import EnvRun
     from prl_actors.launcher import RunFailed, check_ports, pick_ports
-    from prl_actors.rundir import RunDir
 
     try:
         pick_ports(cfg)
         check_ports(cfg)
     except RunFailed as exc:
         fail(str(exc), code=1)
-    rd.mkdir(parents=True, exist_ok=True)
-    RunDir(rd).config.write_text(cfg.dump())
+    rd.root.mkdir(parents=True, exist_ok=True)
+    rd.config.write_text(cfg.dump())
     _run_keys(cfg)
     env = cfg.env
     typer.echo(
         f"up: {env.env_id}, mode {env.mode}, {env.actors} env actors, {env.num_envs} envs, "
         f"sync_kl_threshold {env.sync_kl_threshold}, transport {cfg.transport.kind} (auth {cfg.transport.auth}), "
-        f"run dir {rd}",
+        f"run dir {rd.root}",
         err=True,
     )
     t0 = time.monotonic()
-    code = EnvRun(cfg, RunDir(rd).config).run()
-    typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {RunDir(rd).metrics}", err=True)
+    code = EnvRun(cfg, rd.config).run()
+    typer.echo(f"wall {time.monotonic() - t0:.1f}s; metrics in {rd.metrics}", err=True)
     return code
 
 
