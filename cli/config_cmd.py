@@ -90,7 +90,7 @@ def _type(annotation: Any) -> str:
         return f"list of {_type(get_args(annotation)[0])}"
     if origin is dict:
         return "mapping"
-    if get_origin(annotation) is Annotated:
+    if origin is Annotated:
         return _type(get_args(annotation)[0])
     if annotation is type(None):
         return "null"
@@ -109,4 +109,4 @@ def _default(info: Any) -> str:
         value = info.default
     if isinstance(value, BaseModel):
         return "(section)"
-    return f"`{value!r}`" if value not in (None, [], {}) else f"`{value}`"
+    return f"`{value!r}`"
