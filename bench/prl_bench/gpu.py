@@ -129,14 +129,19 @@ def chat_prompts(model_dir: Path, n: int) -> list[list[int]]:
     return _chat_ids(AutoTokenizer.from_pretrained(str(model_dir)), n)
 
 
-def _chat_ids(tok: Any, n: int) -> list[list[int]]:
+def _chats() -> list[list[dict[str, str]]]:
+    """The math task's sample questions as chat messages under chat_shape's system prompt."""
     from prl_actors.tasks.math_task import sample_path
     from prl_bench.chat_shape import SYSTEM_PROMPT
 
     lines = [ln for ln in Path(sample_path()).read_text().splitlines() if ln.strip()]
+    system = {"role": "system", "content": SYSTEM_PROMPT}
+    return [[system, {"role": "user", "content": json.loads(ln)["question"]}] for ln in lines]
+
+
+def _chat_ids(tok: Any, n: int) -> list[list[int]]:
     out = []
-    for line in (lines * n)[:n]:
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": json.loads(line)["question"]}]
+    for msgs in (_chats() * n)[:n]:
         ids: Any = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
@@ -194,25 +199,25 @@ def measure(model_dir: Path, device: str, impl: str, gs: list[Any], steps: int, 
     }
     learner = GRPOLearner(load_config(None, overrides), model_dir)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def one_step(i: int) -> None:
+        learner.begin_epoch(i, len(gs))
+        for g in gs:
+            learner.accumulate(g)
+        learner.flush()
+        learner.step()
+
     times = []
     for i in range(steps + 1):
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         sync()
         t0 = time.perf_counter()
-        learner.begin_epoch(i, len(gs))
-        for g in gs:
-            learner.accumulate(g)
-        learner.flush()
-        learner.step()
+        one_step(i)
         sync()
         times.append(time.perf_counter() - t0)
     with DispatchCount() as count:
-        learner.begin_epoch(steps + 1, len(gs))
-        for g in gs:
-            learner.accumulate(g)
-        learner.flush()
-        learner.step()
+        one_step(steps + 1)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     return {
         "s_per_step": statistics.median(times[1:]),
@@ -432,16 +437,9 @@ def _trl_run(ctx: BenchContext, steps: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from prl_bench.chat_shape import SYSTEM_PROMPT
-
     model_dir = build_model(ctx.work_dir / "qwen2-358m", tiny=False)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    from prl_actors.tasks.math_task import sample_path
-
-    lines = [json.loads(ln)["question"] for ln in Path(sample_path()).read_text().splitlines() if ln.strip()]
-    data = Dataset.from_list(
-        [{"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": q}]} for q in lines]
-    )
+    data = Dataset.from_list([{"prompt": msgs} for msgs in _chats()])
     stamps: list[float] = []
 
     class Clock(TrainerCallback):  # type: ignore[misc]
