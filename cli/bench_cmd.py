@@ -7,19 +7,16 @@ so `prl-actors --help` stays fast and an install without it still runs everythin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
+
+from cli.common import fail as _fail
 
 NOT_INSTALLED = (
     "the benchmark suite (package prl_bench, from the repository's bench/ folder) is not installed here: "
     "install prl-actors from a source checkout (make install, or pip install '.[plots]')"
 )
-
-
-def _fail(message: str) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
 
 
 def bench(

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
+from cli.common import fail as _fail
 
 
 def export(

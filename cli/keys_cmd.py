@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from cli.common import fail as _fail
+
 keys_app = typer.Typer(
     name="keys",
     help="The run's CurveZMQ keys (docs/SECURITY.md): `up` creates them in RUN_DIR/keys; a joiner on "
@@ -33,11 +35,6 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="Use this config's key directory (transport.keys_dir, else its RUN_DIR/keys)."),
 ]
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
 
 
 def _dir(directory: Path | None, run_dir: Path | None, config: Path | None = None) -> Path:
