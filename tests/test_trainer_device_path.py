@@ -37,6 +37,7 @@ from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.losses import host_advantages, scaled_advantages
 from prl_actors.training.packing import collate_unpacked, response_logprobs
+from tests.test_grpo_equivalence import captured_gradients
 
 VOCAB = 384
 
@@ -240,14 +241,8 @@ def test_gpu_impl_gradient_equals_cpu_impl_on_long_rows(chat_dir: Path) -> None:
     grads = {}
     for impl in ("cpu", "gpu"):
         learner = GRPOLearner(config(impl=impl), chat_dir)
-        seen: dict[str, torch.Tensor] = {}
-        learner.optimizer.register_step_pre_hook(
-            lambda *_, seen=seen, learner=learner: seen.update(
-                {n: p.grad.clone() for n, p in learner.policy.named_parameters() if p.grad is not None}
-            )
-        )
+        grads[impl] = captured_gradients(learner)
         epoch(learner, groups)
-        grads[impl] = seen
     scale = max(g.abs().max().item() for g in grads["cpu"].values())
     worst = max((grads["cpu"][n] - grads["gpu"][n]).abs().max().item() for n in grads["cpu"]) / scale
     assert worst < 1e-5, worst
