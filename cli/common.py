@@ -37,12 +37,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _overrides(sets: list[str] | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The dotted overrides: each --set, then the flags given (None: not given), which win."""
+    from prl_actors.config import parse_override
+
+    overrides = dict(parse_override(s) for s in sets or [])
+    overrides.update({k: v for k, v in (extra or {}).items() if v is not None})
+    return overrides
+
+
 def _config(path: Path | None, sets: list[str] | None, extra: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
-    from prl_actors.config import ConfigError, load_config, parse_override
+    from prl_actors.config import ConfigError, load_config
 
     try:
-        overrides = dict(parse_override(s) for s in sets or [])
-        overrides.update({k: v for k, v in (extra or {}).items() if v is not None})
-        return load_config(path, overrides)
+        return load_config(path, _overrides(sets, extra))
     except ConfigError as exc:
         fail(str(exc))

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigOpt, SetOpt, _config, fail
+from cli.common import ConfigOpt, SetOpt, _config, _overrides, fail
 
 
 def up(
@@ -125,12 +125,11 @@ def _dry_run(cfg: Any) -> None:
 
 def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str, Any]):  # type: ignore[no-untyped-def]
     """The run's own RUN_DIR/config.yaml, changed only where --config/--set/flags change safe fields."""
-    from prl_actors.config import ConfigError, RunSection, check_resume, load_config, parse_override
+    from prl_actors.config import ConfigError, RunSection, check_resume, load_config
     from prl_actors.rundir import RunDir
 
     try:
-        overrides = dict(parse_override(s) for s in sets or [])
-        overrides.update({k: v for k, v in flags.items() if v is not None})
+        overrides = _overrides(sets, flags)
         default_dir = load_config(config).run.run_dir if config else RunSection().run_dir
         rd = RunDir(overrides.setdefault("run.run_dir", default_dir))
         overrides["run.resume"] = True
