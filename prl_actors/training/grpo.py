@@ -304,9 +304,15 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         if self.first_pass:  # the same ratios on every pass (old = the epoch-start policy)
             self.stats.add_is(rho[keep].cpu(), corrected[keep].cpu())
 
+    def _group_rewards(self, group: Group) -> tuple[list[float], int]:
+        """(the rewards `group`'s advantages are scaled over, the index of its first sample among them):
+        its own from 0 here; a rank's piece of a group, the whole group's (RankLearner)."""
+        return [s.reward for s in group.samples], 0
+
     def _advantages(self, group: Group) -> torch.Tensor:
         """[G] float64: the advantages of `group`'s samples under trainer.scale_rewards."""
-        return self._scaled([s.reward for s in group.samples])
+        rewards, first = self._group_rewards(group)
+        return self._scaled(rewards)[first : first + len(group.samples)]
 
     def _scaled(self, rewards: list[float]) -> torch.Tensor:
         """[G] float64: the advantages of one whole group's `rewards` under trainer.scale_rewards."""
@@ -314,7 +320,9 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
 
     def _advantage_values(self, group: Group) -> list[float]:
         """`_advantages` as Python floats, computed on the host (the gpu impl: no torch op per group)."""
-        return host_advantages([s.reward for s in group.samples], self.cfg.scale_rewards, self.batch_std)
+        rewards, first = self._group_rewards(group)
+        scaled = host_advantages(rewards, self.cfg.scale_rewards, self.batch_std)
+        return scaled[first : first + len(group.samples)]
 
     def _fold_stats(self) -> None:
         """Bring the gpu impl's device-side metrics into `stats` (one host read; nothing on the cpu impl)."""

@@ -38,7 +38,6 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training import checkpoint
 from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
 from prl_actors.training.lora import TOKENIZER_FILES
-from prl_actors.training.losses import host_advantages
 from prl_actors.training.rank_group import Joined, Piece, RankEnv
 
 SUMS = (
@@ -216,7 +215,7 @@ class RankLearner(GRPOLearner):
     def run_round(self, share: list[Piece]) -> None:
         """Forward/backward this rank's share of a round as one micro-batch (fsdp2: exactly one pass).
         A group split across ranks counts once (on the rank holding its first sample); its samples'
-        advantages come from the whole group's rewards (`_advantages`)."""
+        advantages come from the whole group's rewards (`_group_rewards`)."""
         for p in share:
             self.stats.add_rewards([s.reward for s in p.group.samples], whole=p.first == 0)
         self._pieces = {id(p.group): p for p in share}
@@ -229,20 +228,12 @@ class RankLearner(GRPOLearner):
         finally:
             self._pieces = {}
 
-    def _advantages(self, group: Group) -> torch.Tensor:
-        """[k] the advantages of a piece's k samples: its slice of the whole group's."""
+    def _group_rewards(self, group: Group) -> tuple[list[float], int]:
+        """A piece's k samples take their slice of the whole group's advantages (both impls)."""
         piece = self._pieces.get(id(group))
         if piece is None:
-            return super()._advantages(group)
-        return self._scaled(piece.rewards)[piece.first : piece.first + len(group.samples)]
-
-    def _advantage_values(self, group: Group) -> list[float]:
-        """`_advantages` as host floats (the gpu impl): a piece's slice of the whole group's."""
-        piece = self._pieces.get(id(group))
-        if piece is None:
-            return super()._advantage_values(group)
-        scaled = host_advantages(piece.rewards, self.cfg.scale_rewards, self.batch_std)
-        return scaled[piece.first : piece.first + len(group.samples)]
+            return super()._group_rewards(group)
+        return piece.rewards, piece.first
 
     def _idle_pass(self) -> None:
         """A zero-loss forward/backward: joins the round's all-gathers and reduce-scatters, adds nothing."""
