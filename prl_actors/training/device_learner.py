@@ -141,8 +141,8 @@ class DeviceFlush:
         activations fit in the memory free now (read again at every epoch's start: a process sharing
         the device, e.g. an engine that started later, is seen; the gradients, and AdamW's state until
         the first step, are set aside: they are not allocated at an epoch's start)."""
-        free = free_memory(self.device) if self.impl == "gpu" else None
-        if self.cfg.micro_batch_tokens != "auto" or free is None:
+        free = free_memory(self.device) if self.impl == "gpu" and self.cfg.micro_batch_tokens == "auto" else None
+        if free is None:
             return self.cfg.fixed_micro_batch_tokens()
         c = self.policy.config
         per_token = activation_bytes_per_token(

@@ -202,7 +202,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         self.run = EpochRun(MinibatchPlan(n_groups, minibatches), gated=self.cfg.scale_rewards == "batch")
         self.norm, self.batch_std, self.epoch_steps, self.first_pass = Norm(), None, 0, True
         self.device_stats = DeviceStats()
-        self.micro_batch_tokens = self._micro_batch_tokens()  # auto on an accelerator: today's free memory
+        self.micro_batch_tokens = self._micro_batch_tokens()  # auto on an accelerator: from the memory free now
 
     def accumulate(self, group: Group) -> dict[str, float]:
         """Hold `group` in its minibatch; if that is the open one, queue it (forward/backward once the
