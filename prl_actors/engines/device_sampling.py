@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from prl_actors.training.behaviour import Behaviour, shaped_logits
+from prl_actors.training.behaviour import Behaviour, penalise_seen, shaped_logits
 
 
 class DeviceSampler:
@@ -42,8 +42,7 @@ class DeviceSampler:
         if b.penalised:
             if seen is None:
                 raise ValueError("the repetition penalty needs the rows' seen tokens")
-            p = b.repetition_penalty
-            z = torch.where(seen, torch.where(z > 0, z / p, z * p), z)
+            z = penalise_seen(z, seen, b.repetition_penalty)
         shaped = z if self.plain else shaped_logits(z, self.rest)  # [B, V]
         if b.temperature == 0:
             token = shaped.argmax(dim=-1, keepdim=True)

@@ -114,6 +114,11 @@ def penalise(logits: torch.Tensor, context: torch.Tensor, penalty: float) -> tor
     Differentiable (out of place). The seen tokens are a [N, V] mask, not a scatter of the context's
     values: a token repeated in the context must still pass its gradient once."""
     seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, context, True)  # [N, V]
+    return penalise_seen(logits, seen, penalty)
+
+
+def penalise_seen(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """`penalise` given the seen tokens as a [N, V] bool mask (the engine's device path keeps one)."""
     return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
