@@ -79,7 +79,7 @@ def build_chat_model(shape: str, out_dir: Path, seed: int = 0) -> Path:
     )  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).eval()
-    _calibrate_eos(model, tok, eos)
+    calibrate_eos(model, tok, eos)
     model.generation_config.eos_token_id = [eos, pad]
     model.generation_config.pad_token_id = pad
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -90,9 +90,10 @@ def build_chat_model(shape: str, out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def _calibrate_eos(model: Any, tok: Any, eos: int) -> None:
+def calibrate_eos(model: Any, tok: Any, eos: int) -> None:
     """Add beta * u to the end-of-turn embedding row (u: the unit mean final hidden state over the
-    prompts followed by random tokens), beta bisected so mean p(eos) = EOS_RATE."""
+    prompts followed by random tokens), beta bisected so mean p(eos) = EOS_RATE; on the model's own
+    device (shift_eos)."""
     import torch
 
     from prl_actors.tasks.math_task import sample_path

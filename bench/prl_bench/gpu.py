@@ -78,7 +78,7 @@ def run(ctx: BenchContext) -> list[Entry]:
 def build_model(out_dir: Path, tiny: bool, calibrate: str = "") -> Path:
     """The random-init Qwen2 of SHAPE (TINY for the smoke run) with the tiny qwen2 tokenizer; with
     `calibrate` (a device) its end-of-turn logit raised as chat_shape.py does, so generated answers
-    are ~geometric with mean ~100 (`calibrate_eos`)."""
+    are ~geometric with mean ~100 (chat_shape.calibrate_eos)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -99,6 +99,8 @@ def build_model(out_dir: Path, tiny: bool, calibrate: str = "") -> Path:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     if calibrate:
+        from prl_bench.chat_shape import calibrate_eos
+
         calibrate_eos(model.to(calibrate), tok, eos)
         model.generation_config.eos_token_id = [eos, pad]
         model.generation_config.pad_token_id = pad
@@ -107,19 +109,6 @@ def build_model(out_dir: Path, tiny: bool, calibrate: str = "") -> Path:
         model.to("cpu").save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
-
-
-def calibrate_eos(model: Any, tok: Any, eos: int) -> None:
-    """chat_shape._calibrate_eos on the model's own device: add beta x u to the end-of-turn row (u: the
-    unit mean final hidden state over chat prompts followed by random tokens), beta bisected so the
-    mean p(eos) is chat_shape.EOS_RATE."""
-    import torch
-
-    from prl_bench.chat_shape import shift_eos
-
-    gen = torch.Generator().manual_seed(0)
-    rows = [p + torch.randint(0, len(tok), (128,), generator=gen).tolist() for p in _chat_ids(tok, 16)]
-    shift_eos(model, rows, eos)
 
 
 def chat_prompts(model_dir: Path, n: int) -> list[list[int]]:
