@@ -6,7 +6,7 @@
 # Layers, least to most often changed: the user and the venv's owner, torch, the other dependencies,
 # the source. Editing the source rebuilds only the last, small layer; torch is reinstalled only when
 # constraints.txt changes. `prl-actors up --compose` does not build at all when the image is up to date
-# (prl_actors/compose.py, ImageInputs).
+# (prl_actors/launch/compose.py, ImageInputs).
 # Size: torch's CPU wheel (checked below: a CUDA torch fails the build), its few pure-Python
 # dependencies and ours; no pip cache, no compiler, no tests/bench/docs (.dockerignore).
 # Every instruction after the first large layer costs a copy of the whole image under the vfs storage

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigOpt, CoordOpt, KeysOpt, SetOpt, _config, fail
+from prl_actors.cli.common import ConfigOpt, CoordOpt, KeysOpt, SetOpt, _config, fail
 
 
 def actor(
@@ -30,7 +30,7 @@ def actor(
     It authenticates with its own key (or its role's) from --keys (default RUN_DIR/keys). Its process
     title is `prl-actors NAME (run RUN)` (`ps`; `top` shows `prl-NAME`: docs/DEBUGGING.md).
     """
-    from prl_actors.topology import PEERS
+    from prl_actors.launch.topology import PEERS
 
     if role not in (*PEERS, "learner", "env"):
         fail(f"unknown role {role!r}; expected one of {', '.join((*PEERS, 'learner', 'env'))}")
@@ -45,21 +45,21 @@ def actor(
     if role == "trainer":
         _trainer_rank(cfg)
     name = _actor_name(role, name)
-    from prl_actors.proctitle import set_title
-    from prl_actors.supervisor import STANDBY_ENV
+    from prl_actors.launch.proctitle import set_title
+    from prl_actors.launch.supervisor import STANDBY_ENV
 
     set_title(f"spare-{name}" if os.environ.get(STANDBY_ENV) else name, cfg.run.name)  # a spare: run.standby_core
     if coordinator and role in ("worker", "trainer"):
         _discover(cfg, coordinator, name)
     if role == "coordinator":
         _claim_run_dir(cfg)
-    from prl_actors.config import ConfigError
-    from prl_actors.process import SUPERVISOR_ENV, ActorFailed, exit_now, run_actor_process
+    from prl_actors.launch.process import SUPERVISOR_ENV, ActorFailed, exit_now, run_actor_process
+    from prl_actors.sections import ConfigError
     from prl_actors.transport.auth import KeysError
 
     narrating = None
     if role == "worker" and not os.environ.get(SUPERVISOR_ENV):  # joined by hand: say what it does
-        from cli import narrate
+        from prl_actors.cli import narrate
 
         narrating = narrate.start(Path(cfg.run.run_dir) / "logs" / f"{name}.jsonl", name)
     try:
@@ -78,11 +78,11 @@ def _env_actor(role: str, name: str | None, cfg: Any) -> None:
     if cfg.env is None:
         fail("the learner and env roles need a config with an `env` section (see configs/cartpole.yaml)")
     name = _actor_name(role, name)
-    from prl_actors.proctitle import set_title
+    from prl_actors.launch.proctitle import set_title
 
     set_title(name, cfg.run.name)
-    from prl_actors.envs.hub import EnvUnavailable
-    from prl_actors.envs.run import run_env_actor, run_learner
+    from prl_actors.classic.envs.hub import EnvUnavailable
+    from prl_actors.launch.classic import run_env_actor, run_learner
     from prl_actors.transport.auth import KeysError
 
     try:
@@ -109,9 +109,9 @@ def _actor_name(role: str, name: str | None) -> str:
 def _trainer_rank(cfg: Any) -> None:
     """Under torchrun (RANK set), a rank other than 0 of the trainer group follows rank 0 (which runs
     the trainer actor): docs/DISTRIBUTED.md."""
-    from prl_actors.config import ConfigError
-    from prl_actors.process import exit_now
-    from prl_actors.training.rank_group import RankEnv
+    from prl_actors.launch.process import exit_now
+    from prl_actors.sections import ConfigError
+    from prl_actors.trainer.rank_group import RankEnv
 
     try:
         env = RankEnv.from_environ()
@@ -119,8 +119,8 @@ def _trainer_rank(cfg: Any) -> None:
         fail(str(exc))
     if env is None or env.rank == 0 or cfg.trainer.strategy == "single":
         return
-    from prl_actors.proctitle import set_title
-    from prl_actors.training.distributed import run_rank
+    from prl_actors.launch.proctitle import set_title
+    from prl_actors.trainer.distributed import run_rank
 
     set_title(f"trainer-rank{env.rank}", cfg.run.name)
     try:
@@ -146,7 +146,7 @@ def _claim_run_dir(cfg: Any) -> None:
 
 def _discover(cfg: Any, coordinator: str, name: str) -> None:
     """Ask a running coordinator where the publisher and buffer are."""
-    from prl_actors.client import RequestFailed, request
+    from prl_actors.launch.client import RequestFailed, request
     from prl_actors.protocol.messages import StatusRequest
     from prl_actors.transport.auth import KeyStore
 

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import fail as _fail
+from prl_actors.cli.common import fail as _fail
 
 NOT_INSTALLED = (
     "the benchmark suite (package prl_bench, from the repository's bench/ folder) is not installed here: "

@@ -47,7 +47,8 @@ def _overrides(sets: list[str] | None, extra: dict[str, Any] | None = None) -> d
 
 
 def _config(path: Path | None, sets: list[str] | None, extra: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     try:
         return load_config(path, _overrides(sets, extra))

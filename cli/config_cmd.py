@@ -9,8 +9,7 @@ import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
-
-from cli.common import ConfigOpt, SetOpt, _config
+from prl_actors.cli.common import ConfigOpt, SetOpt, _config
 
 config_app = typer.Typer(
     name="config",

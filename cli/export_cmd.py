@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from cli.common import fail as _fail
+from prl_actors.cli.common import fail as _fail
 
 
 def export(
@@ -40,7 +39,7 @@ def export(
 ) -> None:
     """Export a checkpoint as a Hugging Face model directory loadable by transformers (a LoRA run's
     adapter merged into its base)."""
-    from prl_actors.actors.runtime import one_line
+    from prl_actors.runtime.core import one_line
 
     if out.exists():
         _fail(f"{out} exists: choose a new directory")
@@ -60,7 +59,7 @@ def export(
 def _is_checkpoint(path: Path) -> bool:
     """One checkpoint directory (v<N>, marked complete), rather than a run directory (which also holds
     a model/ of its own: the model every actor loaded)."""
-    from prl_actors.rundir import DONE
+    from prl_actors.records.rundir import DONE
 
     return (path / DONE).is_file() and not (path / "checkpoints").is_dir()
 
@@ -72,7 +71,7 @@ def checkpoint_to_export(path: Path, version: int | None) -> Path:
 
 def _one_checkpoint(path: Path) -> Path:
     """A checkpoint directory given as is: refused when damaged (as the newest intact one would be)."""
-    from prl_actors.rundir import checkpoint_damage
+    from prl_actors.records.rundir import checkpoint_damage
 
     why = checkpoint_damage(path)
     if why is not None:
@@ -82,7 +81,7 @@ def _one_checkpoint(path: Path) -> Path:
 
 def _checkpoint(run_dir: Path, version: int | None) -> Path:
     """The checkpoint directory to export: v<version>, or the newest intact one."""
-    from prl_actors.rundir import DONE, CheckpointError, RunDir, checkpoint_damage
+    from prl_actors.records.rundir import DONE, CheckpointError, RunDir, checkpoint_damage
 
     rd = RunDir(run_dir)
     if not rd.checkpoints.is_dir():

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import fail as _fail
+from prl_actors.cli.common import fail as _fail
 
 keys_app = typer.Typer(
     name="keys",
@@ -41,14 +41,15 @@ def _dir(directory: Path | None, run_dir: Path | None, config: Path | None = Non
     if directory is not None:
         return directory
     if config is not None:
-        from prl_actors.config import ConfigError, load_config
+        from prl_actors.config import load_config
+        from prl_actors.sections import ConfigError
 
         try:
             return load_config(config).keys_path()
         except ConfigError as exc:
             _fail(str(exc))
     if run_dir is None:
-        from prl_actors.rundir import live_run
+        from prl_actors.records.rundir import live_run
 
         run_dir = live_run() or Path("runs/latest")
     return run_dir / "keys"

@@ -5,16 +5,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
-from cli.actor_cmd import actor
-from cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
-from cli.config_cmd import config_app
-from cli.export_cmd import export
-from cli.keys_cmd import keys_app
-from cli.labels import label
-from cli.replay_cmd import replay
-from cli.target import health, scale, status, stop
-from cli.up_cmd import up
+from prl_actors.cli.actor_cmd import actor
+from prl_actors.cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
+from prl_actors.cli.config_cmd import config_app
+from prl_actors.cli.export_cmd import export
+from prl_actors.cli.keys_cmd import keys_app
+from prl_actors.cli.labels import label
+from prl_actors.cli.replay_cmd import replay
+from prl_actors.cli.target import health, scale, status, stop
+from prl_actors.cli.up_cmd import up
 
 app = typer.Typer(
     name="prl-actors",

@@ -93,7 +93,8 @@ def replay(
 def _decoder(run_dir: Path) -> Callable[[list[int]], str] | None:
     """The run's tokenizer as a decoder of a multi-turn completion's turns (special tokens kept: the
     chat template's role headers), or None (with a note) when its model directory is not here."""
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     try:
         cfg = load_config(run_dir / "config.yaml")
@@ -113,13 +114,13 @@ def _decoder(run_dir: Path) -> Callable[[list[int]], str] | None:
 
 def _observe(run_dir: Path, completions: bool, epoch: int | None, curves: Path | None) -> int:
     """--completions / --curves: from completions.jsonl and metrics.jsonl (docs/OBSERVE.md)."""
-    from prl_actors.rundir import RunDir
+    from prl_actors.records.rundir import RunDir
 
     rd = RunDir(run_dir)
     if not run_dir.is_dir():
         _fail(f"{run_dir} is not a directory")
     if completions:
-        from prl_actors import completions as comp
+        from prl_actors.trainer import completions as comp
 
         rows = comp.read(run_dir, epoch)
         if not rows:
@@ -128,7 +129,7 @@ def _observe(run_dir: Path, completions: bool, epoch: int | None, curves: Path |
         typer.echo(comp.render(rows, _decoder(run_dir) if comp.wants_tokenizer(rows) else None))
     if curves is not None:
         try:
-            from prl_actors.curves import draw_curves
+            from prl_actors.records.curves import draw_curves
         except ImportError:
             _fail("--curves needs matplotlib: pip install 'prl-actors[plots]' (make install has it)")
         try:

@@ -15,8 +15,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from cli.common import CoordOpt, KeysOpt
-from cli.common import fail as _fail
+from prl_actors.cli.common import CoordOpt, KeysOpt
+from prl_actors.cli.common import fail as _fail
 
 RunDirArg = Annotated[
     Path | None,
@@ -43,8 +43,9 @@ class Target:
 def find_target(run_dir: Path | None, config: Path | None, coordinator: str | None, keys: Path | None) -> Target:
     """RUN_DIR, else --config, else --coordinator, else the newest live run `up` started here
     (the run registry), else runs/latest/config.yaml."""
-    from prl_actors.config import ConfigError, load_config
-    from prl_actors.rundir import live_run
+    from prl_actors.config import load_config
+    from prl_actors.records.rundir import live_run
+    from prl_actors.sections import ConfigError
     from prl_actors.transport.auth import KeyStore
 
     how, guessed = "", False
@@ -81,7 +82,7 @@ def find_target(run_dir: Path | None, config: Path | None, coordinator: str | No
 
 def unreachable(exc: Exception, target: Target) -> NoReturn:
     """The request failed: say so, and how to name a run that is up."""
-    from prl_actors.rundir import is_live, registered_runs
+    from prl_actors.records.rundir import is_live, registered_runs
 
     hint, where = "", target.config_path.parent if target.config_path is not None else None
     if where is None:
@@ -113,7 +114,7 @@ def status(
     """Print a live run's epoch, version, members, progress and refusals (asks its coordinator)."""
     import msgspec
 
-    from prl_actors.client import RequestFailed, request
+    from prl_actors.launch.client import RequestFailed, request
     from prl_actors.protocol.messages import StatusRequest
 
     target = find_target(run_dir, config, coordinator, keys)
@@ -160,8 +161,8 @@ def health(
 
     It asks with MEMBER's key (or its role's), else the operator key, from --keys (default RUN_DIR/keys).
     """
-    from prl_actors.client import RequestFailed, request
-    from prl_actors.compose import health_problem
+    from prl_actors.launch.client import RequestFailed, request
+    from prl_actors.launch.compose import health_problem
     from prl_actors.protocol.messages import StatusRequest
 
     target = find_target(run_dir, config, coordinator, keys)
@@ -187,7 +188,7 @@ def scale(
 
     Needs the operator key; at most run.max_workers.
     """
-    from prl_actors.client import RequestFailed, request
+    from prl_actors.launch.client import RequestFailed, request
     from prl_actors.protocol.messages import Scale
 
     target = find_target(run_dir, config, coordinator, keys)
@@ -205,7 +206,7 @@ def stop(
 
     Needs the operator key.
     """
-    from prl_actors.client import RequestFailed, request
+    from prl_actors.launch.client import RequestFailed, request
     from prl_actors.protocol.messages import RequestStop
 
     target = find_target(run_dir, config, coordinator, keys)

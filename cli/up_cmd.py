@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import ConfigOpt, SetOpt, _config, _overrides, fail
+from prl_actors.cli.common import ConfigOpt, SetOpt, _config, _overrides, fail
 
 
 def up(
@@ -77,7 +77,7 @@ def up(
     source = f"the run in {run_dir}" if resume and run_dir else (config or "the built-in defaults")
     typer.echo(f"up: {'resuming' if resume else 'starting'} from {source} ...", err=True)  # before any heavy import
     if compose and config is None:
-        from prl_actors.compose import DEFAULT_CONFIG
+        from prl_actors.launch.compose import DEFAULT_CONFIG
 
         config = DEFAULT_CONFIG
     flags = {
@@ -90,13 +90,13 @@ def up(
     if dry_run:
         _dry_run(cfg)
     if compose:
-        from prl_actors.compose import compose_up
+        from prl_actors.launch.compose import compose_up
 
         raise typer.Exit(compose_up(cfg))
-    from prl_actors.proctitle import set_title
+    from prl_actors.launch.proctitle import set_title
 
     set_title("up", cfg.run.name)  # `ps`: prl-actors up (run NAME); each actor titles itself so too
-    from prl_actors.rundir import RunDir, RunDirBusy
+    from prl_actors.records.rundir import RunDir, RunDirBusy
 
     rd = RunDir(cfg.run.run_dir)
     if cfg.env is not None:
@@ -125,8 +125,9 @@ def _dry_run(cfg: Any) -> None:
 
 def _resume_config(config: Path | None, sets: list[str] | None, flags: dict[str, Any]):  # type: ignore[no-untyped-def]
     """The run's own RUN_DIR/config.yaml, changed only where --config/--set/flags change safe fields."""
-    from prl_actors.config import ConfigError, RunSection, check_resume, load_config
-    from prl_actors.rundir import RunDir
+    from prl_actors.config import RunSection, check_resume, load_config
+    from prl_actors.records.rundir import RunDir
+    from prl_actors.sections import ConfigError
 
     try:
         overrides = _overrides(sets, flags)
@@ -149,7 +150,7 @@ def _check_epochs_to_go(rd: Any, epochs: int) -> None:
     """Before any actor starts: a resume with nothing to train, or fewer epochs than are done, is
     refused with one line; else say which checkpoint it resumes from."""
     from prl_actors.protocol.versions import epoch_for
-    from prl_actors.rundir import CheckpointError
+    from prl_actors.records.rundir import CheckpointError
 
     try:
         ckpt = rd.latest_checkpoint()  # the one the trainer will load (damaged newer ones are skipped)
@@ -175,7 +176,7 @@ def _launch(cfg: Any, rd: Any) -> int:
     """Check the task, make the keys, prepare the model, pick or check the ports, write
     RUN_DIR/config.yaml, run the launcher (its actors forked by a fork server that starts first:
     run.fork_server)."""
-    from prl_actors.zygote import Zygote
+    from prl_actors.launch.zygote import Zygote
 
     zygote = Zygote(cfg.run.name) if cfg.run.fork_server else None  # it imports torch & co. while the checks run
     try:
@@ -186,8 +187,8 @@ def _launch(cfg: Any, rd: Any) -> int:
 
 
 def _launch_with(cfg: Any, rd: Any, zygote: Any) -> int:
-    from prl_actors.launcher import Launcher, RunFailed, check_ports, pick_ports, summary
-    from prl_actors.rundir import register_run, unregister_run
+    from prl_actors.launch.up import Launcher, RunFailed, check_ports, pick_ports, summary
+    from prl_actors.records.rundir import register_run, unregister_run
 
     typer.echo("checking the task and its prompts ...", err=True)
     t_task = time.monotonic()
@@ -239,13 +240,13 @@ def _run_keys(cfg: Any) -> None:
 
 def _check_task(cfg: Any) -> Any:
     """Bad rows, templates, a resume on changed data: refused before any actor starts. The task."""
-    from prl_actors.config import ConfigError
+    from prl_actors.sections import ConfigError
     from prl_actors.tasks import load_task
 
     try:
         task = load_task(cfg)
         if cfg.eval.every_epochs > 0:  # a bad eval.prompts_file is refused here too, not in the coordinator
-            from prl_actors.evaluation import eval_items
+            from prl_actors.coordinator.evaluation import eval_items
 
             if not eval_items(cfg, task.items):
                 raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
@@ -258,7 +259,7 @@ def _check_task(cfg: Any) -> Any:
 
 def _up_env(cfg: Any, rd: Any) -> None:
     """`up` for a classic-RL config (an `env` section): a learner and env actor processes (docs/ENVS.md)."""
-    from prl_actors.rundir import RunDirBusy
+    from prl_actors.records.rundir import RunDirBusy
 
     if rd.has_run():
         fail(f"run dir {rd.root} already holds a run; use another --run-dir")
@@ -272,8 +273,8 @@ def _up_env(cfg: Any, rd: Any) -> None:
 
 def _launch_env(cfg: Any, rd: Any) -> int:
     """Pick or check the ports, write RUN_DIR/config.yaml and the keys, run the env runtime."""
-    from prl_actors.envs.run import EnvRun
-    from prl_actors.launcher import RunFailed, check_ports, pick_ports
+    from prl_actors.launch.classic import EnvRun
+    from prl_actors.launch.up import RunFailed, check_ports, pick_ports
 
     try:
         pick_ports(cfg)
@@ -301,17 +302,17 @@ def _prepare_model(cfg: Any) -> None:
     progress display; a bad model is one error line."""
     if cfg.worker.engine == "sim":
         return
-    from prl_actors.actors.runtime import one_line
-    from prl_actors.config import ConfigError
     from prl_actors.engines.registry import check_engine
-    from prl_actors.model_dirs import ready_model_dir
+    from prl_actors.model.dirs import ready_model_dir
+    from prl_actors.runtime.core import one_line
+    from prl_actors.sections import ConfigError
 
     typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
     t0 = time.monotonic()
     try:
         directory = ready_model_dir(cfg, Path(cfg.run.run_dir))  # without torch: built or cached already
         if directory is None:  # a build: torch, transformers and the warm start, with a progress display
-            from cli.progress import warm_start_progress
+            from prl_actors.cli.progress import warm_start_progress
             from prl_actors.model import prepare_model
 
             with warm_start_progress("warm start of the built-in model") as on_step:

@@ -90,7 +90,8 @@ def _load_env_callables() -> dict[str, Callable[..., Any]]:
 
 def _as_dict(config: Any) -> dict[str, Any]:
     """A config file path, a dict of sections, a Config or None (the defaults) -> a dict of sections."""
-    from prl_actors.config import Config, ConfigError, read_config_file
+    from prl_actors.config import Config, read_config_file
+    from prl_actors.sections import ConfigError
 
     if config is None:
         return {}
@@ -176,7 +177,8 @@ class Run:
         echo: bool = True,
         resume: bool = False,
     ) -> None:
-        from prl_actors.config import ConfigError, set_path, validate_config
+        from prl_actors.config import set_path, validate_config
+        from prl_actors.sections import ConfigError
 
         data = _as_dict(config)
         for key, value in (overrides or {}).items():
@@ -232,7 +234,7 @@ class Run:
             with open(api / "dataset.jsonl", "w") as f:
                 f.writelines(json.dumps(row) + "\n" for row in self.dataset)
         (api / "config.yaml").write_text(self.config.dump())
-        argv = [sys.executable, "-m", "cli.main", "up", "--config", str(api / "config.yaml")]
+        argv = [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(api / "config.yaml")]
         if self.resume:  # as `up --resume`: the run's checkpoint and data must be this config's
             argv += ["--resume", "--run-dir", str(self.run_dir)]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -317,7 +319,7 @@ class Run:
         to `out` when given, unless a newer checkpoint came after it (a resume stopped early). Otherwise
         (a stopped run, a LoRA run) the newest intact checkpoint is exported; an existing export of that
         checkpoint is reused."""
-        from prl_actors.rundir import FINAL, RunDir
+        from prl_actors.records.rundir import FINAL, RunDir
 
         checkpoint = RunDir(self.run_dir).latest_checkpoint()
         written = self.run_dir / FINAL
@@ -339,7 +341,7 @@ class Run:
 def _is_current_final(final: Path, checkpoint: Path | None) -> bool:
     """RUN_DIR/final as the trainer wrote it at the end of a completed run (not an export of ours: no
     `.from` stamp), written after the newest checkpoint was complete."""
-    from prl_actors.rundir import DONE
+    from prl_actors.records.rundir import DONE
 
     if not (final / "config.json").is_file() or (final / EXPORT_STAMP).exists():
         return False
@@ -362,7 +364,7 @@ def _export(checkpoint: Path, target: Path) -> Path:
     """`checkpoint` exported to `target` (reused when `target` is already its export)."""
     import shutil
 
-    from cli.export_cmd import export_checkpoint
+    from prl_actors.cli.export_cmd import export_checkpoint
 
     stamp = target / EXPORT_STAMP
     if stamp.is_file() and stamp.read_text() == str(checkpoint.resolve()):

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from prl_actors.envkit.settings import EnvSection
+from prl_actors.classic.envkit.settings import EnvSection
 from prl_actors.protocol.messages import ADDRESSED_ROLES, BINDING_ROLES, Role
+from prl_actors.sections import ConfigError, Section
 
 ROLES = tuple(r.value for r in ADDRESSED_ROLES)  # the roles with an address; index = tcp port offset (Role.port_offset)
 BINDS = tuple(r.value for r in BINDING_ROLES)  # the roles that bind a socket (learner: classic RL only)
@@ -74,21 +75,13 @@ SAFE_ON_RESUME = (
 Threads = Annotated[int, Field(ge=1)] | Literal["auto"]
 
 
-class ConfigError(Exception):
-    """A bad config file or override; the message is meant for the user as is."""
-
-
 GREEDY_REFUSED = (
     "worker.sampling.temperature 0 (greedy) cannot be trained with GRPO: every sample of a group would "
     "be the same, so every advantage is 0 and nothing is learned; use a temperature > 0 (e.g. 1.0)"
 )
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class RunSection(_Section):
+class RunSection(Section):
     name: str = Field("run", description="A label for the run (logs, metrics).")
     seed: int = Field(0, description="Seeds prompts, sampling and model init.")
     epochs: int = Field(
@@ -153,9 +146,9 @@ class RunSection(_Section):
     fork_server: bool = Field(
         True,
         description="`up` starts its local actors from one fork server that has imported torch, transformers "
-        "and the actors once (prl_actors/zygote.py), instead of one new interpreter per actor importing them "
+        "and the actors once (prl_actors/launch/zygote.py), instead of one new interpreter per actor importing them "
         "again: a faster start on few cores (measured by `prl-actors bench --only startup`). false: one "
-        "`python -m cli.main actor ...` process per actor.",
+        "`python -m prl_actors.cli.main actor ...` process per actor.",
     )
     max_bad_groups: int = Field(
         3,
@@ -186,7 +179,7 @@ class RunSection(_Section):
         return self.max_staleness if self.mode == "bounded" else 0
 
 
-class TransportSection(_Section):
+class TransportSection(Section):
     kind: Literal["inproc", "ipc", "tcp"] = Field("tcp", description="ZeroMQ transport for every actor.")
     host: str = Field("127.0.0.1", description="tcp: the host actors bind to and connect to.")
     base_port: int | None = Field(
@@ -225,7 +218,7 @@ class TransportSection(_Section):
     )
 
 
-class CoordinatorSection(_Section):
+class CoordinatorSection(Section):
     groups_per_epoch: int = Field(8, ge=1, description="B: prompts (groups) per epoch.")
     heartbeat_interval_s: float = Field(0.2, gt=0, description="How often members heartbeat.")
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="Silent this long = gone; its work is requeued.")
@@ -261,7 +254,7 @@ class CoordinatorSection(_Section):
         return self
 
 
-class SamplingSection(_Section):
+class SamplingSection(Section):
     temperature: float = Field(
         1.0, ge=0, description="Sampling temperature; 0 = greedy (refused for GRPO training: no group variance)."
     )
@@ -297,7 +290,7 @@ class SamplingSection(_Section):
         return self
 
 
-class WorkerSection(_Section):
+class WorkerSection(Section):
     max_batch_rows: int = Field(
         256,
         ge=1,
@@ -352,7 +345,7 @@ class WorkerSection(_Section):
     )
 
 
-class BufferSection(_Section):
+class BufferSection(Section):
     max_groups: int = Field(4096, ge=1, description="Bound on groups held; over it, groups are refused.")
     verify_rewards: bool = Field(
         False,
@@ -365,7 +358,7 @@ class BufferSection(_Section):
     )
 
 
-class LoraSection(_Section):
+class LoraSection(Section):
     """LoRA on the policy (peft): only the adapter trains and travels to the workers (docs/LORA.md)."""
 
     r: int = Field(16, ge=1, le=1024, description="Adapter rank.")
@@ -397,7 +390,7 @@ CPU_MICRO_BATCH_TOKENS = 2048
 """trainer.micro_batch_tokens auto on the CPU (and on a device where the memory budget is not used)."""
 
 
-class TrainerSection(_Section):
+class TrainerSection(Section):
     threads: Threads = Field(
         "auto",
         description="torch CPU threads in the trainer process. auto: under `up`, this host's usable cores "
@@ -576,7 +569,7 @@ class TrainerSection(_Section):
 def bounded_refused(cfg: Config) -> str:
     """Why run.mode bounded cannot run with `cfg` ('' if it can): stale samples need the GRPO learner
     and an importance correction; dynamic sampling and trainer rank groups are not pipelined with it
-    yet (evaluation is: the pipeline pauses at an evaluated epoch, actors/coordinator.py `_bound`)."""
+    yet (evaluation is: the pipeline pauses at an evaluated epoch, coordinator/core.py `_bound`)."""
     if cfg.trainer.learner != "grpo":
         return "needs trainer.learner grpo (stale samples are corrected by the GRPO learner)"
     if cfg.trainer.is_correction == "none" and cfg.run.max_staleness > 0:
@@ -590,7 +583,7 @@ def bounded_refused(cfg: Config) -> str:
 
 def distributed_refused(t: TrainerSection) -> str:
     """The recipe options a trainer rank group cannot run yet ('' if none): ranks train shares of a
-    round (training/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
+    round (trainer/rank_learner.py), not minibatches by group index, and hold no frozen old policy."""
     bad = [
         name
         for name, on in (
@@ -605,7 +598,7 @@ def distributed_refused(t: TrainerSection) -> str:
     return ", ".join(bad)
 
 
-class PublisherSection(_Section):
+class PublisherSection(Section):
     chunk_bytes: int = Field(4 << 20, ge=1024, description="Weight transfer chunk size.")
     transfer_timeout_s: float = Field(60.0, gt=0)
     shm: bool = Field(
@@ -615,7 +608,7 @@ class PublisherSection(_Section):
     )
 
 
-class ModelSection(_Section):
+class ModelSection(Section):
     path: str | None = Field(None, description="Local Hugging Face checkpoint dir; None = built-in tiny LM.")
     hidden_size: int = Field(64, ge=8)
     layers: int = Field(2, ge=1)
@@ -638,7 +631,7 @@ class ModelSection(_Section):
 REWARD_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-class RewardSpec(_Section):
+class RewardSpec(Section):
     """One reward of `task.rewards`: exactly one of `fn`, `model`, `url` (docs/TASKS.md)."""
 
     fn: str | None = Field(
@@ -691,7 +684,7 @@ class RewardSpec(_Section):
         return "model" if self.model else "service"
 
 
-class TaskSection(_Section):
+class TaskSection(Section):
     name: str = Field(
         "add",
         description="add (a+b=, the default), jsonl (prompts_file), math (word problems), code (programs vs "
@@ -811,7 +804,7 @@ class TaskSection(_Section):
         return self
 
 
-class SimSection(_Section):
+class SimSection(Section):
     """Simulated engine and learner (control-plane tests and benchmarks)."""
 
     gen_s_per_token: float = Field(0.001, ge=0, description="Generation cost per token.")
@@ -822,7 +815,7 @@ class SimSection(_Section):
     param_count: int = Field(1024, ge=0, description="Extra parameters, to make weight transfer real.")
 
 
-class EvalSection(_Section):
+class EvalSection(Section):
     """Evaluation during training (docs/OBSERVE.md): k samples per eval prompt with the epoch's weights,
     generated by the workers after the epoch's own groups are handed out, never trained."""
 
@@ -839,7 +832,7 @@ class EvalSection(_Section):
     )
 
 
-class Config(_Section):
+class Config(Section):
     run: RunSection = RunSection()
     transport: TransportSection = TransportSection()
     coordinator: CoordinatorSection = CoordinatorSection()

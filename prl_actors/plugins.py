@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from prl_actors.config import ConfigError
+from prl_actors.sections import ConfigError
 
 STOPPING = threading.Event()
 """Set when this process is asked to stop (process.request_stop): every wait on a plugin (a reward's

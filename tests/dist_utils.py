@@ -11,7 +11,7 @@ import torch
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.protocol.messages import Group
-from prl_actors.training.distributed import DistributedLearner, start_distributed
+from prl_actors.trainer.distributed import DistributedLearner, start_distributed
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import zmq
 
-from prl_actors.actors.runtime import ActorHost
+from prl_actors.classic.envs.hub import start_env_actor
 from prl_actors.config import Config, load_config
-from prl_actors.envs.hub import start_env_actor
+from prl_actors.runtime.core import ActorHost
 from tests.conftest import port_base
 
 

@@ -14,8 +14,9 @@ import cloudpickle
 import pytest
 
 from prl_actors import api
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.rewards.load import load_function
+from prl_actors.sections import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,7 +192,7 @@ def test_final_model_prefers_the_runs_final_unless_a_newer_checkpoint_came_after
 ) -> None:
     """RUN_DIR/final as the trainer writes it is returned as is; a checkpoint completed after it (a
     resume stopped early), or our own export's stamp in it, sends final_model() to the checkpoint."""
-    from prl_actors.rundir import DONE, RunDir
+    from prl_actors.records.rundir import DONE, RunDir
 
     checkpoint = tmp_path / "checkpoints" / "v3"
     checkpoint.mkdir(parents=True)

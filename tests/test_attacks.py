@@ -20,9 +20,9 @@ import msgspec
 import pytest
 import zmq
 
-from prl_actors.client import request
 from prl_actors.config import Config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.client import request
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
 from prl_actors.transport.auth import KeyStore, create_keys, export_keys

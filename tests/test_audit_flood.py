@@ -9,11 +9,11 @@ from pathlib import Path
 
 import zmq
 
-from prl_actors.actors.refusals import LOUD_FIRST
 from prl_actors.config import Config
 from prl_actors.protocol import encode
 from prl_actors.replay.checks import render_checks, run_checks
 from prl_actors.replay.events import load_run
+from prl_actors.runtime.refusals import LOUD_FIRST
 from tests.conftest import read_logs
 from tests.test_attacks import B, attacked, fake_group, insider
 
@@ -52,7 +52,7 @@ def test_a_flood_of_refused_groups_is_accounted_for_and_names_the_attacker(run_d
 
 
 def test_counters_keep_each_unlogged_refusal_for_the_summary_by_sender_and_key() -> None:
-    from prl_actors.actors.refusals import SUMMARY_ROWS, Counters
+    from prl_actors.runtime.refusals import SUMMARY_ROWS, Counters
 
     c = Counters()
     loud = [c.loud("refused.forbidden", ("group_result", "worker-evil", "worker-evil")) for _ in range(LOUD_FIRST + 10)]

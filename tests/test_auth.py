@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from prl_actors.actors.runtime import ActorHost
-from prl_actors.actors.trainer import TrainerCore
-from prl_actors.config import ConfigError, load_config
-from prl_actors.logs import EventLog
+from prl_actors.config import load_config
 from prl_actors.protocol import messages as m
-from prl_actors.rundir import MemorySink
+from prl_actors.records.logs import EventLog
+from prl_actors.records.rundir import MemorySink
+from prl_actors.runtime.core import ActorHost
+from prl_actors.sections import ConfigError
+from prl_actors.trainer.core import TrainerCore
 from prl_actors.training.sim import SimLearner
 from prl_actors.transport import auth
 from prl_actors.transport.port import Port
@@ -141,8 +142,8 @@ def test_an_exception_in_the_port_thread_crashes_the_actor_loudly(run_dir: Path,
 def test_a_member_whose_key_is_refused_fails_at_once_with_the_reason(run_dir: Path, tmp_path: Path) -> None:
     """libzmq does not retry a handshake the server refused: a worker with an unregistered key would
     hold nothing and wait for the join timeout (60 s). It fails at once, naming the refusal."""
-    from prl_actors.process import LocalCluster
-    from prl_actors.topology import start_actor
+    from prl_actors.launch.process import LocalCluster
+    from prl_actors.launch.topology import start_actor
 
     cfg = sim_config(run_dir, transport="tcp", run__epochs=50, sim__gen_s_per_token=0.01)
     cluster = LocalCluster(cfg, workers=1)

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.actors import tickets
-from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.group_check import GroupChecker
-from prl_actors.actors.trainer import TrainerCore
-from prl_actors.logs import EventLog
+from prl_actors.buffer.core import BufferCore
+from prl_actors.buffer.group_check import GroupChecker
 from prl_actors.protocol import messages as m
+from prl_actors.protocol import tickets
+from prl_actors.records.logs import EventLog
+from prl_actors.records.rundir import RunDir
 from prl_actors.replay.coordinator_replay import decode_input
-from prl_actors.rundir import RunDir
 from prl_actors.tasks.base import Task, exact_match
+from prl_actors.trainer.core import TrainerCore
 from tests.test_cores import KEY, FailingEngine, coordinator, drive, inbound, open_epoch, request_work, worker
 
 G, TOKENS, ARMS = 2, 3, 8
@@ -400,7 +400,7 @@ def test_epochs_without_learning_signal_are_said_and_k_in_a_row_once_clearly() -
 
 
 def test_an_unhandled_trainer_error_fails_the_actor_naming_the_message() -> None:
-    from prl_actors.actors.runtime import ActorHost
+    from prl_actors.runtime.core import ActorHost
 
     core = sim_trainer(Sink())
     core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=1), "buffer", "buffer"))
@@ -427,7 +427,7 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
     never refused, let alone expelled), and a spoiled copy does not. With stop strings the text is
     cut before the stop while the tokens keep it (as vLLM does): still honest (a buffer that compared
     the text with the whole decoding refused every such group, and the run never finished)."""
-    from prl_actors.actors.group_check_setup import build_checker
+    from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.engines.torch_engine import TorchEngine
     from prl_actors.tasks import load_task
@@ -458,7 +458,8 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
 
 
 def test_a_multi_turn_sample_is_bounded_by_its_sampled_tokens_and_verify_rewards_is_refused() -> None:
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     checker = GroupChecker(vocab_size=50, max_response_tokens=4)
     mask = [1, 1, 0, 0, 0, 0, 1, 1]  # two model turns of 2 tokens around a 4-token observation

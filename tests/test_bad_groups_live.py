@@ -14,7 +14,7 @@ import msgspec
 import zmq
 
 from prl_actors.config import Config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import messages as m
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.events import load_run
@@ -147,7 +147,7 @@ def test_status_carries_the_expulsion_notice_and_the_key_is_refused(run_dir: Pat
         assign = work_for_evil(coord, timeout_s=10.0)
         ask(buf, spoiled("non_finite", group_for(assign.prompts[0], assign.epoch)))
         wait_for(run_dir, lambda e: e["event"] == "member_expelled")
-        from prl_actors.client import request
+        from prl_actors.launch.client import request
         from prl_actors.transport.auth import KeyStore
 
         status = request(cfg.address("coordinator"), m.StatusRequest(), keys=KeyStore(cfg.keys_path()))

@@ -12,11 +12,12 @@ import torch
 from msgspec.structs import replace
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.config import Config, ConfigError, load_config
+from prl_actors.cli.main import app
+from prl_actors.config import Config, load_config
 from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.protocol.messages import Group
+from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import behaviour_logprobs, nucleus_mask
 from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.packing import collate_packed, response_logprobs

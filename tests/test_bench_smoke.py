@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from prl_actors.replay import load_run
 from prl_actors.replay.epochs import windows
 from prl_bench.logspans import epoch_phases, run_phases

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from prl_actors.config import Config, load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.replay import load_run
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.staleness import histogram

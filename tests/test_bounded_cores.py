@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.coordinator import CoordinatorCore
-from prl_actors.evaluation import EvalPlan, MemoryEvalSink
-from prl_actors.logs import EventLog
+from prl_actors.buffer.core import BufferCore
+from prl_actors.coordinator.core import CoordinatorCore
+from prl_actors.coordinator.evaluation import EvalPlan, MemoryEvalSink
 from prl_actors.protocol import messages as m
+from prl_actors.records.logs import EventLog
 from tests.test_cores import KEY, B, G, coordinator, drive, inbound, open_epoch, request_work, result, send_group
 
 

@@ -1,4 +1,4 @@
-"""Bounded mode's pull policy (actors/pulls.py): when a worker pays for a weight load.
+"""Bounded mode's pull policy (weights/pulls.py): when a worker pays for a weight load.
 
 - the arithmetic of the drift estimate and the pull rule;
 - the coordinator announces the newest published version and the steps' KLs (bounded k >= 1 only);
@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from prl_actors.actors.pulls import announced, drift_estimate, should_pull, to_wire
-from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.config import Config, ConfigError, load_config
+from prl_actors.config import Config, load_config
 from prl_actors.engines.sim import SimEngine
 from prl_actors.protocol import messages as m
 from prl_actors.replay import load_run
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.coordinator_replay import CaptureLog
 from prl_actors.replay.staleness import histogram
+from prl_actors.sections import ConfigError
+from prl_actors.weights.pulls import announced, drift_estimate, should_pull, to_wire
+from prl_actors.weights.transfer import Snapshot, transfer_messages
 from tests.conftest import read_logs
 from tests.test_bounded_actors import run as run_cluster
 from tests.test_cores import coordinator, drive, inbound, m_inbound, open_epoch, sim_config_for_cores, worker
@@ -212,9 +213,9 @@ def groups_for(n: int, vocab: int = 12) -> list[m.Group]:
 
 
 def trainer_core(cfg: Config, model_dir: Path) -> Any:
-    from prl_actors.actors.trainer import TrainerCore
-    from prl_actors.logs import EventLog
-    from prl_actors.rundir import MemorySink
+    from prl_actors.records.logs import EventLog
+    from prl_actors.records.rundir import MemorySink
+    from prl_actors.trainer.core import TrainerCore
     from prl_actors.training.grpo import GRPOLearner
 
     learner = GRPOLearner(cfg, model_dir)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.rundir import DONE, OPTIMIZER_STATE, RunDir, checkpoint_damage
+from prl_actors.records.rundir import DONE, OPTIMIZER_STATE, RunDir, checkpoint_damage
 
 
 def fake_checkpoint(path: Path) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.logs import EventLog
-from prl_actors.rundir import DONE, CheckpointError, RunDir
+from prl_actors.records.logs import EventLog
+from prl_actors.records.rundir import DONE, CheckpointError, RunDir
 from prl_actors.training.sim import SimLearner
 
 SIM = {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0}
@@ -69,7 +69,7 @@ def test_an_incomplete_checkpoint_is_ignored_and_a_legacy_marker_trusted(tmp_pat
 
 
 def test_the_trainer_logs_the_checkpoint_it_skipped(tmp_path: Path) -> None:
-    from prl_actors.actors.trainer import TrainerCore
+    from prl_actors.trainer.core import TrainerCore
 
     three_checkpoints(tmp_path)
     (tmp_path / "checkpoints" / "v3" / "sim.npz").write_bytes(b"garbage")

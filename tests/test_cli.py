@@ -11,8 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.config import ConfigError, load_config
+from prl_actors.cli.main import app
+from prl_actors.config import load_config
+from prl_actors.sections import ConfigError
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,9 +67,9 @@ def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
     """A shipped config loads, survives its own dump (what `up` writes to RUN_DIR/config.yaml), gives
     every bound actor its own address, and its task serves a full epoch of valid prompts (a config
     that needs a chat model gets the tiny Qwen2 its header suggests)."""
+    from prl_actors.launch.topology import BINDS
     from prl_actors.model.tiny import build_family
     from prl_actors.tasks import load_task
-    from prl_actors.topology import BINDS
 
     cfg = load_config(path)
     raw = yaml.safe_load(path.read_text())
@@ -98,11 +99,13 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def test_help_is_fast_and_lists_commands() -> None:
-    out = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True, timeout=10)
+    out = subprocess.run(
+        [sys.executable, "-m", "prl_actors.cli.main", "--help"], capture_output=True, text=True, timeout=10
+    )
     assert out.returncode == 0
     for command in ("up", "actor", "scale", "status", "stop"):
         assert command in out.stdout
-    probe = "import sys, cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    probe = "import sys, prl_actors.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     heavy = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert heavy.stdout.split() == ["False", "False"]
 
@@ -125,7 +128,9 @@ def test_a_busy_port_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
         argv = ["actor", "coordinator", "--set", "worker.engine=sim", "--set", "trainer.learner=sim"]
         argv += ["--set", "transport.auth=none"]  # no keys needed to meet the busy port
         argv += ["--set", f"transport.base_port={base}", "--set", f"run.run_dir={tmp_path}"]
-        out = subprocess.run([sys.executable, "-m", "cli.main", *argv], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [sys.executable, "-m", "prl_actors.cli.main", *argv], capture_output=True, text=True, timeout=30
+        )
     assert out.returncode == 1
     assert "error: coordinator" in out.stderr and "Address already in use" in out.stderr
     assert "Traceback" not in out.stderr

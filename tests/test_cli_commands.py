@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
-
-from cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -29,7 +28,9 @@ def test_short_help_and_version() -> None:
     assert code == 0 and "Usage: prl-actors" in out
     code, out = run_cli("up", "-h")
     assert code == 0 and "--dry-run" in out
-    done = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True, text=True, timeout=10)
+    done = subprocess.run(
+        [sys.executable, "-m", "prl_actors.cli.main", "--version"], capture_output=True, text=True, timeout=10
+    )
     assert done.returncode == 0 and done.stdout.startswith("prl-actors ")
 
 
@@ -67,8 +68,8 @@ def test_run_dir_and_config_together_are_refused(tmp_path: Path) -> None:
 
 def test_status_scale_stop_name_the_run_they_act_on(tmp_path: Path) -> None:
     """A live sim run named by its directory: every command's output names it."""
-    from prl_actors.process import LocalCluster
-    from prl_actors.rundir import RunDir
+    from prl_actors.launch.process import LocalCluster
+    from prl_actors.records.rundir import RunDir
     from tests.conftest import sim_config
 
     run_dir = tmp_path / "exp1"
@@ -96,7 +97,7 @@ def test_status_scale_stop_name_the_run_they_act_on(tmp_path: Path) -> None:
 
 def test_finished_runs_are_not_offered_as_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`up` unregisters its run when it ends; a run left in the registry (up killed) is called not running."""
-    from prl_actors.rundir import register_run, registered_runs, unregister_run
+    from prl_actors.records.rundir import register_run, registered_runs, unregister_run
 
     monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -124,7 +125,7 @@ def test_one_export_command_with_the_old_name_hidden(tmp_path: Path) -> None:
 def test_export_takes_a_run_dir_or_one_checkpoint(tmp_path: Path) -> None:
     """A run directory holds a model/ of its own (what the actors loaded): it is still a run
     directory, whose newest checkpoint is exported; a checkpoint directory is taken as is."""
-    from cli.export_cmd import checkpoint_to_export
+    from prl_actors.cli.export_cmd import checkpoint_to_export
 
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
@@ -158,7 +159,7 @@ def test_up_drops_its_run_from_the_registry_when_it_ends(tmp_path: Path) -> None
     env = {**os.environ, "PRL_CACHE_DIR": str(tmp_path / "cache")}
     run_dir = tmp_path / "run"
     (tmp_path / "cfg.yaml").write_text(sim_config(run_dir, transport="tcp", run__epochs=1).dump())
-    argv = [sys.executable, "-m", "cli.main", "up", "--config", str(tmp_path / "cfg.yaml")]
+    argv = [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(tmp_path / "cfg.yaml")]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (run_dir / "config.yaml").is_file()  # it ran, and was registered while it did (`register_run`)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.config_cmd import reference
-from prl_actors.config import ConfigError, RunSection, load_config, nearest_field, parse_override
+from prl_actors.cli.config_cmd import reference
+from prl_actors.config import RunSection, load_config, nearest_field, parse_override
+from prl_actors.sections import ConfigError
 from tests.test_cli_commands import ROOT, run_cli
 
 

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prl_actors.curves import draw_curves
-from prl_actors.launcher import LongEpochNotes
-from prl_actors.rundir import epoch_line
+from prl_actors.launch.up import LongEpochNotes
+from prl_actors.records.curves import draw_curves
+from prl_actors.records.rundir import epoch_line
 
 ROW = {
     "epoch": 3,
@@ -32,14 +32,14 @@ ROW = {
 # is replaced by a probe that prints whether torch / transformers are loaded, then stops the command.
 PROBE = """
 import sys
-import cli.main
-import cli.up_cmd as up
+import prl_actors.cli.main
+import prl_actors.cli.up_cmd as up
 def probe(*a, **k):
     print("heavy:", "torch" in sys.modules, "transformers" in sys.modules, file=sys.stderr, flush=True)
     raise SystemExit(0)
 up._config = probe
 sys.argv = ["prl-actors", "up"]
-cli.main.main()
+prl_actors.cli.main.main()
 """
 
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import zmq
 
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
 from tests.conftest import assert_invariants, dealer, read_logs, sim_config, wait_for, worker_contract

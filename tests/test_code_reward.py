@@ -147,7 +147,7 @@ def test_the_code_task_scores_the_fraction_of_tests_passed() -> None:
 
 
 def test_a_code_row_without_tests_is_refused_at_load(tmp_path: Path) -> None:
-    from prl_actors.config import ConfigError
+    from prl_actors.sections import ConfigError
 
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"prompt": "write f", "tests": []}\n')

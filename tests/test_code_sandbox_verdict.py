@@ -109,8 +109,8 @@ def test_the_seccomp_table_matches_the_kernel_headers(machine: str) -> None:
 def test_the_code_task_refuses_to_load_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
     """bwrap missing: the code task fails at load with one line saying what to install, and loads
     with the explicit opt-out `task.code_unsafe_local`."""
-    from prl_actors.config import ConfigError
     from prl_actors.rewards import sandbox
+    from prl_actors.sections import ConfigError
     from prl_actors.tasks import load_task
     from tests.learning_utils import tiny_config
 

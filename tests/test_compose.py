@@ -4,7 +4,7 @@ Builds the image, runs `prl-actors up --compose` (sim engine: the deployment pat
 the model) for 3 epochs with 2 inference replicas, scales to 3 with `prl-actors scale` mid-run, kills
 one inference container, and checks the run directory on the volume with `prl-actors replay --check`
 (and the log invariants on a copy of it).
-`up` reuses the image when the digest of its inputs (prl_actors/compose.py, ImageInputs) is unchanged:
+`up` reuses the image when the digest of its inputs (prl_actors/launch/compose.py, ImageInputs) is unchanged:
 the second build is checked to be none, and `up` to say so. Once per compose CLI found (`docker
 compose`, `docker-compose`; PRL_COMPOSE picks one). Also: Ctrl-C on `up --compose` stops the run
 cleanly and removes the containers.
@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from prl_actors.client import RequestFailed, request
-from prl_actors.compose import (
+from prl_actors.config import Config
+from prl_actors.launch.client import RequestFailed, request
+from prl_actors.launch.compose import (
     COMPOSE_FILE,
     ComposeError,
     ImageInputs,
@@ -40,13 +41,12 @@ from prl_actors.compose import (
     inputs_tag,
     operator_keys_dir,
 )
-from prl_actors.config import Config
 from prl_actors.protocol.messages import StatusRequest
 from prl_actors.transport.auth import KeyStore
 from tests.conftest import assert_invariants, port_base, read_logs, sim_config
 
 pytestmark = pytest.mark.compose
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 IMAGE = os.environ.get("PRL_IMAGE", "prl-actors:latest")
 
 

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.compose import (
+from prl_actors.config import load_config
+from prl_actors.launch.compose import (
     SECRET_PATH,
     ComposeError,
     ComposeRun,
@@ -29,13 +30,12 @@ from prl_actors.compose import (
     health_problem,
     inputs_tag,
 )
-from prl_actors.config import load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol.messages import MemberInfo, Status
 from tests.conftest import sim_config
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 SPEC = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
@@ -184,7 +184,7 @@ def test_a_failed_docker_inspect_is_retried_before_the_containers_count_as_gone(
 
 def test_the_image_inputs_are_the_repo_files_dockerignore_lets_through() -> None:
     files = ImageInputs(ROOT).files()
-    for needed in ("pyproject.toml", "constraints.txt", "README.md", "prl_actors/compose.py", "cli/main.py"):
+    for needed in ("pyproject.toml", "constraints.txt", "README.md", "prl_actors/launch/compose.py", "cli/main.py"):
         assert needed in files
     assert any(f.startswith("configs/") for f in files)
     leaked = [f for f in files if f.split("/")[0] in {"tests", "bench", "docs", ".venv", ".git", "runs", "tools"}]

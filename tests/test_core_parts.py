@@ -7,21 +7,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prl_actors.actors.epoch_work import Accept, EpochWork
-from prl_actors.actors.membership import Membership
-from prl_actors.actors.phase import IllegalTransition, PhaseMachine
-from prl_actors.actors.publisher import PublisherCore
-from prl_actors.actors.runtime import Core, handles
-from prl_actors.actors.threads import ThreadPlan
-from prl_actors.actors.trainer import TrainerCore
-from prl_actors.actors.transfer import Assembler, Snapshot, transfer_messages
 from prl_actors.config import load_config
-from prl_actors.logs import EventLog
+from prl_actors.coordinator.epoch_work import Accept, EpochWork
+from prl_actors.coordinator.membership import Membership
+from prl_actors.coordinator.phase import IllegalTransition, PhaseMachine
 from prl_actors.protocol import messages as m
 from prl_actors.protocol.routes import HOPS, receivable, senders_of
-from prl_actors.rundir import MemorySink, RunDir
+from prl_actors.publisher.core import PublisherCore
+from prl_actors.records.logs import EventLog
+from prl_actors.records.rundir import MemorySink, RunDir
+from prl_actors.runtime.core import Core, handles
+from prl_actors.runtime.threads import ThreadPlan
+from prl_actors.trainer.core import TrainerCore
 from prl_actors.training.sim import SimLearner
 from prl_actors.transport.port import Inbound
+from prl_actors.weights.transfer import Assembler, Snapshot, transfer_messages
 
 # --- EpochWork: the exactly-once rules ----------------------------------------------------------
 

@@ -3,16 +3,16 @@ dispatch, refusal counts, trust, requests with timeouts, the membership client, 
 
 from __future__ import annotations
 
-from prl_actors.actors.dispatch import handler_table, handles, missing_handlers
-from prl_actors.actors.lifecycle import Lifecycle
-from prl_actors.actors.member_client import MembershipClient
-from prl_actors.actors.refusals import LOUD_EVERY, LOUD_FIRST, VERDICTS_KEPT, Counters, Trust
-from prl_actors.actors.requests import Requests
-from prl_actors.actors.runtime import Core
-from prl_actors.actors.worker import WorkerCore
 from prl_actors.protocol import messages as m
 from prl_actors.protocol.routes import receivable, senders_of
+from prl_actors.runtime.core import Core
+from prl_actors.runtime.dispatch import handler_table, handles, missing_handlers
+from prl_actors.runtime.lifecycle import Lifecycle
+from prl_actors.runtime.member_client import MembershipClient
+from prl_actors.runtime.refusals import LOUD_EVERY, LOUD_FIRST, VERDICTS_KEPT, Counters, Trust
+from prl_actors.runtime.requests import Requests
 from prl_actors.transport.port import Inbound
+from prl_actors.worker.core import WorkerCore
 
 
 class Base:
@@ -98,8 +98,8 @@ def test_the_lifecycle_a_stop_keeps_a_failure() -> None:
 
 
 def test_each_actor_composes_the_parts_the_coordinator_without_a_membership_client() -> None:
-    from prl_actors.actors.coordinator import CoordinatorCore
-    from prl_actors.actors.learner import LearnerCore
+    from prl_actors.classic.learner import LearnerCore
+    from prl_actors.coordinator.core import CoordinatorCore
 
     assert WorkerCore.joins and not CoordinatorCore.joins and not LearnerCore.joins
     assert "tick" in vars(Core) and "Role.COORDINATOR" not in Core.tick.__code__.co_names

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from prl_actors.actors import tickets
-from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
-from prl_actors.actors.worker import WorkerCore
+from prl_actors.buffer.core import BufferCore
+from prl_actors.coordinator.core import CoordinatorCore, CoordinatorSettings
 from prl_actors.engines.sim import SimEngine
-from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
+from prl_actors.protocol import tickets
+from prl_actors.records.logs import EventLog
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
+from prl_actors.worker.core import WorkerCore
 
 B, G = 4, 2
 KEY = b"k" * 32  # the coordinator's ticket key, as the buffer learns it from EpochOpen
@@ -306,7 +306,7 @@ def test_worker_sends_one_fetch_and_a_late_snapshot_drops_nothing() -> None:
     """While a FetchWeights is out, other inputs (a NoWork, a heartbeat ack) send no second one; a
     snapshot no newer than the engine's (the answer to an earlier fetch) swaps nothing and leaves the
     running batch alone (dropping it would strand groups the coordinator believes are generating)."""
-    from prl_actors.actors.transfer import Snapshot, transfer_messages
+    from prl_actors.weights.transfer import Snapshot, transfer_messages
 
     engine = SimEngine(sim_config_for_cores())
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
@@ -337,8 +337,8 @@ def m_inbound(msg: m.Msg, payloads: list) -> Inbound:  # type: ignore[type-arg]
 def test_worker_takes_every_core_for_a_new_epoch_until_its_first_group_is_sent() -> None:
     """threads auto with one local worker: the new weights give it every core (the trainer has
     nothing to train yet); its first finished group gives the trainer its share back."""
-    from prl_actors.actors.threads import ThreadPlan
-    from prl_actors.actors.transfer import Snapshot, transfer_messages
+    from prl_actors.runtime.threads import ThreadPlan
+    from prl_actors.weights.transfer import Snapshot, transfer_messages
 
     engine = SimEngine(sim_config_for_cores())
     calls: list[int] = []

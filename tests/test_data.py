@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.data import position
 from prl_actors.data.sampler import EpochSampler
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 

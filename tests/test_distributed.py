@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
+from prl_actors.config import check_resume, load_config, safe_on_resume
 from prl_actors.protocol.messages import Group, Sample
-from prl_actors.training.rank_group import Command, Piece, RankEnv
-from prl_actors.training.rank_learner import group_cost, partition, whole
+from prl_actors.sections import ConfigError
+from prl_actors.trainer.rank_group import Command, Piece, RankEnv
+from prl_actors.trainer.rank_learner import group_cost, partition, whole
 from tests.dist_utils import group_of, max_diff, rollouts, side_by_side, single, train_epoch
 
 

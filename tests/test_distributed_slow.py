@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.training.rank_group import RankGroupError
+from prl_actors.trainer.rank_group import RankGroupError
 from prl_bench.common import free_port
 from tests.conftest import port_base, read_logs, wait_for
 from tests.dist_utils import group_of, max_diff, rollouts, side_by_side, train_epoch, with_trainer
 from tests.learning_utils import tiny_config
 
 pytestmark = pytest.mark.dist
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [("float64", 1e-9), ("float32", 1e-5)])
@@ -147,7 +147,7 @@ def test_a_run_whose_rank_dies_mid_epoch_fails_loudly_and_resumes(tmp_path: Path
 def test_torchrun_style_ranks_join_a_trainer_started_with_rank_variables(tmp_path: Path) -> None:
     """What torchrun does on each host: every rank gets MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK;
     rank 0 (here the test process, as the trainer actor would be) starts no rank itself."""
-    from prl_actors.training.rank_group import RankEnv
+    from prl_actors.trainer.rank_group import RankEnv
 
     cfg, model_dir, groups = rollouts(tmp_path)
     cfg = with_trainer(cfg, world_size=2, strategy="ddp")
@@ -159,7 +159,7 @@ def test_torchrun_style_ranks_join_a_trainer_started_with_rank_variables(tmp_pat
     saved = dict(os.environ)
     os.environ.update(env.variables())
     try:
-        from prl_actors.training.distributed import start_distributed
+        from prl_actors.trainer.distributed import start_distributed
 
         two = start_distributed(cfg, model_dir)
         assert two.procs == []  # torchrun started the ranks, not the trainer

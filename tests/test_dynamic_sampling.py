@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.actors.dynamic_sampling import Rounds, informative
 from prl_actors.config import load_config
 from prl_actors.data import position
-from prl_actors.process import LocalCluster
-from prl_actors.rundir import epoch_line
+from prl_actors.launch.process import LocalCluster
+from prl_actors.records.rundir import epoch_line
 from prl_actors.tasks.registry import load_task
+from prl_actors.training.dynamic_sampling import Rounds, informative
 from tests.conftest import read_logs, sim_config, wait_for
 from tests.test_replay import replay_cli
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from prl_actors.envs.client import EnvClient
+from prl_actors.classic.envs.client import EnvClient
 from prl_actors.replay.checks import env_checks
 from prl_actors.replay.events import load_run
 from tests.env_utils import EnvActors, env_config
@@ -94,8 +94,8 @@ def test_killed_env_actor_loses_no_step(remote, run_dir: Path) -> None:  # type:
 
 
 def _acting_run(run_dir: Path, threshold: float, updates: int = 5) -> list[dict]:
-    from prl_actors.envs.detach import train_acting
-    from prl_actors.envs.hub import Hub, learner_settings
+    from prl_actors.classic.envs.detach import train_acting
+    from prl_actors.classic.envs.hub import Hub, learner_settings
 
     ppo = {"num_steps": 8, "total_timesteps": 4 * 8 * updates, "update_epochs": 2, "stop_when_solved": False}
     cfg = env_config(run_dir, mode="acting", num_envs=4, sync_kl_threshold=threshold, ppo=ppo)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from prl_actors.envs.client import EnvClient
+from prl_actors.classic.envs.client import EnvClient
 from prl_actors.transport.auth import close_context, create_keys, run_key_names
 from tests.env_utils import env_config
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def _spawn(config: Path, name: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "cli.main", "actor", "env", "--config", str(config), "--name", name]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "actor", "env", "--config", str(config), "--name", name]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -73,7 +73,7 @@ def test_killed_env_process_loses_no_step_and_a_joiner_takes_slots(run_dir: Path
     served = next(e for e in _events(run_dir, "env-2") if e["event"] == "actor_stopped")["counters"]
     assert served.get("slot_steps_served", 0) > 0
     check = subprocess.run(
-        [sys.executable, "-m", "cli.main", "replay", str(run_dir), "--check"], capture_output=True, text=True
+        [sys.executable, "-m", "prl_actors.cli.main", "replay", str(run_dir), "--check"], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "check env-steps     ok" in check.stdout and "check env-lost      ok" in check.stdout

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from prl_actors.envs.client import EnvClient
+from prl_actors.classic.envs.client import EnvClient
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
 from prl_actors.transport.auth import close_context, create_keys, run_key_names

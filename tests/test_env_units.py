@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prl_actors.actors.learner import LearnerCore
-from prl_actors.actors.learner_acting import LearnerSettings
-from prl_actors.envkit.arrays import ArrayError, pack, unpack
-from prl_actors.envkit.local import SlotEnvs
-from prl_actors.envkit.rounds import Received, RoundBook
-from prl_actors.envkit.slots import SlotTable
-from prl_actors.logs import EventLog
+from prl_actors.classic.envkit.arrays import ArrayError, pack, unpack
+from prl_actors.classic.envkit.local import SlotEnvs
+from prl_actors.classic.envkit.rounds import Received, RoundBook
+from prl_actors.classic.envkit.slots import SlotTable
+from prl_actors.classic.learner import LearnerCore
+from prl_actors.classic.learner_acting import LearnerSettings
 from prl_actors.protocol import messages as m
+from prl_actors.records.logs import EventLog
 from prl_actors.transport.port import Inbound
 
 # --- typed arrays ------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def test_round_book_takes_each_slot_once_received_or_lost() -> None:
 
 
 def test_kl_estimate_averages_per_env_then_over_envs() -> None:
-    from prl_actors.envkit.policy import kl_estimate
+    from prl_actors.classic.envkit.policy import kl_estimate
 
     same = np.zeros((6, 2), np.float32)
     assert kl_estimate(same, same, n_envs=2) == 0.0
@@ -106,7 +106,7 @@ def test_kl_estimate_averages_per_env_then_over_envs() -> None:
 
 
 def test_should_fetch_rule() -> None:
-    from prl_actors.envkit.acting import should_fetch
+    from prl_actors.classic.envkit.acting import should_fetch
 
     assert should_fetch(0.0, 0.0, held=3, offered=4)  # threshold 0 syncs on every new version
     assert not should_fetch(0.0, 1.0, held=4, offered=4)  # nothing new
@@ -216,7 +216,7 @@ def test_slot_due_for_autoreset_when_its_actor_is_lost_is_reset_elsewhere_in_the
 
 
 def test_env_actor_exits_when_the_learner_is_gone() -> None:
-    from prl_actors.actors.env import EnvActorSettings, EnvCore
+    from prl_actors.classic.env_actor import EnvActorSettings, EnvCore
 
     core = EnvCore("env-0", EventLog("env-0", "env"), SlotEnvs(), EnvActorSettings(learner_timeout_s=1.0))
     core.start(0.0)
@@ -244,7 +244,7 @@ def _segment_arrays(t: int, slots: list[int]) -> tuple[list, list]:
 
 
 def test_acting_round_refuses_foreign_segments_and_times_out_a_stalled_actor() -> None:
-    from prl_actors.actors.transfer import Snapshot
+    from prl_actors.weights.transfer import Snapshot
 
     s = LearnerSettings("r", "acting", "CartPole-v1", 4, (4,), "float32", "x", heartbeat_timeout_s=100.0)
     s.steps_per_segment, s.wait_actors, s.round_timeout_s = 2, 2, 5.0
@@ -284,9 +284,8 @@ def test_acting_round_refuses_foreign_segments_and_times_out_a_stalled_actor() -
     ],
 )
 def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> None:
+    from prl_actors.cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output and needle in result.output
@@ -295,7 +294,7 @@ def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> No
 def test_a_busy_learner_port_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import zmq
 
-    from prl_actors.envs.hub import EnvUnavailable, Hub, learner_settings
+    from prl_actors.classic.envs.hub import EnvUnavailable, Hub, learner_settings
     from tests.env_utils import env_config
 
     cfg = env_config(tmp_path, transport="tcp")
@@ -314,7 +313,7 @@ def test_a_hub_closed_under_a_busy_core_keeps_its_context(tmp_path) -> None:  # 
     process); a core that has not stopped in time keeps it, and a later close ends both."""
     import threading
 
-    from prl_actors.envs.hub import Hub, learner_settings
+    from prl_actors.classic.envs.hub import Hub, learner_settings
     from tests.env_utils import env_config
 
     hub = Hub(learner_settings(env_config(tmp_path)))

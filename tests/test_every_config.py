@@ -23,7 +23,7 @@ from prl_actors.config import load_config
 
 pytestmark = pytest.mark.configs
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 CONFIGS = sorted(ROOT.glob("configs/*.yaml")) + sorted(ROOT.glob("configs/recipes/*.yaml"))
 NOT_HERE = {
     "configs/compose.yaml": "docker compose's config: its transport addresses are the compose services' host "

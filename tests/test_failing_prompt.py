@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol.messages import Group
 from tests.conftest import port_base, read_logs, sim_config
 

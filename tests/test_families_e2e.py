@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from prl_actors.config import Config, load_config
+from prl_actors.launch.process import LocalCluster
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tiny import FAMILIES
-from prl_actors.process import LocalCluster
 from prl_actors.tasks.math_task import sample_path
 from tests.conftest import assert_invariants, port_base, read_logs
 

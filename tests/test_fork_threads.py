@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.zygote import CLI, Zygote
+from prl_actors.launch.zygote import CLI, Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def test_the_fork_server_is_single_threaded_at_each_fork(tmp_path: Path, monkeyp
 
 SERVER_WITH_A_THREAD = """
 import socket, sys, threading, time
-from prl_actors import zygote
+from prl_actors.launch import zygote
 zygote.PRELOAD = ()  # nothing to import: this test is about the thread
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 zygote.serve(socket.socket(fileno=int(sys.argv[1])))

@@ -1,4 +1,4 @@
-"""The run's generation contract (actors/contract.py): a worker whose sampling settings, group size,
+"""The run's generation contract (protocol/contract.py): a worker whose sampling settings, group size,
 token limits, model or task differ from the run's is refused at Register with one line naming the
 setting; a matching one joins. The same with a hand-started worker against `prl-actors up`:
 tests/test_generation_contract_live.py."""
@@ -10,14 +10,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from prl_actors.actors import contract
-from prl_actors.actors.coordinator import CoordinatorCore
-from prl_actors.actors.worker import WorkerCore
+from prl_actors.coordinator.core import CoordinatorCore
 from prl_actors.engines.sim import SimEngine
-from prl_actors.logs import EventLog
+from prl_actors.protocol import contract
 from prl_actors.protocol import messages as m
+from prl_actors.records.logs import EventLog
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
+from prl_actors.worker.core import WorkerCore
 from tests.conftest import sim_config
 
 RUN = m.GenerationContract(

@@ -1,5 +1,5 @@
 """A hand-started worker (`prl-actors actor worker --coordinator ...`) whose sampling settings differ
-from the run's is refused (actors/contract.py): it exits non-zero with one line naming the setting, the
+from the run's is refused (protocol/contract.py): it exits non-zero with one line naming the setting, the
 coordinator logs the refusal, the run completes with `replay --check` green; a matching one joins."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 @pytest.mark.integration

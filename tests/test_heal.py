@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config
+from prl_actors.records.rundir import RunDir
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.events import load_run
-from prl_actors.rundir import RunDir
 from tests.conftest import read_logs, sim_config, wait_for
 from tests.test_supervision import actor_pids, ended, kill_all, start_up
 
@@ -172,7 +172,7 @@ def test_a_spare_core_takes_over_and_none_outlives_the_run(tmp_path: Path, run_d
     """run.standby_core: the spares wait without a word in the logs (one actor_start per process
     that ran), take over after the coordinator's crash, a new spare waits for the next one, and
     every spare is stopped with the run."""
-    name = f"heal-{tmp_path.name}"  # every process of the run carries it in its title (proctitle.py)
+    name = f"heal-{tmp_path.name}"  # every process of the run carries it in its title (launch/proctitle.py)
     proc = start_up(heal_config(run_dir, run__epochs=8, run__standby_core=True, run__name=name), tmp_path)
     pids: list[int] = []
     try:

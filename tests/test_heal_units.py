@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.actors.worker import WorkerCore
 from prl_actors.engines.sim import SimEngine
-from prl_actors.launcher import Launcher
+from prl_actors.launch.supervisor import RESTART_BACKOFF_S, Healing
+from prl_actors.launch.up import Launcher
 from prl_actors.protocol import messages as m
-from prl_actors.supervisor import RESTART_BACKOFF_S, Child, Healing
+from prl_actors.runtime.processes import Child
+from prl_actors.weights.transfer import Snapshot, transfer_messages
+from prl_actors.worker.core import WorkerCore
 from tests.conftest import sim_config
 from tests.test_cores import assign, inbound, m_inbound, sim_config_for_cores, worker
 

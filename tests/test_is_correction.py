@@ -15,9 +15,10 @@ import pytest
 import torch
 from msgspec.structs import replace
 
-from prl_actors.config import Config, ConfigError, load_config
+from prl_actors.config import Config, load_config
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.protocol.messages import Group
+from prl_actors.sections import ConfigError
 from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.losses import engine_is_weights
 from tests.learning_utils import prompts, random_rewards, tiny_model

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config
-from prl_actors.launcher import RESTART_BACKOFF_S, Child, Launcher, RunFailed, check_ports, pick_ports
+from prl_actors.launch.up import RESTART_BACKOFF_S, Child, Launcher, RunFailed, check_ports, pick_ports
 from tests.conftest import sim_config
 
 

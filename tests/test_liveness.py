@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from prl_actors.actors.buffer import BufferCore
-from prl_actors.actors.coordinator import FIRST_WEIGHTS_GRACE_S, STALL_LOG_S, CoordinatorCore
-from prl_actors.actors.runtime import Core
-from prl_actors.logs import EventLog
+from prl_actors.buffer.core import BufferCore
+from prl_actors.coordinator.core import FIRST_WEIGHTS_GRACE_S, STALL_LOG_S, CoordinatorCore
 from prl_actors.protocol import messages as m
+from prl_actors.records.logs import EventLog
+from prl_actors.runtime.core import Core
 from prl_actors.transport.port import Inbound
 from tests.test_cores import B, coordinator, drive, open_epoch, request_work
 

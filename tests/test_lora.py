@@ -11,23 +11,24 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.actors.worker import WorkerCore
-from prl_actors.config import Config, ConfigError, load_config
+from prl_actors.config import Config, load_config
 from prl_actors.engines.base import IncompatibleWeights
 from prl_actors.engines.torch_engine import TorchEngine
-from prl_actors.logs import EventLog
 from prl_actors.model import memory
 from prl_actors.model.builtin import load_model
 from prl_actors.model.lora import META, parse
 from prl_actors.model.tiny import build_family
 from prl_actors.protocol.messages import Group
+from prl_actors.records.logs import EventLog
+from prl_actors.sections import ConfigError
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.training import lora
 from prl_actors.training.grpo import GRPOLearner
 from prl_actors.training.packing import collate, response_logprobs
 from prl_actors.transport.port import Inbound
-from prl_actors.weights import unpack
+from prl_actors.weights.tensors import unpack
+from prl_actors.weights.transfer import Snapshot, transfer_messages
+from prl_actors.worker.core import WorkerCore
 from tests.learning_utils import prompts, random_rewards, tiny_model
 
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9="]

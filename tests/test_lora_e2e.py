@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from prl_actors.cli.main import app
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from cli.main import app
 from prl_actors.config import Config, load_config
+from prl_actors.launch.process import LocalCluster
 from prl_actors.model.tiny import build_family
-from prl_actors.process import LocalCluster
 from prl_actors.training.packing import collate, response_logprobs
 from tests.conftest import assert_invariants, port_base, read_logs
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.training.losses import (
     ADV_EPS,

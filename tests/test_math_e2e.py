@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.data import position
+from prl_actors.launch.process import LocalCluster
 from prl_actors.model.tiny import main as tiny_main
-from prl_actors.process import LocalCluster
 from prl_actors.protocol.messages import Prompt
 from prl_actors.tasks import load_task
 from prl_actors.tasks.math_task import math_reward, sample_path
@@ -88,7 +88,7 @@ def test_math_config_through_the_actors(tmp_path: Path, family_dirs: dict[str, P
 
 
 def prl_actors(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "cli.main", *args]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ})
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError
 from prl_actors.protocol.messages import Prompt
 from prl_actors.rewards.math_answer import canonical, extract_answer
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.tasks.math_task import math_reward, sample_path
 from tests.learning_utils import tiny_config

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prl_actors.config import ConfigError
 from prl_actors.model.builtin import prepare_model
 from prl_actors.model.device import resolve_device
 from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from prl_actors.sections import ConfigError
 from tests.learning_utils import tiny_config
 
 

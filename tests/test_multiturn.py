@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import torch
 
-from prl_actors.config import Config, ConfigError
+from prl_actors.config import Config
 from prl_actors.engines.registry import make_engine
 from prl_actors.envs_llm.base import EnvError
 from prl_actors.envs_llm.calculator import calculator
@@ -22,6 +22,7 @@ from prl_actors.envs_llm.render import Renderer
 from prl_actors.envs_llm.tools import ToolEnv, parse_tool_calls, tool
 from prl_actors.protocol import codec
 from prl_actors.protocol.messages import Group, GroupResult, Prompt, Sample
+from prl_actors.sections import ConfigError
 from prl_actors.training.grpo import GRPOLearner
 
 GUESS: dict[str, Any] = {

@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 from prl_actors.config import Config, load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from tests.conftest import assert_invariants, port_base, read_logs, wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 def guess_config(run_dir: Path, mode: str, model: Path | None, **extra: object) -> Config:

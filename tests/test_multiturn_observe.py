@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from prl_actors.completions import CompletionPicker, render, segments
 from prl_actors.engines.multiturn import Episode, episode_stats
 from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
 from prl_actors.envs_llm.tools import ToolEnv
 from prl_actors.protocol.messages import EpisodeStats, Group, Prompt, Sample
 from prl_actors.rewards.metrics import RewardMeans
+from prl_actors.trainer.completions import CompletionPicker, render, segments
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 
@@ -89,7 +89,8 @@ def test_tool_env_counts_its_calls_and_errors_and_the_engine_reports_them() -> N
 def test_eval_takes_multi_turn_tasks_with_worker_sampling_only_as_observe_md_says() -> None:
     from pathlib import Path
 
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     guess = Path(__file__).resolve().parent.parent / "configs/guess.yaml"
     assert load_config(guess, {"eval.every_epochs": 1}).eval.every_epochs == 1  # episodes, worker.sampling

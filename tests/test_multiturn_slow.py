@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from tests.conftest import assert_invariants
 
 ROOT = Path(__file__).resolve().parent.parent

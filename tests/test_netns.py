@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (ip netns)"),
     pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2 (`ip`) is not installed"),
 ]
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 HUB_ADDR = "10.213.0.1"
 
 

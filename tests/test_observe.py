@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.evaluation import EVAL_ID_BASE, EvalPlan, MemoryEvalSink, summarize
-from prl_actors.process import LocalCluster
+from prl_actors.cli.main import app
+from prl_actors.coordinator.evaluation import EVAL_ID_BASE, EvalPlan, MemoryEvalSink, summarize
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import messages as m
-from prl_actors.rundir import RunDir
+from prl_actors.records.rundir import RunDir
 from tests.conftest import assert_invariants
 from tests.test_cores import B, coordinator, drive, open_epoch
 from tests.test_real_path import real_config
@@ -179,7 +179,7 @@ def test_evaluation_never_changes_what_is_trained(runs: tuple[Path, Path]) -> No
     assert all(len(set(p["completions"])) == 1 for p in per_prompt)  # eval.sampling: greedy
     assert [r["epoch"] for r in RunDir(evald).metrics_rows()] == [0, 1]  # training rows unchanged
     assert sorted(p.name for p in (evald / "checkpoints").iterdir()) == ["v2"]  # keep_checkpoints: 1
-    from prl_actors.launcher import summary
+    from prl_actors.launch.up import summary
 
     lines = summary(evald, 1.0)  # what `up` prints at the end
     assert "eval v0 -> v2: eval_pass@3" in lines and f"final model: {evald}/final (" in lines  # model.dtype
@@ -256,7 +256,7 @@ def test_trackers_read_back_with_each_librarys_own_reader(tmp_path: Path, monkey
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from prl_actors.tracking import MetricsFollower
+    from prl_actors.records.tracking import MetricsFollower
 
     monkeypatch.delenv("WANDB_MODE", raising=False)  # the default must be offline
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"epoch": 0, "version": 1, "reward_mean": 9.0}) + "\n")
@@ -290,8 +290,8 @@ def test_trackers_read_back_with_each_librarys_own_reader(tmp_path: Path, monkey
 
 
 def test_the_classic_rl_policy_is_saved_and_loads_back(tmp_path: Path) -> None:
-    from prl_actors.envkit.policy import Agent
-    from prl_actors.envkit.ppo import save_policy
+    from prl_actors.classic.envkit.policy import Agent
+    from prl_actors.classic.envkit.ppo import save_policy
 
     agent = Agent(4, 2, 16)
     path = save_policy(tmp_path / "final", agent, "CartPole-v1", 16)
@@ -441,7 +441,8 @@ def test_the_last_step_done_before_its_weights_are_announced_still_gets_the_fina
 
 
 def test_eval_config_mistakes_are_one_line(tmp_path: Path) -> None:
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     repo = Path(__file__).resolve().parent.parent
     with pytest.raises(ConfigError, match=r"eval.samples \(20\) exceeds the sim engine's batch"):

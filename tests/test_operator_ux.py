@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
+from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from prl_actors.transport.auth import KeysError, create_keys, export_keys, run_key_names
 
 runner = CliRunner()
@@ -50,8 +50,8 @@ def test_no_bundle_carries_a_role_key_that_acts_as_every_member(tmp_path: Path) 
 def test_status_finds_the_newest_live_run_whatever_its_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run in tmp/elsewhere/demo (not runs/latest), registered by `up` and locked as `up` locks it:
     `status` without --config reaches it; with no live run the error names the --config to pass."""
-    from prl_actors.process import LocalCluster
-    from prl_actors.rundir import RunDir, register_run
+    from prl_actors.launch.process import LocalCluster
+    from prl_actors.records.rundir import RunDir, register_run
     from tests.conftest import sim_config
 
     monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
@@ -112,7 +112,7 @@ def test_a_config_typo_suggests_the_nearest_field(override: str, hint: str) -> N
 
 def finished_run(run_dir: Path, version: int) -> bytes:
     """A run directory as `up` leaves it after `version` epochs (config, metrics, checkpoint vN)."""
-    from prl_actors.rundir import RunDir
+    from prl_actors.records.rundir import RunDir
     from tests.conftest import sim_config
 
     rd = RunDir(run_dir)
@@ -202,7 +202,7 @@ def test_free_ports_cover_the_learner_of_a_classic_rl_run() -> None:
     import socket
 
     from prl_actors.config import load_config
-    from prl_actors.launcher import pick_ports
+    from prl_actors.launch.up import pick_ports
 
     first = load_config(CONFIGS / "cartpole.yaml")
     pick_ports(first)
@@ -223,8 +223,9 @@ def test_a_joined_worker_says_what_it_is_doing(run_dir: Path) -> None:
     """The console lines of `prl-actors actor worker` (started by hand) from a real worker's log."""
     import threading
 
-    from cli.narrate import follow_log
-    from prl_actors.process import LocalCluster
+    from prl_actors.cli.narrate import follow_log
+
+    from prl_actors.launch.process import LocalCluster
     from tests.conftest import sim_config
 
     lines: list[str] = []
@@ -263,7 +264,7 @@ def test_the_start_gate_waits_for_the_servers_and_gives_up_loudly(
     import threading
     import time
 
-    from prl_actors.process import START_GATE_ENV, start_gate
+    from prl_actors.launch.process import START_GATE_ENV, start_gate
     from tests.conftest import sim_config
 
     cfg = sim_config(tmp_path / "run", transport__join_timeout_s=0.5)
@@ -292,7 +293,7 @@ def test_up_says_what_it_starts(tmp_path: Path) -> None:
     (tmp_path / "cfg.yaml").write_text(cfg.dump())
     env = {**os.environ, "PRL_CACHE_DIR": str(tmp_path / "cache")}
     out = subprocess.run(
-        [sys.executable, "-m", "cli.main", "up", "--config", str(tmp_path / "cfg.yaml")],
+        [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(tmp_path / "cfg.yaml")],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -301,7 +302,7 @@ def test_up_says_what_it_starts(tmp_path: Path) -> None:
 
 
 def test_keys_commands_default_to_the_live_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prl_actors.rundir import RunDir, register_run
+    from prl_actors.records.rundir import RunDir, register_run
 
     monkeypatch.setenv("PRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.protocol.messages import Prompt
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.tasks.shaping import Overlong
 

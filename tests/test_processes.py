@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config
-from prl_actors.launcher import EXIT_STOPPED
+from prl_actors.launch.up import EXIT_STOPPED
 from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 def write_config(cfg: Config, path: Path) -> Path:

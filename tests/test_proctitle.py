@@ -1,4 +1,4 @@
-"""Issue 41 item 6: process titles. `ps` showed every forked actor as `python -m prl_actors.zygote`;
+"""Issue 41 item 6: process titles. `ps` showed every forked actor as `python -m prl_actors.launch.zygote`;
 now `up`, its fork server and each actor read `prl-actors NAME (run RUN)` in /proc/PID/cmdline
 (`ps -o args`) and `prl-NAME` in /proc/PID/comm (`top`), forked or started as new processes; without
 setproctitle the kernel name is still set (prctl)."""
@@ -18,11 +18,11 @@ from typing import TypeVar
 
 import pytest
 
-from prl_actors.proctitle import comm, title
+from prl_actors.launch.proctitle import comm, title
 from tests.conftest import read_logs
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 CORE = ("coordinator", "publisher", "buffer", "trainer")
 ACTORS = (*CORE, "worker-0", "worker-1")
 T = TypeVar("T")
@@ -130,7 +130,7 @@ def test_names_fit_the_kernels_15_bytes() -> None:
 WITHOUT_SETPROCTITLE = """
 import sys
 sys.modules["setproctitle"] = None  # its import fails, as where the package is missing
-from prl_actors.proctitle import set_title
+from prl_actors.launch.proctitle import set_title
 before = open("/proc/self/cmdline", "rb").read()
 set_title("worker-3", "demo")
 print(open("/proc/self/comm").read().strip(), open("/proc/self/cmdline", "rb").read() == before)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.model.tiny import build_family
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.tasks.limits import prompt_lengths
 from tests.test_cli import run_cli

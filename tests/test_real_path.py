@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from prl_actors.config import load_config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from tests.conftest import assert_invariants, read_logs
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """periodic == sync for every recipe option: loss_type x scale_rewards, M minibatches, mu passes.
 
 "sync" feeds the epoch's groups in group-index order and steps; "periodic" feeds them in a shuffled
-arrival order with the trainer's early flushes between arrivals (actors/trainer.py). Both must end at
+arrival order with the trainer's early flushes between arrivals (trainer/core.py). Both must end at
 the same float32 weights (minibatches by group index, old policy = frozen epoch-start weights).
 """
 

@@ -1,5 +1,5 @@
 """Issue 39 item 2: recovery keeps the record whole. Core actors are killed (SIGKILL) at named points of
-an epoch (actors/faults.py: PRL_TEST_KILL_AT, no timing guesses): before and after the trainer's
+an epoch (runtime/faults.py: PRL_TEST_KILL_AT, no timing guesses): before and after the trainer's
 checkpoint, before and after the publisher's acknowledgement, while the coordinator handles StepDone,
 while the buffer streams an epoch; and `up` is interrupted (Ctrl-C) between the checkpoint and the
 publisher's ack, then resumed. Each time: one metrics row per epoch, `up` says the right count, and
@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from prl_actors.actors import faults
+from prl_actors.records.rundir import RunDir
 from prl_actors.replay.checks import render_checks, run_checks
 from prl_actors.replay.coordinator_replay import Restart, Step, recorded_steps
 from prl_actors.replay.events import ending_time, load_run, merge
-from prl_actors.rundir import RunDir
+from prl_actors.runtime import faults
 from tests.conftest import sim_config
 from tests.test_processes import CLI, write_config
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.replay.epochs import SETUP, stats
 from prl_actors.replay.events import load_run
 from prl_actors.replay.follow import Filter, follow
@@ -120,7 +120,18 @@ def test_follow_a_live_run(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_a_multi_process_up_run_passes_check(tmp_path: Path) -> None:
     run_dir = tmp_path / "up"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--config", "configs/sim.yaml", "--workers", "2", "--epochs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--config",
+        "configs/sim.yaml",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+    ]
     port = port_base()
     cmd += ["--run-dir", str(run_dir), "--set", f"transport.base_port={port}"]
     up = subprocess.run(cmd, cwd=ROOT, timeout=60, capture_output=True, text=True)

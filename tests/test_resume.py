@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.config import ConfigError, check_resume, load_config, safe_on_resume
-from prl_actors.rundir import RunDir
+from prl_actors.cli.main import app
+from prl_actors.config import check_resume, load_config, safe_on_resume
+from prl_actors.records.rundir import RunDir
+from prl_actors.sections import ConfigError
 from tests.conftest import sim_config
 
 runner = CliRunner()

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prl_actors.launcher import summary
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
+from prl_actors.launch.up import summary
+from prl_actors.records.rundir import RunDir
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.events import load_run
-from prl_actors.rundir import RunDir
 from tests.conftest import sim_config
 
 EPOCHS = 3

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import sim_config, wait_for
 
 pytestmark = pytest.mark.integration
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 def config(tmp_path: Path, reward: str, **extra: object) -> Path:

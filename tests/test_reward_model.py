@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import ConfigError
 from prl_actors.engines.base import Generated
 from prl_actors.rewards import RewardError
 from prl_actors.rewards.model import ModelReward
 from prl_actors.rewards.record import RewardInput
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 

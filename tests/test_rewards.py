@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError
 from prl_actors.engines.base import Generated
 from prl_actors.protocol.messages import Prompt
 from prl_actors.rewards import Reward, RewardError, RewardInput, RewardSet
 from prl_actors.rewards.builtins import BUILTINS
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from tests import reward_plugins
 from tests.learning_utils import tiny_config

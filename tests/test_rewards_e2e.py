@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from prl_actors.config import Config
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from tests.conftest import assert_invariants, read_logs, sim_config
 
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 PARTS = [{"fn": "add", "name": "acc"}, {"fn": "tests.reward_plugins:half", "weight": 0.5}]
 
 

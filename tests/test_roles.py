@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from prl_actors import topology
 from prl_actors.config import BINDS, ROLES, Config
+from prl_actors.launch import topology
 from prl_actors.protocol.messages import ADDRESSED_ROLES, BINDING_ROLES, Role, role_prefix
 from prl_actors.transport.auth import role_of_name
 

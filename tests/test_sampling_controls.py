@@ -15,9 +15,10 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
 )
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.engines.stops import cut_at_stop
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import (
     Behaviour,
     behaviour_logprobs,

@@ -1,9 +1,9 @@
-"""The trainer's scheduling policy alone (actors/scheduling.py): facts in, decisions out."""
+"""The trainer's scheduling policy alone (trainer/scheduling.py): facts in, decisions out."""
 
 from __future__ import annotations
 
-from prl_actors.actors.scheduling import Bursts, TrainerSchedule
-from prl_actors.actors.threads import ThreadPlan
+from prl_actors.runtime.threads import ThreadPlan
+from prl_actors.trainer.scheduling import Bursts, TrainerSchedule
 
 
 def test_bursts_count_what_is_in_hand_or_announced_and_forget_it_at_a_new_epoch() -> None:

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.protocol.versions import on_policy, staleness, within_bound
 from prl_actors.replay.checks import staleness_check
 from prl_actors.replay.events import merge
 from prl_actors.replay.staleness import check_staleness, histogram, render, total
+from prl_actors.sections import ConfigError
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
 

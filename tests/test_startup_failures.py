@@ -11,14 +11,14 @@ from pathlib import Path
 
 import zmq
 
-from prl_actors.actors.publisher import PublisherCore
-from prl_actors.actors.runtime import ActorHost
 from prl_actors.config import load_config
-from prl_actors.logs import EventLog
-from prl_actors.rundir import RunDir
+from prl_actors.publisher.core import PublisherCore
+from prl_actors.records.logs import EventLog
+from prl_actors.records.rundir import RunDir
+from prl_actors.runtime.core import ActorHost
 from tests.conftest import run_keys, sim_config
 
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
 def actor(role: str, config: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:

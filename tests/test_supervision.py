@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import Config, load_config
-from prl_actors.launcher import Launcher, RunFailed
-from prl_actors.rundir import RunDir
+from prl_actors.launch.up import Launcher, RunFailed
+from prl_actors.records.rundir import RunDir
 from prl_actors.training.sim import SimLearner
 from tests.conftest import alive, read_logs, run_keys, sim_config, wait_for
 from tests.test_processes import CLI, write_config

@@ -1,4 +1,4 @@
-"""The one supervisor (prl_actors/supervisor.py) with real processes: process groups, the stop
+"""The one supervisor (prl_actors/launch/supervisor.py) with real processes: process groups, the stop
 ladder (grace, SIGTERM, SIGKILL), stop signals, restart back-off; the env runtime as its plug-in;
 the run-dir lock for every kind of `up`."""
 
@@ -14,21 +14,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from prl_actors.envs.run import EnvRun
-from prl_actors.rundir import RunDir
-from prl_actors.supervisor import (
-    RESTART_BACKOFF_S,
-    SUPERVISOR_ENV,
-    Interrupted,
-    Signals,
-    Supervisor,
-    restart_delay,
-    spawn,
-    stop_children,
-    wait_exit,
-)
-from prl_actors.wiring import OnExit, members
+from prl_actors.cli.main import app
+from prl_actors.launch.classic import EnvRun
+from prl_actors.launch.supervisor import RESTART_BACKOFF_S, Interrupted, Signals, Supervisor, restart_delay
+from prl_actors.launch.wiring import OnExit, members
+from prl_actors.records.rundir import RunDir
+from prl_actors.runtime.processes import SUPERVISOR_ENV, spawn, stop_children, wait_exit
 from tests.conftest import sim_config
 from tests.env_utils import env_config
 
@@ -220,7 +211,7 @@ def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> 
     callback runs within a poll or two."""
     out = tmp_path / "out"
     grandchild = (
-        "import os, time; from prl_actors.supervisor import watch_supervisor; "
+        "import os, time; from prl_actors.launch.supervisor import watch_supervisor; "
         f"watch_supervisor(lambda: (open({str(out)!r}, 'w').write('gone'), os._exit(0)), poll_s=0.05); "
         "time.sleep(30)"
     )
@@ -246,8 +237,8 @@ def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> 
 def test_compose_up_a_signal_cuts_a_blocking_step_short_and_a_second_one_does_not_escape(tmp_path: Path) -> None:
     """`up --compose`: a stop signal interrupts the image build at once; a second one while the
     coordinator is asked to stop ends that wait, never a traceback; teardown always runs."""
-    from prl_actors.compose import ComposeRun
     from prl_actors.config import load_config
+    from prl_actors.launch.compose import ComposeRun
 
     done: list[str] = []
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError
 from prl_actors.protocol.messages import Prompt
+from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.tasks.arith import add_items, add_reward
 from prl_actors.tasks.plugins import load_reward

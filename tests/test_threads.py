@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
-from prl_actors.threads import rank_threads, threads_for
+from prl_actors.config import load_config
+from prl_actors.runtime.threads import rank_threads, threads_for
+from prl_actors.sections import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -61,8 +62,8 @@ def test_hand_over_plans_only_where_one_side_can_use_the_others_cores(monkeypatc
     """The trainer's plan needs local workers; the worker's plan needs to be the host's only worker
     (several split the cores) and the torch engine; both need a model worth more threads; sync
     mode gives both every core throughout (the other side waits)."""
-    from prl_actors import topology
-    from prl_actors.threads import LOCAL_WORKERS_ENV
+    from prl_actors.launch import topology
+    from prl_actors.runtime.threads import LOCAL_WORKERS_ENV
 
     cfg = load_config(None, {"worker.engine": "torch"})
     big, small = _Holder(topology.BOOST_MIN_PARAMS), _Holder(1000)

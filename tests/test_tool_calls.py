@@ -110,7 +110,7 @@ def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: 
     row's plain text (every honest tools.yaml group was refused as wrong_prompt)."""
     from pathlib import Path
 
-    from prl_actors.actors.group_check_setup import build_checker
+    from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.envs_llm.registry import episode_prompt_ids
     from prl_actors.model.tiny import build_family

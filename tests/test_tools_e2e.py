@@ -20,7 +20,7 @@ from tests.conftest import port_base
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "cli.main"]
+CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 ROLES = ["assistant", "environment"]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 

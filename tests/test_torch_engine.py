@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from prl_actors.config import ConfigError
 from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tokenizer import EOS_ID
+from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.packing import collate_packed
 from prl_actors.training.trimodel import TriModel
@@ -95,8 +95,8 @@ def test_a_snapshot_becomes_the_parameters_without_a_copy_and_generates_as_a_cop
 ) -> None:
     """CPU, same dtypes: the engine's parameters view the received snapshot's buffer (same-host workers
     then share one /dev/shm file's pages); the samples equal those of an engine that copied them in."""
-    from prl_actors.actors.transfer import Snapshot
-    from prl_actors.weights import unpack
+    from prl_actors.weights.tensors import unpack
+    from prl_actors.weights.transfer import Snapshot
 
     cfg, model_dir = setup
     noisy = {k: v + 0.05 * torch.randn_like(v) for k, v in load_model(model_dir).state_dict().items()}

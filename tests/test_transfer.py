@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from prl_actors.actors.transfer import Assembler, Snapshot, TransferError, transfer_messages
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
-from prl_actors.weights import unpack
+from prl_actors.weights.tensors import unpack
+from prl_actors.weights.transfer import Assembler, Snapshot, TransferError, transfer_messages
 
 
 def ship(snap: Snapshot, chunk_bytes: int, drop: int | None = None) -> Snapshot:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.config import ConfigError, load_config
+from prl_actors.config import load_config
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import MISSING
+from prl_actors.sections import ConfigError
 from tests.learning_utils import tiny_model
 from tests.test_cli import run_cli
 from tests.vllm_utils import HAVE_VLLM

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import ConfigError, SamplingSection
+from prl_actors.config import SamplingSection
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import VllmEngine, check_vllm_setup
 from prl_actors.model.builtin import load_model
+from prl_actors.sections import ConfigError
 from tests.learning_utils import prompts
 from tests.vllm_utils import make_checkpoint, max_logprob_diff, needs_vllm, vllm_config
 

@@ -92,7 +92,16 @@ def test_up_trains_a_lora_adapter_with_the_vllm_engine(tmp_path: Path) -> None:
         "model.path": str(ckpt),
         "model.warm_start_steps": 0,
     }
-    argv = [sys.executable, "-m", "cli.main", "up", "--config", "configs/lora.yaml", "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--config",
+        "configs/lora.yaml",
+        "--run-dir",
+        str(run_dir),
+    ]
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=420, cwd=Path(__file__).parent.parent)

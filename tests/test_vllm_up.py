@@ -36,7 +36,16 @@ def up(run_dir: Path, ckpt: Path) -> subprocess.CompletedProcess[str]:
         "task.reward": "tests.vllm_utils:digit_share",
         "model.path": str(ckpt),
     }
-    argv = [sys.executable, "-m", "cli.main", "up", "--config", "configs/demo.yaml", "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--config",
+        "configs/demo.yaml",
+        "--run-dir",
+        str(run_dir),
+    ]
     argv += ["--set", "eval.every_epochs=0"]  # demo.yaml evaluates; the rows checked here are the epochs'
     for key, value in sets.items():
         argv += ["--set", f"{key}={value}"]

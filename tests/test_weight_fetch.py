@@ -1,4 +1,4 @@
-"""The weight-fetch state machine (actors/weight_fetch.py) driven directly, then through the two cores
+"""The weight-fetch state machine (weights/fetch.py) driven directly, then through the two cores
 that use it (worker, env actor): request, chunks, failures and their retry, the deadline, a newer
 version wanted mid-fetch."""
 
@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from prl_actors.actors.env import EnvActorSettings, EnvCore
-from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.actors.weight_fetch import RETRY_S, FetchingCore, WeightFetch
-from prl_actors.actors.worker import WorkerCore
+from prl_actors.classic.env_actor import EnvActorSettings, EnvCore
+from prl_actors.classic.envkit.local import SlotEnvs
 from prl_actors.config import load_config
 from prl_actors.engines.sim import SimEngine
-from prl_actors.envkit.local import SlotEnvs
-from prl_actors.logs import EventLog
 from prl_actors.protocol import messages as m
 from prl_actors.protocol.codec import Frame
+from prl_actors.records.logs import EventLog
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
+from prl_actors.weights.fetch import RETRY_S, FetchingCore, WeightFetch
+from prl_actors.weights.transfer import Snapshot, transfer_messages
+from prl_actors.worker.core import WorkerCore
 
 TIMEOUT = 30.0
 

@@ -11,16 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prl_actors.actors.publisher import PublisherCore
-from prl_actors.actors.trainer import TrainerCore
-from prl_actors.actors.transfer import Snapshot, transfer_messages
-from prl_actors.actors.worker import WorkerCore
-from prl_actors.logs import EventLog
-from prl_actors.process import LocalCluster
+from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import messages as m
+from prl_actors.publisher.core import PublisherCore
+from prl_actors.records.logs import EventLog
 from prl_actors.tasks.base import Task, exact_match
+from prl_actors.trainer.core import TrainerCore
 from prl_actors.transport.port import Inbound
-from prl_actors.weights_shm import (
+from prl_actors.weights.shm import (
     ShmPublisher,
     ShmReader,
     ShmRefused,
@@ -30,6 +28,8 @@ from prl_actors.weights_shm import (
     reap_stale,
     snapshot_file,
 )
+from prl_actors.weights.transfer import Snapshot, transfer_messages
+from prl_actors.worker.core import WorkerCore
 from tests.conftest import read_logs, sim_config
 
 RUN = "run-1"
@@ -145,7 +145,7 @@ def test_no_space_or_no_run_means_no_shared_memory(tmp_path: Path, monkeypatch: 
     with pytest.raises(ShmUnavailable, match="no run id"):
         pub.publish(1, snap().data)
     pub.open_run(RUN)
-    monkeypatch.setattr("prl_actors.weights_shm._free_bytes", lambda root: 1024)
+    monkeypatch.setattr("prl_actors.weights.shm._free_bytes", lambda root: 1024)
     with pytest.raises(ShmUnavailable, match="MiB free"):
         pub.publish(1, snap().data)
     assert pub.path(1) == ""
@@ -279,7 +279,7 @@ def test_a_local_run_serves_same_host_workers_from_shared_memory(tmp_path: Path,
 
 def trainer_with(tmp_path: Path, shm: bool = True) -> TrainerCore:
     from prl_actors.config import load_config
-    from prl_actors.rundir import MemorySink
+    from prl_actors.records.rundir import MemorySink
     from prl_actors.training.sim import SimLearner
 
     cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.param_count": 3000})

@@ -1,4 +1,4 @@
-"""The fork server `up` starts its local actors from (prl_actors/zygote.py): a forked child runs the
+"""The fork server `up` starts its local actors from (prl_actors/launch/zygote.py): a forked child runs the
 CLI with exactly its own environment, in its own session, and its exit (code or signal) reaches `up`;
 it stops when the server goes (its supervisor); `up` runs the same either way (run.fork_server)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prl_actors.zygote import CLI, LOST_CODE, Zygote, ZygoteError
+from prl_actors.launch.zygote import CLI, LOST_CODE, Zygote, ZygoteError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,16 @@ def test_up_runs_the_same_with_and_without_the_fork_server(tmp_path: Path) -> No
     for forked in (True, False):
         run = tmp_path / f"run-{forked}"
         out = subprocess.run(
-            [sys.executable, "-m", "cli.main", "up", "--config", str(ROOT / "configs/demo.yaml"), "--run-dir", str(run)]
+            [
+                sys.executable,
+                "-m",
+                "prl_actors.cli.main",
+                "up",
+                "--config",
+                str(ROOT / "configs/demo.yaml"),
+                "--run-dir",
+                str(run),
+            ]
             + ["--epochs", "6", "--set", f"run.fork_server={str(forked).lower()}", "--set", "eval.every_epochs=0"],
             capture_output=True,
             text=True,
@@ -110,7 +119,10 @@ def test_up_runs_the_same_with_and_without_the_fork_server(tmp_path: Path) -> No
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rewards[forked] = [r["reward_mean"] for r in rows]
         check = subprocess.run(
-            [sys.executable, "-m", "cli.main", "replay", str(run), "--check"], capture_output=True, text=True, cwd=ROOT
+            [sys.executable, "-m", "prl_actors.cli.main", "replay", str(run), "--check"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
         )
         assert check.returncode == 0, check.stdout + check.stderr  # message ids of forked actors stay apart
     assert rewards[True] == rewards[False] and len(rewards[True]) == 6

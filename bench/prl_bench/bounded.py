@@ -11,7 +11,7 @@ h128-L4 (random init: responses run to max_new_tokens) and a generation-heavy se
 4x the response length). Bounded mode pays only where generation of epoch e+1 can overlap training
 of epoch e on free cores; on a loaded 2-core host both compete for the same cores.
 
-The pull policy (actors/pulls.py): every case also reports the worker's weight loads per epoch (loads
+The pull policy (weights/pulls.py): every case also reports the worker's weight loads per epoch (loads
 of v0 .. v_{E-1} over E; periodic and sync load each version once, 1.0), the versions it never loaded,
 and the loads it saved per epoch against loading every version (1 - loads per epoch); bounded k = 2 is
 also run with worker.sync_kl_threshold 0 (pull every new version as soon as it is announced: the
@@ -82,7 +82,18 @@ def measure(
 
     _, overrides = shape_settings(ctx, case)
     run_dir = ctx.work_dir / f"bounded-{case}-{label(mode, k, threshold)}"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--workers",
+        "1",
+        "--epochs",
+        str(epochs),
+    ]
     sets = {
         **overrides,
         "model.path": str(model_dir),

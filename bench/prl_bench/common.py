@@ -177,7 +177,7 @@ def run_up(
 ) -> tuple[int, str]:
     """Run `prl-actors up` in its own session. On timeout, and when the bench itself stops (Ctrl-C, an
     error, a kill), `up` is stopped too: killed with its group here, or by `dies_with_us`; its actors
-    follow it (supervisor.py)."""
+    follow it (launch/supervisor.py)."""
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.DEVNULL,

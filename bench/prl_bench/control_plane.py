@@ -195,7 +195,18 @@ def _timeouts(log_path: Path) -> int:
 def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
     """A `prl-actors up` sim run (processes, tcp); per epoch boundary, the turnaround and its parts."""
     epochs = ctx.size(12, 6, 3)
-    cmd = [sys.executable, "-m", "cli.main", "up", "--workers", "3", "--epochs", str(epochs), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--workers",
+        "3",
+        "--epochs",
+        str(epochs),
+        "--run-dir",
+        str(run_dir),
+    ]
     sets = {
         "worker.engine": "sim",
         "trainer.learner": "sim",

@@ -110,7 +110,7 @@ def paired(
     if strategy == "single":
         other: Any = GRPOLearner(other_cfg, model_dir)
     else:
-        from prl_actors.training.distributed import start_distributed
+        from prl_actors.trainer.distributed import start_distributed
 
         other = start_distributed(other_cfg, model_dir)
     pairs = []

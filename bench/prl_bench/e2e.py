@@ -206,7 +206,18 @@ def measure_actors(
     """`prl-actors up` (1 worker) for `epochs`: medians of the steady epochs (after the first), and
     the run's dir and metrics rows for the caller (bench gpu reads generation and training from them)."""
     run_dir = ctx.work_dir / f"up-{shape}{tag}"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--workers",
+        "1",
+        "--epochs",
+        str(epochs),
+    ]
     chosen = settings(ctx, shape) if overrides_ is None else overrides_
     overrides = {**chosen, "model.path": str(model_dir), "transport.base_port": free_port(5)}
     for k, v in overrides.items():

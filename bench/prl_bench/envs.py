@@ -67,7 +67,7 @@ def _env_config(work: Path, n: int, port: int, auth: str) -> tuple[Any, Path]:
 
 
 def _spawn_env(config: Path, name: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "cli.main", "actor", "env", "--config", str(config), "--name", name]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "actor", "env", "--config", str(config), "--name", name]
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_us
     )
@@ -100,7 +100,7 @@ def local_rate(n: int, steps: int, repeats: int) -> float:
 
 
 def remote_rate(work: Path, n: int, steps: int, repeats: int, port: int, auth: str) -> float:
-    from prl_actors.envs.client import EnvClient
+    from prl_actors.classic.envs.client import EnvClient
 
     cfg, path = _env_config(work, n, port, auth)
     envs = EnvClient.from_config(cfg)
@@ -177,7 +177,7 @@ def aaps_run(ctx: BenchContext, threshold: float, port: int) -> list[dict[str, A
         "env.ppo.stop_when_solved": False,
         "transport.base_port": port,
     }
-    cmd = [sys.executable, "-m", "cli.main", "up", "--config", str(CARTPOLE), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(CARTPOLE), "--run-dir", str(run_dir)]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
@@ -190,9 +190,9 @@ def _aaps_inproc(run_dir: Path, threshold: float) -> list[dict[str, Any]]:
     """Smoke size: the learner core and two acting env actors in this process (inproc), two updates."""
     import zmq
 
+    from prl_actors.classic.envs.detach import train_acting
+    from prl_actors.classic.envs.hub import Hub, learner_settings, start_env_actor
     from prl_actors.config import load_config
-    from prl_actors.envs.detach import train_acting
-    from prl_actors.envs.hub import Hub, learner_settings, start_env_actor
 
     env = {"actors": 2, "num_envs": 4, "sync_kl_threshold": threshold, "ppo": {"num_steps": 8, "total_timesteps": 64}}
     cfg = load_config(

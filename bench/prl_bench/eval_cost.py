@@ -28,7 +28,7 @@ SMOKE = {"coordinator.groups_per_epoch": 4, "eval.num_prompts": 4, "transport.ki
 
 def measure(ctx: BenchContext, name: str, every: int, epochs: int) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"eval-{every}"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--config", str(REPO / "configs/demo.yaml")]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(REPO / "configs/demo.yaml")]
     cmd += ["--run-dir", str(run_dir), "--epochs", str(epochs)]
     sets = {
         "eval.every_epochs": every,
@@ -65,7 +65,7 @@ def measure(ctx: BenchContext, name: str, every: int, epochs: int) -> dict[str, 
 
 def _in_process(run_dir: Path, sets: dict[str, Any], epochs: int) -> None:
     from prl_actors.config import load_config
-    from prl_actors.process import LocalCluster
+    from prl_actors.launch.process import LocalCluster
 
     overrides = {**sets, "run.run_dir": str(run_dir), "run.epochs": epochs, "run.name": f"eval-cost-{run_dir.name}"}
     overrides.pop("transport.base_port", None)

@@ -130,7 +130,7 @@ def torch_unpack_s(nbytes: int) -> float:
     import torch  # noqa: F401 - imported before the clock starts
 
     from prl_actors.protocol.messages import TensorMeta
-    from prl_actors.weights import unpack
+    from prl_actors.weights.tensors import unpack
 
     n = nbytes // 4
     per = max(1, n // 16)

@@ -349,7 +349,7 @@ def loop_settings(model_dir: Path, device: str, tiny: bool) -> dict[str, Any]:
 
 def replay_check(run_dir: Path) -> str:
     """'ok', or the tail of what `prl-actors replay RUN --check` said when it failed."""
-    out = subprocess.run([sys.executable, "-m", "cli.main", "replay", str(run_dir), "--check"],
+    out = subprocess.run([sys.executable, "-m", "prl_actors.cli.main", "replay", str(run_dir), "--check"],
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     return "ok" if out.returncode == 0 else f"FAILED ({out.returncode}): {(out.stdout + out.stderr)[-500:]}"
 

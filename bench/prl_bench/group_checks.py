@@ -33,7 +33,7 @@ def _groups(n: int, tok, reward):  # type: ignore[no-untyped-def]
 
 
 def _checker(tok, prompt, score):  # type: ignore[no-untyped-def]
-    from prl_actors.actors.group_check import GroupChecker
+    from prl_actors.buffer.group_check import GroupChecker
 
     return GroupChecker(
         vocab_size=len(tok),

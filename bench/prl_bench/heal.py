@@ -124,7 +124,7 @@ def _settings(ctx: BenchContext, run_dir: Path, epochs: int, standby: bool) -> d
 
 def _run(ctx: BenchContext, name: str, epochs: int, interval_s: float | None, standby: bool) -> dict[str, Any]:
     run_dir = ctx.work_dir / name
-    cmd = [sys.executable, "-m", "cli.main", "up"]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up"]
     for key, value in _settings(ctx, run_dir, epochs, standby).items():
         cmd += ["--set", f"{key}={value}"]
     err_path = ctx.work_dir / f"{name}.err"

@@ -17,7 +17,7 @@ from typing import Any
 def start_host(core: Any, zctx: Any, bind: str | None, peers: dict[str, str], security: Any = None) -> Any:
     """Start `core` in a real ActorHost (Port thread + pykka actor); returns the host object.
     `security` (transport.auth.Security): CurveZMQ on its sockets, as in a run (None: plain)."""
-    from prl_actors.actors.runtime import ActorHost
+    from prl_actors.runtime.core import ActorHost
 
     host = ActorHost.start(core, zctx, bind, peers, security=security)._actor_weakref()  # type: ignore[attr-defined]
     assert host is not None, "the actor stopped while starting"
@@ -57,8 +57,8 @@ def send(host: Any, peer: str, msg: Any) -> None:
 
 def coordinator_core(log_path: Path | None, groups: int, epochs: int, timeout_s: float) -> Any:
     """A periodic CoordinatorCore over a 400-item arithmetic task, logging to `log_path`."""
-    from prl_actors.actors.coordinator import CoordinatorCore, CoordinatorSettings
-    from prl_actors.logs import EventLog
+    from prl_actors.coordinator.core import CoordinatorCore, CoordinatorSettings
+    from prl_actors.records.logs import EventLog
     from prl_actors.tasks.base import Task, exact_match
 
     settings = CoordinatorSettings(
@@ -101,9 +101,9 @@ def member_names(core: Any) -> list[str]:
 def publisher_core(chunk_bytes: int, shm_run_id: str = "") -> Any:
     """The real PublisherCore, logging nowhere, with a transfer timeout long enough for 500 MB; with
     `shm_run_id`, its shared-memory files as a registered publisher of that run would write them."""
-    from prl_actors.actors.publisher import PublisherCore
-    from prl_actors.logs import EventLog
-    from prl_actors.weights_shm import ShmPublisher
+    from prl_actors.publisher.core import PublisherCore
+    from prl_actors.records.logs import EventLog
+    from prl_actors.weights.shm import ShmPublisher
 
     shm = ShmPublisher() if shm_run_id else None
     core = PublisherCore("publisher", EventLog("publisher", "publisher"), chunk_bytes, 600.0, shm)
@@ -115,10 +115,10 @@ def publisher_core(chunk_bytes: int, shm_run_id: str = "") -> Any:
 def worker_core(name: str, engine: Any, shm_run_id: str = "") -> Any:
     """The real WorkerCore around `engine`, with numpy weights (as_torch=False) and long timeouts;
     with `shm_run_id`, reading same-host snapshots of that run (as after its Welcome)."""
-    from prl_actors.actors.worker import WorkerCore
-    from prl_actors.logs import EventLog
+    from prl_actors.records.logs import EventLog
     from prl_actors.tasks.base import Task, exact_match
-    from prl_actors.weights_shm import ShmReader
+    from prl_actors.weights.shm import ShmReader
+    from prl_actors.worker.core import WorkerCore
 
     task = Task(items=[("x", "y")], reward=exact_match)
     shm = ShmReader() if shm_run_id else None
@@ -147,20 +147,20 @@ def fetch_request(core: Any) -> Any:
 
 def snapshot(version: int, tensors: dict[str, Any]) -> Any:
     """A weight Snapshot (one contiguous buffer + metas), as the trainer builds it for an upload."""
-    from prl_actors.actors.transfer import Snapshot
+    from prl_actors.weights.transfer import Snapshot
 
     return Snapshot.from_tensors(version, tensors)
 
 
 def renumbered(snap: Any, version: int) -> Any:
     """The same bytes as another version (every upload of a benchmark stores a new one)."""
-    from prl_actors.actors.transfer import Snapshot
+    from prl_actors.weights.transfer import Snapshot
 
     return Snapshot(version, snap.metas, snap.data)
 
 
 def upload_messages(snap: Any, chunk_bytes: int) -> Any:
     """The (message, payload frames) pairs of an upload, in the trainer's order."""
-    from prl_actors.actors.transfer import transfer_messages
+    from prl_actors.weights.transfer import transfer_messages
 
     return transfer_messages(snap, chunk_bytes)

@@ -24,7 +24,18 @@ MODES = ("periodic", "sync")
 
 def measure(ctx: BenchContext, shape: str, model_dir: Path, m: int, mode: str, epochs: int) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"minibatch-{shape}-M{m}-{mode}"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir), "--workers", "1", "--epochs", str(epochs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prl_actors.cli.main",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--workers",
+        "1",
+        "--epochs",
+        str(epochs),
+    ]
     overrides = {
         **settings(ctx, shape),
         "model.path": str(model_dir),

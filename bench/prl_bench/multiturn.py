@@ -90,7 +90,7 @@ def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Pa
     cmd = [
         sys.executable,
         "-m",
-        "cli.main",
+        "prl_actors.cli.main",
         "up",
         "--run-dir",
         str(run_dir),

@@ -104,7 +104,7 @@ def sim_config(case: SimCase, mode: str, run_dir: Path):  # type: ignore[no-unty
 
 def run_sim(case: SimCase, mode: str, run_dir: Path) -> RunPhases:
     """One run in this process; its phases from its own logs."""
-    from prl_actors.process import LocalCluster
+    from prl_actors.launch.process import LocalCluster
 
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = sim_config(case, mode, run_dir)

@@ -74,7 +74,7 @@ def prepare(ctx: BenchContext) -> Path:
 
 def run_torch(ctx: BenchContext, workers: int, mode: str, model_dir: Path) -> tuple[RunPhases, dict[str, float]]:
     run_dir = ctx.work_dir / f"torch-w{workers}-{mode}"
-    cmd = [sys.executable, "-m", "cli.main", "up", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up", "--run-dir", str(run_dir)]
     for k, v in settings(ctx, workers, mode, model_dir, free_port(5)).items():
         cmd += ["--set", f"{k}={v}"]
     holder: dict[str, TreeSampler] = {}

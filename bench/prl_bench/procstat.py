@@ -53,7 +53,7 @@ def actor_name(pid: int) -> str:
     args = [a.decode(errors="replace") for a in argv]
     if "--name" in args[:-1]:
         return args[args.index("--name") + 1]
-    title = re.fullmatch(r"prl-actors (\S+) \(run .*\)", args[0]) if args else None  # prl_actors/proctitle.py
+    title = re.fullmatch(r"prl-actors (\S+) \(run .*\)", args[0]) if args else None  # prl_actors/launch/proctitle.py
     return title.group(1) if title and title.group(1) not in ("up", "fork-server") else "launcher"
 
 

@@ -139,7 +139,7 @@ def details(results: dict[str, Any]) -> list[str]:
             [{**e["raw"], "vs_loop": e["ratio"]} for e in bounded],
             ["case", "mode", "samples_per_s", "loop_samples_per_s", "vs_loop", "stale_groups", "rewards"],
         )
-        lines += ["", "Pull policy (actors/pulls.py): the worker's weight loads per epoch (1.0 = every version)", ""]
+        lines += ["", "Pull policy (weights/pulls.py): the worker's weight loads per epoch (1.0 = every version)", ""]
         lines += _table(
             [e["raw"] for e in bounded],
             [

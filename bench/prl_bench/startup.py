@@ -90,7 +90,7 @@ def run(ctx: BenchContext) -> list[Entry]:
 
 def _up(ctx: BenchContext, name: str, epochs: int, env: dict[str, str], fork_server: bool = True) -> tuple[Path, float]:
     run_dir = ctx.work_dir / name
-    cmd = [sys.executable, "-m", "cli.main", "up", "--config", str(DEMO), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up", "--config", str(DEMO), "--run-dir", str(run_dir)]
     cmd += ["--epochs", str(epochs), "--set", f"transport.auth={ctx.auth}"]
     cmd += ["--set", f"run.fork_server={str(fork_server).lower()}"]
     if ctx.smoke:  # structure only: no warm start to wait for

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import ConfigError
-from prl_actors.data.rows import Row
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.data.rows import Row
 
 AnswerFn = Callable[[str], str]
 """Turns a raw answer string into the stored one; raises ValueError (the reason) for a bad answer."""

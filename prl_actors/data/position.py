@@ -8,7 +8,7 @@ once the items are pinned, and data.json records both:
     {"epoch", "pass", "offset"}                                          where epoch v starts in it
 
 `epoch_stride` is the stream positions one epoch spans: B, or B x coordinator.max_sampling_rounds
-with dynamic sampling (actors/dynamic_sampling.py: an epoch's extra rounds take the positions after
+with dynamic sampling (training/dynamic_sampling.py: an epoch's extra rounds take the positions after
 its B; those it does not need are skipped). A record without it (older checkpoints) has stride B.
 
 `sha256` hashes every (prompt, answer) after field mapping and chat templating, so a changed file,
@@ -22,8 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prl_actors.config import ConfigError
 from prl_actors.data.sampler import SAMPLER
+from prl_actors.sections import ConfigError
 
 POSITION_FILE = "data.json"
 IDENTITY_KEYS = ("task", "sampler", "seed", "groups_per_epoch", "epoch_stride", "rows", "sha256")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prl_actors.config import ConfigError
+from prl_actors.sections import ConfigError
 
 Row = tuple[str, Mapping[str, Any]]
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")

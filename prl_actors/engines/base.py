@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prl_actors.protocol.messages import Prompt
-from prl_actors.weight_errors import IncompatibleWeights as IncompatibleWeights  # re-exported: engines raise it
+from prl_actors.model.errors import IncompatibleWeights as IncompatibleWeights  # re-exported: engines raise it
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Prompt
 
 
 @dataclass

@@ -39,7 +39,7 @@ import concurrent.futures as cf
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
 from prl_actors.envs_llm.base import (
@@ -52,8 +52,10 @@ from prl_actors.envs_llm.base import (
     step_result,
 )
 from prl_actors.envs_llm.pool import DaemonPool
-from prl_actors.envs_llm.render import Renderer
 from prl_actors.protocol.messages import EpisodeStats, Prompt
+
+if TYPE_CHECKING:
+    from prl_actors.envs_llm.render import Renderer
 
 ENV_WAIT_S = 0.05  # longest wait for a tool inside one `step` when no row decodes (the worker's inbox runs between)
 STEP_TIMEOUT_S = 300.0  # one environment step (a tool call) at most: past it the group fails (EnvError)

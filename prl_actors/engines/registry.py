@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from prl_actors.config import Config, ConfigError
-from prl_actors.engines.base import Engine
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+    from prl_actors.engines.base import Engine
 
 
 def make_engine(cfg: Config, model_dir: Path | None) -> Engine:

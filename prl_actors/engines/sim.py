@@ -15,14 +15,16 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from prl_actors.config import Config
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, generate_all
-from prl_actors.protocol.messages import Prompt
 from prl_actors.training.sim import context_of, softmax  # the sim learner's policy: one definition
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+    from prl_actors.protocol.messages import Prompt
 
 
 @dataclass

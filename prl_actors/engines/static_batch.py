@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,7 +39,9 @@ from prl_actors.engines.device_sampling import DeviceSampler
 from prl_actors.engines.graphs import StepRunner
 from prl_actors.engines.sampling import left_pad
 from prl_actors.model.lean import Bucket, LeanDecoder, StaticKV
-from prl_actors.training.behaviour import Behaviour
+
+if TYPE_CHECKING:
+    from prl_actors.training.behaviour import Behaviour
 
 CHUNK = 8
 """Decode steps between two host reads: at most 1/CHUNK host syncs per step; a row that ends inside

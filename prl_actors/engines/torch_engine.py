@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from prl_actors.config import Config, SamplingSection
 from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, IncompatibleWeights, generate_all
 from prl_actors.engines.batching import Finished, RunningBatch
 from prl_actors.engines.sampling import seed_for
@@ -32,8 +31,11 @@ from prl_actors.model.device import resolve_device
 from prl_actors.model.lean import lean_support
 from prl_actors.model.lora import AdapterHooks, is_adapter
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
-from prl_actors.protocol.messages import Prompt
 from prl_actors.training.behaviour import Behaviour
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config, SamplingSection
+    from prl_actors.protocol.messages import Prompt
 
 
 def to_torch(t: Any) -> torch.Tensor:
@@ -150,7 +152,7 @@ class TorchEngine:
         self.lora.clear()
         in_place = self.device.type == "cpu" and all(state[k].dtype == current[k].dtype for k in state)
         # on CPU with the model's dtypes the parameters become the received tensors themselves: no copy,
-        # and same-host workers share one snapshot's pages (weights_shm.py maps it copy-on-write)
+        # and same-host workers share one snapshot's pages (weights/shm.py maps it copy-on-write)
         self.model.load_state_dict(state, strict=True, assign=in_place)
         self.batch.weights_changed()  # the gpu path reads the parameter tensors themselves
         self.version = version

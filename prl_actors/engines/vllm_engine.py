@@ -54,11 +54,10 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prl_actors.config import Config, ConfigError, SamplingSection
 from prl_actors.engines.base import Generated, GeneratedGroup, IncompatibleWeights, OneCallStreaming
 from prl_actors.engines.sampling import seed_for
 from prl_actors.engines.torch_engine import state_mismatch, to_torch
@@ -66,7 +65,11 @@ from prl_actors.engines.vllm_ext import EXTENSION, LOAD_METHOD
 from prl_actors.model.device import resolve_dtype
 from prl_actors.model.lora import META, Adapter, base_fingerprint, is_adapter, parse
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
-from prl_actors.protocol.messages import Prompt
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config, SamplingSection
+    from prl_actors.protocol.messages import Prompt
 
 MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"
 SHM = Path("/dev/shm")

@@ -1,2 +1,2 @@
 """Multi-turn environments and tool calling for language models (docs/TASKS.md, "Writing an
-environment", "Writing a tool"). Not the classic-RL stack (prl_actors/envs/, Gymnasium)."""
+environment", "Writing a tool"). Not the classic-RL stack (prl_actors/classic/envs/, Gymnasium)."""

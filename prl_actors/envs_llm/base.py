@@ -25,10 +25,12 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prl_actors.protocol.messages import Prompt
 from prl_actors.rewards.reward import real
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Prompt
 
 Message = dict[str, Any]
 """A chat message: {"role": "user" | "assistant" | "tool" | "system", "content": str, ...}."""

@@ -16,10 +16,13 @@ and partly its logic, and GRPO has room to make it win in fewer turns (docs/TASK
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from prl_actors.data.builtin import IGNORE
-from prl_actors.envs_llm.base import Message
-from prl_actors.protocol.messages import Prompt
+
+if TYPE_CHECKING:
+    from prl_actors.envs_llm.base import Message
+    from prl_actors.protocol.messages import Prompt
 
 HIGHER, LOWER = "+", "-"
 

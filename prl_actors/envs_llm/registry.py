@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import Config, ConfigError
-from prl_actors.envs_llm.base import EnvFactory
 from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
 from prl_actors.envs_llm.guess import GuessEnv
 from prl_actors.envs_llm.tools import Tool, ToolEnv, tool
 from prl_actors.plugins import load_callable
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+    from prl_actors.envs_llm.base import EnvFactory
 
 RESET_TIMEOUT_S = 30.0  # episode_prompt_ids: an environment's factory + reset at most
 

@@ -20,10 +20,12 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl_actors.envs_llm.base import Message, resolve
-from prl_actors.protocol.messages import Prompt
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Prompt
 
 CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_RESULT_CHARS = 2000  # a tool's answer is cut to this (the context is the model's, not the tool's)

@@ -18,25 +18,29 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from prl_actors.config import Config, ConfigError
 from prl_actors.model.device import resolve_dtype
-from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
-from prl_actors.model.warmstart import warm_start, warm_start_on
 
 # the torch-free half (key, cache, validation), re-exported here
-from prl_actors.model_dirs import BUILDER_VERSION as BUILDER_VERSION
-from prl_actors.model_dirs import STAMP as STAMP
-from prl_actors.model_dirs import builtin_key as builtin_key
-from prl_actors.model_dirs import cache_dir as cache_dir
-from prl_actors.model_dirs import file_lock as _file_lock
-from prl_actors.model_dirs import is_current as _is_current
-from prl_actors.model_dirs import ready_model_dir as ready_model_dir
-from prl_actors.model_dirs import validate_model_dir as validate_model_dir
+from prl_actors.model.dirs import BUILDER_VERSION as BUILDER_VERSION
+from prl_actors.model.dirs import STAMP as STAMP
+from prl_actors.model.dirs import builtin_key as builtin_key
+from prl_actors.model.dirs import cache_dir as cache_dir
+from prl_actors.model.dirs import file_lock as _file_lock
+from prl_actors.model.dirs import is_current as _is_current
+from prl_actors.model.dirs import ready_model_dir as ready_model_dir
+from prl_actors.model.dirs import validate_model_dir as validate_model_dir
+from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from prl_actors.model.warmstart import warm_start, warm_start_on
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 HF_LOAD_LOCK = threading.Lock()
 """Serialises `from_pretrained` within a process. transformers (5.x) disables weight tying during a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from prl_actors.config import ConfigError
+from prl_actors.sections import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 

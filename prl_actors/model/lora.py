@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prl_actors.weight_errors import IncompatibleWeights
+from prl_actors.model.errors import IncompatibleWeights
 
 META = "prl_lora.meta"
 PREFIX = "base_model.model."

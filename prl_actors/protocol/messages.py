@@ -130,7 +130,7 @@ class NoWorkReason(DocEnum):
 
 
 class Phase(DocEnum):
-    """The coordinator's epoch state machine (`status.state`); transitions in actors/phase.py."""
+    """The coordinator's epoch state machine (`status.state`); transitions in coordinator/phase.py."""
 
     WAITING_WEIGHTS = "waiting_weights", "no weights for the next epoch yet (or no buffer)"
     OPENING = "opening", "epoch_open sent, waiting for the buffer's ack"
@@ -176,7 +176,7 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 
 
 class GenerationContract(msgspec.Struct, kw_only=True):
-    """What a worker generates under (actors/contract.py): its sampling settings, group size and token
+    """What a worker generates under (protocol/contract.py): its sampling settings, group size and token
     limits, and the identities of its model and task. A worker registers with its own; the coordinator
     refuses one that differs from the run's in any field and sends the run's in Welcome."""
 
@@ -276,7 +276,7 @@ class EpochStart(Msg, tag="epoch_start", kw_only=True):
     Under run.mode bounded (k >= 1; -1 and [] otherwise): `newest` is the newest published version and
     `step_kls` the trainer's KL(v_i || v_{i+1}) of the steps that made the versions after the floor up
     to `newest` (the last one made `newest`; -1.0 where not known yet): a worker's divergence estimate
-    for `worker.sync_kl_threshold` (actors/pulls.py)."""
+    for `worker.sync_kl_threshold` (weights/pulls.py)."""
 
     groups: int
     newest: int = NONE
@@ -293,7 +293,7 @@ class WorkRequest(Msg, tag="work_request", kw_only=True):
 
 class Prompt(msgspec.Struct, kw_only=True):
     """One group to generate. In a WorkAssign, `ticket` is the coordinator's proof that this group of
-    this epoch was assigned to this worker (actors/tickets.py); the worker returns it with the group."""
+    this epoch was assigned to this worker (protocol/tickets.py); the worker returns it with the group."""
 
     group_id: int
     prompt: str
@@ -495,7 +495,7 @@ class TrainGroup(Msg, tag="train_group", kw_only=True):
     `generated`: when it was sent, every group of the epoch was in the buffer or on its way in a
     worker's burst (GroupResult.follows): generation is over, so the trainer trains the rest in
     micro-batches as large as its budget allows, and one sharing the host's cores with its workers
-    may take them all (the trainer's schedule: actors/scheduling.py; docs/PROTOCOL.md says why)."""
+    may take them all (the trainer's schedule: trainer/scheduling.py; docs/PROTOCOL.md says why)."""
 
     seq: int
     group: Group
@@ -532,7 +532,7 @@ class WeightsBegin(Msg, tag="weights_begin", kw_only=True):
     """Start of a weight transfer for `version`: the tensors in order, then `chunks` WeightChunk
     messages whose raw bytes (frame 1) concatenate to the tensors' bytes in that order. A fetch reply
     to a worker that proved it shares the publisher's host may instead name `shm_path`, a file in
-    /dev/shm holding those bytes (`chunks` 0); the worker validates it (prl_actors/weights_shm.py)."""
+    /dev/shm holding those bytes (`chunks` 0); the worker validates it (prl_actors/weights/shm.py)."""
 
     tensors: list[TensorMeta]
     total_bytes: int

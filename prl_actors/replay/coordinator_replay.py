@@ -26,10 +26,10 @@ from typing import Any
 
 import msgspec
 
-from prl_actors.actors.runtime import QUIET_TYPES
-from prl_actors.logs import EventLog
 from prl_actors.protocol.messages import GenerationContract, Message, Msg, tag_of
+from prl_actors.records.logs import EventLog
 from prl_actors.replay.events import Event, ReplayError, Run, run_config
+from prl_actors.runtime.core import QUIET_TYPES
 from prl_actors.transport.port import Dest, Inbound
 
 DECISION_EVENTS = frozenset(
@@ -166,9 +166,9 @@ def _cut_short(out: list[Step | Restart], ended: bool) -> None:
 def new_core(run: Run, settings: Event | None = None) -> Any:
     """A fresh CoordinatorCore built from RUN_DIR/config.yaml (with the epoch count the recorded
     coordinator logged, when it did), logging into a CaptureLog."""
-    from prl_actors.actors.coordinator import CoordinatorCore
-    from prl_actors.config import ConfigError
-    from prl_actors.topology import build_core
+    from prl_actors.coordinator.core import CoordinatorCore
+    from prl_actors.launch.topology import build_core
+    from prl_actors.sections import ConfigError
 
     cfg = run_config(run.run_dir)
     if cfg is None:
@@ -183,7 +183,7 @@ def new_core(run: Run, settings: Event | None = None) -> Any:
     if settings and settings.get("contract") is not None:  # the run's, as logged: who may join does not
         core.s.contract = msgspec.convert(settings["contract"], GenerationContract)  # depend on today's files
     if core.eval_plan is not None:  # evaluation: what the recorded coordinator had done, and no files written
-        from prl_actors.evaluation import MemoryEvalSink
+        from prl_actors.coordinator.evaluation import MemoryEvalSink
 
         core.eval_plan.done = {int(e) for e in (settings or {}).get("eval_done", [])}
         core.eval_sink = MemoryEvalSink()

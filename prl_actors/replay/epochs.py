@@ -13,9 +13,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from prl_actors.replay.events import Event, Run
 from prl_actors.replay.spans import BUSY_SPANS, Span, Track, intersect, intervals, lifetime, total
+
+if TYPE_CHECKING:
+    from prl_actors.replay.events import Event, Run
 
 SETUP = -1
 

@@ -96,7 +96,8 @@ class Run:
 
 def run_config(run_dir: Path) -> Config | None:
     """The resolved config `up` wrote to RUN_DIR/config.yaml, or None when there is none."""
-    from prl_actors.config import ConfigError, load_config
+    from prl_actors.config import load_config
+    from prl_actors.sections import ConfigError
 
     path = run_dir / "config.yaml"
     if not path.exists():

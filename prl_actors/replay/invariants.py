@@ -8,7 +8,7 @@
 - exactly-once: no (epoch, group id) is trained twice (nor accepted twice by the buffer), and every
   epoch that has an `optimizer_step` trained all of its groups 0..B-1; in a completed run every
   opened epoch was stepped (an epoch cut short by a stop and redone after `--resume` counts once);
-  with dynamic sampling (actors/dynamic_sampling.py) an epoch's groups are those the buffer
+  with dynamic sampling (training/dynamic_sampling.py) an epoch's groups are those the buffer
   accepted: each one it filtered (`group_filtered`: rewards all equal) is never trained, every other
   is trained once, and no more than B are trained;
 - one-step (one published version per epoch): at most one `optimizer_step` event per epoch, each

@@ -8,7 +8,7 @@ only from the trainer: the others are stream markers and replies) or, for sender
    before t_r + GRACE_S (P killed outright right after logging it: the reply never left); or P
    logged receiving R at t_p, never replied, and P stopped before t_p + GRACE_S; or P never logged
    R and A or P stopped before t + GRACE_S (sent to, or by, an actor shutting down);
-3. else P logged, in a `refusals` summary (actors/refusals.py: refusals past the first ones are not
+3. else P logged, in a `refusals` summary (runtime/refusals.py: refusals past the first ones are not
    logged one by one), a refusal of this type from this sender (or from sender "*": names folded)
    that no other request has taken.
 Anything else is a violation, named by which of the three cases it is. "Stopped" is `ending_time`:

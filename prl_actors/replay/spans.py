@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.replay.events import Event, Run
+if TYPE_CHECKING:
+    from prl_actors.replay.events import Event, Run
 
 Interval = tuple[float, float]
 BUSY_SPANS = {

@@ -8,8 +8,12 @@ member joins / leaves. The lines under the table name every join, leave, requeue
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prl_actors.replay.epochs import SETUP, EpochStats
-from prl_actors.replay.events import Run
+
+if TYPE_CHECKING:
+    from prl_actors.replay.events import Run
 
 HEADER = (
     f"{'epoch':>5} {'ver':>4} {'wall_s':>7} {'gen_s':>6} {'train_s':>7} {'overlap':>7} "

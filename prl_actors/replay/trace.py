@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl_actors.replay.epochs import SETUP, Window, windows
-from prl_actors.replay.events import Event, Run
 from prl_actors.replay.spans import BUSY_SPANS, Span, gaps, intervals, lifetime, pair_spans
+
+if TYPE_CHECKING:
+    from prl_actors.replay.events import Event, Run
 
 INSTANTS = frozenset(
     {

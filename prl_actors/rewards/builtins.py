@@ -12,10 +12,12 @@ r"""Built-in rewards, by name in `task.rewards: [{fn: NAME}]`. Each takes one Re
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl_actors.rewards.math_answer import extract_answer, has_final_answer_form, numbers
-from prl_actors.rewards.record import RewardInput
+
+if TYPE_CHECKING:
+    from prl_actors.rewards.record import RewardInput
 
 
 def math_answer(record: RewardInput) -> float:

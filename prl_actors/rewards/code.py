@@ -17,12 +17,14 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl_actors.rewards import sandbox
-from prl_actors.rewards.record import RewardInput
 from prl_actors.rewards.sandbox_values import encode
 from prl_actors.rewards.sandbox_verdict import Split, decode_line, judge, judgeable_here, split_tests
+
+if TYPE_CHECKING:
+    from prl_actors.rewards.record import RewardInput
 
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 FILE_LIMIT = 1 << 20  # bytes any file the program writes may hold

@@ -18,11 +18,13 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prl_actors.rewards.errors import RewardError, RewardStopped
-from prl_actors.rewards.record import RewardInput
-from prl_actors.rewards.reward import Reward
+
+if TYPE_CHECKING:
+    from prl_actors.rewards.record import RewardInput
+    from prl_actors.rewards.reward import Reward
 
 OnError = Literal["fail", "zero"]
 _LOOPS = threading.local()  # one event loop per scoring thread (a worker scores on its actor thread)

@@ -20,10 +20,11 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import RewardSpec
-from prl_actors.rewards.record import RewardInput
+if TYPE_CHECKING:
+    from prl_actors.config import RewardSpec
+    from prl_actors.rewards.record import RewardInput
 
 DEFAULT_TIMEOUT_S = 30.0
 BACKOFF_S = 0.2

@@ -10,13 +10,16 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import ConfigError, RewardSpec, TaskSection
 from prl_actors.plugins import load_callable
 from prl_actors.rewards.builtins import BUILTINS
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import RewardSpec, TaskSection
 
 PLUGIN_TIMEOUT_S = 300.0  # a plugin's (or an async fn reward's) default bound for one group: no wait without a deadline
 

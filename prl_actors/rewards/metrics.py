@@ -13,8 +13,10 @@ trained groups), whatever their arrival order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from prl_actors.protocol.messages import Group, Sample
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group, Sample
 
 EPISODE_KEYS = ("turns", "tool_calls", "tool_errors", "env_tokens", "turn_tokens")
 

@@ -13,10 +13,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import ConfigError, RewardSpec
-from prl_actors.rewards.record import RewardInput
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import RewardSpec
+    from prl_actors.rewards.record import RewardInput
 
 
 @dataclass

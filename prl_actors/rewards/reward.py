@@ -24,11 +24,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl_actors.plugins import STOPPING
 from prl_actors.rewards.errors import RewardError, RewardStopped, origin, trace_of, where
-from prl_actors.rewards.record import RewardInput
+
+if TYPE_CHECKING:
+    from prl_actors.rewards.record import RewardInput
 
 RewardCallable = Callable[..., Any]
 """fn(record) -> float | Awaitable[float]; batched: fn(records) -> list[float] | Awaitable[list[float]]."""

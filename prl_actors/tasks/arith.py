@@ -6,9 +6,13 @@ the sum, else 0.0; no partial credit, so `accuracy` and `reward_mean` coincide.
 
 from __future__ import annotations
 
-from prl_actors.config import Config
+from typing import TYPE_CHECKING
+
 from prl_actors.data.builtin import add_items
 from prl_actors.tasks.base import Task
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 __all__ = ["add_items", "add_reward", "add_task"]  # add_items: data/builtin.py (the warm start uses it too)
 

@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from prl_actors.config import Config, ConfigError
 from prl_actors.data.items import Item
 from prl_actors.data.rows import Row, read_rows
 from prl_actors.rewards import sandbox
 from prl_actors.rewards.builtins import code
 from prl_actors.rewards.combine import RewardSet
 from prl_actors.rewards.reward import Reward
+from prl_actors.sections import ConfigError
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import template
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 SAMPLE = "code_sample.jsonl"
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import Config, ConfigError
 from prl_actors.data.items import AnswerFn, Item, apply_chat_template, build_items
 from prl_actors.data.rows import read_rows
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 
 def load_items(

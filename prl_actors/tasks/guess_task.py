@@ -3,9 +3,13 @@ Its episodes carry their own reward; the task's single-turn reward is never aske
 
 from __future__ import annotations
 
-from prl_actors.config import Config
+from typing import TYPE_CHECKING
+
 from prl_actors.envs_llm.guess import guess_items
 from prl_actors.tasks.base import Task
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 
 def no_single_turn_reward(prompt: str, response: str, answer: str) -> float:

@@ -8,9 +8,14 @@ file and the row. Default reward: exact match after stripping whitespace.
 
 from __future__ import annotations
 
-from prl_actors.config import Config, ConfigError
+from typing import TYPE_CHECKING
+
+from prl_actors.sections import ConfigError
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.tasks.dataset import load_items_and_rows
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 
 def jsonl_task(cfg: Config) -> Task:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import Config, ConfigError
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 BUILTIN_POSITIONS = 256  # model/builtin.py's max_position_embeddings
 

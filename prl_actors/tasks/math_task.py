@@ -13,12 +13,15 @@ bonus is < 1, so `accuracy` (reward >= 1) still counts exactly the correct respo
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
-from prl_actors.config import Config
 from prl_actors.data.builtin import sample_file
 from prl_actors.rewards.math_answer import canonical, extract_answer, has_final_answer_form, numbers
 from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import load_items_and_rows
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 SAMPLE = "math_sample.jsonl"
 

@@ -7,8 +7,12 @@ inference worker (e.g. installed, or on PYTHONPATH).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prl_actors.plugins import load_callable
-from prl_actors.tasks.base import RewardFn
+
+if TYPE_CHECKING:
+    from prl_actors.tasks.base import RewardFn
 
 
 def load_reward(spec: str) -> RewardFn:

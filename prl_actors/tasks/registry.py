@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from prl_actors.config import Config, ConfigError
 from prl_actors.rewards.load import PLUGIN_TIMEOUT_S, configure
+from prl_actors.sections import ConfigError
 from prl_actors.tasks.arith import add_task
-from prl_actors.tasks.base import Task
 from prl_actors.tasks.code_task import code_task
 from prl_actors.tasks.guess_task import guess_task
 from prl_actors.tasks.jsonl import jsonl_task
@@ -17,6 +16,10 @@ from prl_actors.tasks.math_task import math_task
 from prl_actors.tasks.plugins import load_reward
 from prl_actors.tasks.shaping import Overlong
 from prl_actors.tasks.sim import sim_task
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+    from prl_actors.tasks.base import Task
 
 TASKS: dict[str, Callable[[Config], Task]] = {
     "add": add_task,
@@ -94,7 +97,7 @@ def _check_options(cfg: Config) -> None:
 def check_resume(cfg: Config, task: Task) -> None:
     """Refuse to resume from a checkpoint whose data identity differs (a changed file, seed, B, ...)."""
     from prl_actors.data import position
-    from prl_actors.rundir import CheckpointError, RunDir
+    from prl_actors.records.rundir import CheckpointError, RunDir
 
     try:
         ckpt = RunDir(cfg.run.run_dir).latest_checkpoint()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from prl_actors.config import Config
+from typing import TYPE_CHECKING
+
 from prl_actors.tasks.base import Task, exact_match
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
 
 
 def sim_task(cfg: Config) -> Task:

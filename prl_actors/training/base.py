@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from prl_actors.protocol.messages import Group
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group
 
 
 class Learner(Protocol):

@@ -23,11 +23,11 @@ import torch
 from transformers import PreTrainedModel
 
 from prl_actors.model.builtin import from_pretrained, quiet_progress
-from prl_actors.rundir import OPTIMIZER_STATE
+from prl_actors.records.rundir import OPTIMIZER_STATE
 from prl_actors.training import lora
 
 STATE_FILE = "trainer_state.pt"
-OPTIMIZER_FILE = OPTIMIZER_STATE  # only the newest checkpoint keeps it (rundir.py)
+OPTIMIZER_FILE = OPTIMIZER_STATE  # only the newest checkpoint keeps it (records/rundir.py)
 MODEL_DIR = "model"
 
 

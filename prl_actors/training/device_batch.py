@@ -22,10 +22,12 @@ position) order, as `packing.ModelBatch`, so both training paths compare element
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from prl_actors.protocol.messages import Group, Sample
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group, Sample
 
 ALIGN = 16
 """Row width is a multiple of this (kernel-friendly shapes; fewer distinct shapes for the allocator)."""

@@ -22,13 +22,15 @@ log-sum-exp and the output in float32 (float64 for a float64 model), as behaviou
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from prl_actors.training.behaviour import Behaviour, behaviour_logprobs
-from prl_actors.training.device_batch import DeviceBatch
 from prl_actors.training.losses import optional_entropy
+
+if TYPE_CHECKING:
+    from prl_actors.training.device_batch import DeviceBatch
 
 VOCAB_CHUNK = 8192
 """Vocabulary rows per chunk of the head (the Qwen2.5 vocabulary, 151,936 rows: 19 chunks)."""

@@ -25,18 +25,20 @@ Not covered (they work, with per-sample host ops): the repetition penalty's cont
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from prl_actors.model.memory import activation_bytes_per_token, token_budget
-from prl_actors.protocol.messages import Group
 from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.device_batch import DeviceBatch, allowed_mask, build
 from prl_actors.training.device_forward import attention_mask, device_logprobs
-from prl_actors.training.epoch_stats import EpochStats
 from prl_actors.training.losses import clip_sides, engine_is_weights, kl_estimate, token_weights
 from prl_actors.training.trimodel import TriLogprobs
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group
+    from prl_actors.training.epoch_stats import EpochStats
 
 SUMS = (
     "loss_sum",

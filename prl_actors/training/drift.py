@@ -1,6 +1,6 @@
 """The step's drift for bounded mode's pull policy: KL(v_e || v_{e+1}) of one optimizer step.
 
-`worker.sync_kl_threshold` (actors/pulls.py) needs, for each published version, how far the policy
+`worker.sync_kl_threshold` (weights/pulls.py) needs, for each published version, how far the policy
 moved in the step that made it. The trainer measures it on a probe: the first PROBE_GROUPS groups it
 received in the epoch (their prompts and sampled tokens, as trained), scored without gradients by the
 policy before the step (v_e) and after it (v_{e+1}); the step's KL is the mean over their model tokens
@@ -13,14 +13,16 @@ epoch's B forwards and backwards for B >> PROBE_GROUPS); the loss, gradients and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prl_actors.protocol.messages import Group
 from prl_actors.training.behaviour import response_contexts
 from prl_actors.training.losses import k3_kl
 from prl_actors.training.packing import collate, response_logprobs
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group
 
 PROBE_GROUPS = 2
 

@@ -42,17 +42,17 @@ import contextlib
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import PreTrainedModel
 
-from prl_actors.config import GREEDY_REFUSED, Config, ConfigError
+from prl_actors.config import GREEDY_REFUSED, Config
 from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
-from prl_actors.protocol.messages import Group
+from prl_actors.sections import ConfigError
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
@@ -75,6 +75,9 @@ from prl_actors.training.losses import (
 from prl_actors.training.minibatch import EpochRun, MinibatchPlan, lr_factor
 from prl_actors.training.packing import ModelBatch, collate, response_logprobs
 from prl_actors.training.trimodel import TriLogprobs, TriModel
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -459,7 +462,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
 
     def _synchronise(self) -> None:
         """Before the scaling: make the gradients and `stats` the whole epoch's. One process holds
-        them already; a distributed rank (training/rank_learner.py) sums them over its group."""
+        them already; a distributed rank (trainer/rank_learner.py) sums them over its group."""
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A CPU snapshot (copies) of the policy's named tensors, floating ones cast to model.dtype

@@ -16,12 +16,14 @@ way may leave partial gradients, so the trainer checks the gradients before ever
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prl_actors.protocol.messages import Group
 from prl_actors.training.epoch_stats import EpochStats
+
+if TYPE_CHECKING:
+    from prl_actors.protocol.messages import Group
 
 
 class GuardedGRPO:

@@ -17,14 +17,17 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
 
-from prl_actors.config import ConfigError, LoraSection
 from prl_actors.model.builtin import from_pretrained, quiet_progress
 from prl_actors.model.lora import META, linear_shape, meta_tensor
+from prl_actors.sections import ConfigError
+
+if TYPE_CHECKING:
+    from prl_actors.config import LoraSection
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from prl_actors.config import Config
-from prl_actors.protocol.messages import Group
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+    from prl_actors.protocol.messages import Group
 
 
 def context_of(prompt: str) -> int:

@@ -38,8 +38,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from prl_actors.files import write_private
 from prl_actors.protocol.messages import Role, role_prefix
+from prl_actors.records.files import write_private
 
 if TYPE_CHECKING:
     from prl_actors.config import Config

@@ -1,0 +1,186 @@
+"""Hosting the learner's actor core in the learner process, and calling into it from the main thread.
+
+The main thread (a PPO loop) never touches the core's state: `Hub.call(fn)` queues `fn(now, done)` as
+a `Deferred` item in the actor's inbox and blocks until the core calls `done(result)` (or the timeout
+passes, which is an `EnvUnavailable` error with the reason). Env actors are started here too
+(`start_env_actor`), in this process over inproc:// for tests, or one per OS process (launch/classic.py).
+
+Trust (docs/SECURITY.md): on tcp/ipc the learner's ROUTER is a CurveZMQ server with the `learner` key
+and every env actor a client with its own key (`env-N`, else the `env` role key) from the run's key
+directory; the role checks of `Core.forbidden` and the hop table cover the env messages as any other.
+Arrays and policy chunks share one socket per env actor, so its frames are bounded by `ENV_FRAME_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import zmq
+
+from prl_actors.classic.env_actor import EnvActorSettings, EnvCore
+from prl_actors.classic.envkit.local import SlotEnvs, make_env
+from prl_actors.classic.learner import LearnerCore
+from prl_actors.classic.learner_acting import LearnerSettings
+from prl_actors.records.logs import EventLog
+from prl_actors.runtime.core import ActorHost, Deferred
+from prl_actors.transport.auth import KeyStore, Security, close_context
+from prl_actors.transport.port import Limits
+
+if TYPE_CHECKING:
+    from prl_actors.config import Config
+
+ENV_FRAME_BYTES = 64 << 20  # largest frame on the env plane (a segment's obs array, a policy chunk)
+
+
+def env_transport(cfg: Config, name: str) -> tuple[Security | None, Limits]:
+    """The CurveZMQ settings (None: transport.auth none, or inproc) and frame bounds of the env-plane
+    actor `name` (the learner, or an env actor)."""
+    _, bulk = cfg.message_limits()
+    limits = Limits(max_msg_bytes=max(bulk, ENV_FRAME_BYTES))
+    if not cfg.authenticated():
+        return None, limits
+    security = Security(KeyStore(cfg.keys_path()), name)
+    security.store.public("learner")  # a missing key file is a clear error here, not in the port thread
+    return security, limits
+
+
+class EnvUnavailable(RuntimeError):
+    """A vector call could not finish (no env actor, or the learner core stopped)."""
+
+
+def learner_settings(cfg: Config, mode: str | None = None) -> LearnerSettings:
+    """The learner core's settings from the config (the spaces from one local env instance)."""
+    env = _env_section(cfg)
+    probe = make_env(env.env_id)
+    try:
+        space = probe.observation_space
+        shape, dtype = tuple(int(d) for d in space.shape), str(space.dtype)
+    finally:
+        probe.close()
+    return LearnerSettings(
+        run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
+        mode=mode or env.mode,
+        env_id=env.env_id,
+        num_envs=env.num_envs,
+        obs_shape=shape,
+        obs_dtype=dtype,
+        address=cfg.address("learner"),
+        seed=cfg.run.seed,
+        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+        heartbeat_timeout_s=cfg.coordinator.heartbeat_timeout_s,
+        step_timeout_s=env.step_timeout_s,
+        wait_actors=max(1, env.actors),
+        wait_actors_s=env.wait_actors_s,
+        steps_per_segment=env.ppo.num_steps,
+        chunk_bytes=cfg.publisher.chunk_bytes,
+        round_timeout_s=env.round_timeout_s,
+    )
+
+
+def _env_section(cfg: Config) -> Any:
+    if cfg.env is None:
+        raise ValueError("the config has no `env` section (see configs/cartpole.yaml)")
+    return cfg.env
+
+
+class Hub:
+    """The learner core running in this process (binds the learner address)."""
+
+    def __init__(
+        self,
+        settings: LearnerSettings,
+        ctx: zmq.Context | None = None,  # type: ignore[type-arg]
+        log_dir: Path | None = None,
+        security: Security | None = None,
+        limits: Limits = Limits(),
+    ) -> None:
+        self.own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        log = EventLog("learner", "learner", (log_dir / "learner.jsonl") if log_dir else None)
+        log("actor_start", pid=os.getpid(), host=socket.gethostname(), address=settings.address)
+        self.core = LearnerCore("learner", log, settings)
+        _ipc_dir(settings.address)
+        ref = ActorHost.start(self.core, self.ctx, settings.address, {}, limits=limits, security=security)
+        host = ref._actor_weakref()
+        assert host is not None
+        self.host: ActorHost = host
+        self._started()
+
+    def _started(self, timeout_s: float = 30.0) -> None:
+        """Wait until the core runs; a port that cannot bind (address in use) is a clear error."""
+        fut: Future[bool] = Future()
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.host.actor_ref.tell(Deferred(lambda now: fut.set_result(True)))
+        deadline = time.monotonic() + timeout_s
+        while not fut.done() and not self.host.done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.host.error or not fut.done():  # on_start records a failed bind before any inbox item runs
+            raise EnvUnavailable(f"the learner cannot start: {self.host.error or 'no answer'}")
+
+    def call(self, fn: Callable[[float, Callable[[Any], None]], None], timeout_s: float, what: str) -> Any:
+        """Run `fn(now, done)` in the core's thread; return what it passes to `done`."""
+        fut: Future[Any] = Future()
+
+        def run(now: float) -> None:
+            try:
+                fn(now, fut.set_result)
+            except Exception as exc:
+                fut.set_exception(exc)
+
+        self.tell(run)
+        try:
+            return fut.result(timeout_s)
+        except FutureTimeout:
+            raise EnvUnavailable(
+                f"{what} did not finish within {timeout_s:g}s: no env actor answered "
+                f"({len(self.core.live())} registered); is `prl-actors actor env` running?"
+            ) from None
+
+    def tell(self, fn: Callable[[float], None]) -> None:
+        if self.host.done.is_set():
+            raise EnvUnavailable(f"the learner core has stopped ({self.host.error or 'finished'})")
+        self.host.actor_ref.tell(Deferred(fn))
+
+    def close(self, reason: str = "finished", timeout_s: float = 5.0) -> None:
+        if not self.host.done.is_set():
+            self.tell(lambda now: self.core.finish(reason))
+            self.host.done.wait(timeout_s)
+        if self.own_ctx and self.host.done.is_set():  # never under a live core: libzmq would abort
+            close_context(self.ctx)
+
+
+def _ipc_dir(address: str) -> None:
+    if address.startswith("ipc://"):
+        Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
+
+
+def start_env_actor(name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None) -> ActorHost:  # type: ignore[type-arg]
+    """Build and start one env actor (connects to the learner); returns its host."""
+    env = _env_section(cfg)
+    log = EventLog(name, "env", (log_dir / f"{name}.jsonl") if log_dir else None)
+    log("actor_start", pid=os.getpid(), host=socket.gethostname(), address="")
+    settings = EnvActorSettings(
+        seed=cfg.run.seed,
+        sync_kl_threshold=env.sync_kl_threshold,
+        kl_obs_per_env=env.kl_obs_per_env,
+        fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
+        learner_timeout_s=env.learner_timeout_s,
+    )
+    core = EnvCore(name, log, SlotEnvs(), settings)
+    peers = {"learner": cfg.address("learner")}
+    security, limits = env_transport(cfg, name)
+    heartbeat_s = cfg.coordinator.heartbeat_interval_s
+    ref = ActorHost.start(core, ctx, None, peers, heartbeat_s=heartbeat_s, limits=limits, security=security)
+    host = ref._actor_weakref()
+    assert host is not None
+    return host

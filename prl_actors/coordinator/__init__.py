@@ -1,0 +1,1 @@
+"""The Coordinator process: epochs, membership, assignment of groups to workers, evaluation."""

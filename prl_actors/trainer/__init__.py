@@ -1,0 +1,1 @@
+"""The Trainer process: consumes the buffer's stream in arrival order, one published version per epoch."""

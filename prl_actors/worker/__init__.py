@@ -1,0 +1,1 @@
+"""The InferenceWorker process: holds one weight version, pulls work for it, generates and scores groups."""
