@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.replay import load_run
 from prl_actors.replay.epochs import windows
 from prl_bench.logspans import epoch_phases, run_phases
@@ -227,66 +227,3 @@ def test_a_run_started_by_the_bench_ends_when_the_bench_does(tmp_path: Path, how
     if left:
         os.kill(child, signal.SIGKILL)
     assert not left, f"the run outlived the bench ({how.name})"
-
-
-def test_the_schedule_model_releases_backwards_only_with_the_whole_group() -> None:
-    """bench/prl_bench/schedule_model.py on a hand-made epoch: generation ends at 1.0 s; group 0's
-    samples are done at 0.2 and 0.5 s, group 1's at 0.3 and 1.0 s. A group's backward waits for the
-    group, a sample's forward only for the sample; after 1.0 s the work runs `tail` times as fast."""
-    from prl_bench.schedule_model import Epoch, schedule
-
-    epoch = Epoch(
-        gen_s=1.0,
-        sample_done={(0, 0): 0.2, (0, 1): 0.5, (1, 0): 0.3, (1, 1): 1.0},
-        group_done={0: 0.5, 1: 1.0},
-        forward_s={(0, 0): 0.1, (0, 1): 0.1, (1, 0): 0.1, (1, 1): 0.1},
-        backward_s={0: 0.2, 1: 0.4},
-    )
-    assert epoch.train_s == pytest.approx(1.0)
-    # group level: 0.4 s from 0.5, then group 1's 0.6 s from 1.0: all after generation
-    assert schedule(epoch, sample_level=False, tail=1.0) == pytest.approx(1.6)
-    assert schedule(epoch, sample_level=False, tail=2.0) == pytest.approx(1.3)
-    # sample level: every forward but the last sample's before 1.0; then 0.1 + 0.4 s at the tail speed
-    assert schedule(epoch, sample_level=True, tail=1.0) == pytest.approx(1.5)
-    assert schedule(epoch, sample_level=True, tail=2.0) == pytest.approx(1.25)
-    # reference early (half of each forward): the four 0.05 s reference jobs from each sample's end,
-    # the groups' 0.3 and 0.5 s at theirs: 0.25, 0.35, 0.55, 0.85, then 1.05 and 1.55
-    epoch.reference_s = {k: 0.05 for k in epoch.forward_s}
-    assert schedule(epoch, False, tail=1.0, reference_early=True, early_cost=1.0) == pytest.approx(1.55)
-    assert schedule(epoch, False, tail=1.0, reference_early=True, early_cost=2.0) == pytest.approx(1.6)
-
-
-@pytest.mark.parametrize("way", ["reencoded", "cached", "prefix_blocks"])
-def test_a_groups_samples_forwarded_in_pieces_give_the_packed_log_probs_and_gradients(way: str) -> None:
-    """bench/prl_bench/sample_forwards.py: the prototypes whose cost BENCHMARKS section 11 reports give
-    the trainer's packed group's log-probs and gradients, k samples per call. A float64 model, but
-    Qwen2's RMSNorm runs in float32 inside it, so differently grouped sums agree to float32 precision
-    (a wrong mask or a lost prompt gradient is off by orders of magnitude more)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from prl_actors.model.block_attention import use_blocks
-    from prl_bench.sample_forwards import WAYS, packed
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa",
-    )  # fmt: skip
-    model = Qwen2ForCausalLM(config).double()
-    assert use_blocks(model)
-    prompt = torch.randint(0, 64, (11,)).tolist()
-    responses = [torch.randint(0, 64, (n,)).tolist() for n in (1, 5, 9, 2, 7)]
-
-    def run(fn: object) -> tuple[torch.Tensor, torch.Tensor]:
-        model.zero_grad(set_to_none=True)
-        logp = fn()  # type: ignore[operator]
-        logp.sum().backward()
-        return logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-
-    want, want_grad = run(lambda: packed(model, prompt, responses))
-    for k in (1, 3, 5):
-        got, got_grad = run(lambda k=k: WAYS[way](model, prompt, responses, k))
-        assert got.shape == want.shape
-        assert torch.allclose(got, want, atol=1e-6, rtol=0), (k, float((got - want).abs().max()))
-        assert torch.allclose(got_grad, want_grad, atol=1e-5, rtol=1e-5), (k, float((got_grad - want_grad).abs().max()))
