@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from prl_actors.model.errors import IncompatibleWeights as IncompatibleWeights  # re-exported: engines raise it
 
@@ -85,6 +85,21 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class NotingEngine(Protocol):
+    """An engine that learns facts about how it runs (the torch engine: which decode attention a
+    model got, and why) and hands each over once, as an event name and its fields."""
+
+    def drain_notes(self) -> list[tuple[str, dict[str, Any]]]: ...
+
+
+@runtime_checkable
+class ContextLimited(Protocol):
+    """An engine that knows the longest context its model takes (None: no limit known)."""
+
+    max_context: int | None
+
+
 class EngineBusy(RuntimeError):
     """Weights cannot change while groups are generating (one version per batch)."""
 
@@ -93,8 +108,7 @@ def engine_notes(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
     """Facts an engine learned about how it runs (an event name and its fields, each said once), for
     the worker to log: an engine may offer `drain_notes()` (the torch engine: which decode attention
     a model got, and why); others have none."""
-    drain = getattr(engine, "drain_notes", None)
-    return list(drain()) if callable(drain) else []
+    return list(engine.drain_notes()) if isinstance(engine, NotingEngine) else []
 
 
 def generate_all(engine: Engine, prompts: list[Prompt], group_size: int) -> list[GeneratedGroup]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from prl_actors.engines.base import ContextLimited
 from prl_actors.engines.batching import _mix64
 from prl_actors.engines.multiturn import Turn, TurnOut
 from prl_actors.engines.sampling import seed_for
@@ -34,7 +35,7 @@ class VllmTurns:
     def __init__(self, engine: Any, max_turn_tokens: int) -> None:
         self.engine, self.max_turn_tokens = engine, max_turn_tokens
         self.queued: list[Turn] = []
-        self.max_context: int | None = engine.max_context if hasattr(engine, "max_context") else None
+        self.max_context: int | None = engine.max_context if isinstance(engine, ContextLimited) else None
 
     @property
     def version(self) -> int:

@@ -31,12 +31,15 @@ from prl_actors.records.rundir import RunDir
 from prl_actors.runtime.core import ActorHost, Core, StartFailed, one_line
 from prl_actors.runtime.threads import ThreadPlan, local_workers, set_torch_threads, threads_for
 from prl_actors.trainer.core import TrainerCore
+from prl_actors.training.base import FatalReporting
 from prl_actors.transport.auth import KeyStore, Security
 from prl_actors.transport.port import ROUTER, Limits
 from prl_actors.worker.core import WorkerCore
 
 if TYPE_CHECKING:
     from prl_actors.config import Config
+    from prl_actors.engines.base import Engine
+    from prl_actors.training.base import Learner
 
 PEERS = {
     "coordinator": (),
@@ -136,7 +139,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             max_staleness=cfg.run.staleness_bound(),
             drift_probe=cfg.worker.sync_kl_threshold is not None,
         )
-        if hasattr(learner, "on_fatal"):  # a trainer group (trainer/distributed.py): a lost rank fails the actor
+        if isinstance(learner, FatalReporting):  # a trainer group (trainer/distributed.py): a lost rank fails the actor
             learner.on_fatal = core.fail
         return core
     if role == "worker":
@@ -177,7 +180,7 @@ def _eval_parts(cfg: Config, task: Any, run_dir: Path, quiet: bool) -> tuple[Any
     return plan, RunDir(run_dir, echo=not quiet)
 
 
-def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
+def _make_learner(cfg: Config) -> Learner:
     if cfg.trainer.learner == "sim":
         from prl_actors.training.sim import SimLearner
 
@@ -191,7 +194,7 @@ def _make_learner(cfg: Config):  # type: ignore[no-untyped-def]
     return GRPOLearner(cfg, model_dir(cfg))
 
 
-def _make_engine(cfg: Config):  # type: ignore[no-untyped-def]
+def _make_engine(cfg: Config) -> Engine:
     if cfg.worker.engine == "sim":
         from prl_actors.engines.sim import SimEngine
 

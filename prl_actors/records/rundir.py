@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prl_actors.protocol.messages import EVAL_ID_BASE, EvalGroup
 from prl_actors.records.logs import console
@@ -88,6 +88,34 @@ class TrainerSink(Protocol):
         """The newest complete, intact checkpoint, if any; `on_skip(path, why)` hears of each newer
         one that is damaged. Raises CheckpointError when there are checkpoints but none is intact."""
         ...
+
+
+@runtime_checkable
+class WarningSink(Protocol):
+    """A sink that shows the user a warning line (the run directory: the console and a log)."""
+
+    def warn(self, line: str) -> None: ...
+
+
+@runtime_checkable
+class RollbackSink(Protocol):
+    """A sink that can drop what it recorded past a resumed version (metrics rows of redone epochs)."""
+
+    def rollback(self, version: int) -> None: ...
+
+
+@runtime_checkable
+class FinalModelSink(Protocol):
+    """A sink that keeps the run's final model: `write(out, model_dir)` fills it; None: none kept."""
+
+    def final_model(self, write: Callable[[Path, Path], None]) -> Path | None: ...
+
+
+@runtime_checkable
+class CompletionSink(Protocol):
+    """A sink that records sampled completions (run.log_completions)."""
+
+    def completions(self, rows: list[dict[str, Any]]) -> None: ...
 
 
 def epoch_line(row: Mapping[str, Any]) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,11 +58,13 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.protocol.versions import on_policy, staleness, version_for, within_bound
+from prl_actors.records.rundir import CompletionSink, FinalModelSink, RollbackSink, WarningSink
 from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.runtime.core import Core, handles, one_line
 from prl_actors.runtime.faults import kill_point
 from prl_actors.trainer.completions import CompletionPicker
 from prl_actors.trainer.scheduling import TrainerSchedule
+from prl_actors.training.base import ClosingLearner, IsolatingLearner, NonfiniteGuard
 from prl_actors.training.drift import PROBE_GROUPS, epoch_start_model, probe_logprobs, step_kl
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights.shm import ShmReader, ShmUnavailable, write_snapshot
@@ -139,9 +142,8 @@ class TrainerCore(Core):
             # also without one (a core restarted before the first checkpoint): replay drops what the
             # dead core trained past this version (replay/invariants.py `_kept`)
             self.log("resumed", checkpoint=str(ckpt or ""), new_version=self.learner.version)
-            rollback = getattr(self.sink, "rollback", None)
-            if rollback is not None:  # epochs past the checkpoint (a damaged newer one) are redone
-                rollback(self.learner.version)
+            if isinstance(self.sink, RollbackSink):  # epochs past the checkpoint (a damaged newer one) are redone
+                self.sink.rollback(self.learner.version)
         self.version = self.learner.version
         self.register()
         self.emit(Dest.peer("buffer"), Credit(n=self.credits))
@@ -270,16 +272,17 @@ class TrainerCore(Core):
         cause = one_line(exc)
         self.count("train_failed")
         self.log("train_failed", error=cause, groups=[m.group.group_id for m in suspects])
-        if not hasattr(self.learner, "train_one"):
+        learner = self.learner
+        if not isinstance(learner, IsolatingLearner):
             self.fail(f"training epoch {self.epoch} failed: {cause} (this learner cannot retry groups alone)")
             return
-        self.learner.drop_pending()  # type: ignore[attr-defined]
+        learner.drop_pending()
         refused = 0
         for m in suspects:
             try:
-                self._train(lambda m=m: self.learner.train_one(m.group), group_id=m.group.group_id)  # type: ignore[misc]
+                self._train(partial(learner.train_one, m.group), group_id=m.group.group_id)
             except Exception as alone:
-                self.learner.forget(m.group)  # type: ignore[attr-defined]
+                learner.forget(m.group)
                 self._refuse(m, one_line(alone))
                 refused += 1
             else:
@@ -305,14 +308,15 @@ class TrainerCore(Core):
 
     def _guarded_step(self) -> dict[str, float] | None:
         """The epoch's step, unless the loss or a gradient is non-finite (trainer.on_nonfinite)."""
-        check = getattr(self.learner, "nonfinite_cause", None)
-        cause = check() if check is not None else ""
+        learner = self.learner
+        cause = learner.nonfinite_cause() if isinstance(learner, NonfiniteGuard) else ""
         if not cause:
-            return self.learner.step()
+            return learner.step()
         self.count("nonfinite")
         self.log("step_nonfinite", cause=cause, policy=self.on_nonfinite)
         if self.on_nonfinite == "skip":
-            return self.learner.skip_step()  # type: ignore[attr-defined,no-any-return]
+            assert isinstance(learner, NonfiniteGuard)  # a cause came from its nonfinite_cause
+            return learner.skip_step()
         self.fail(f"epoch {self.epoch}: {cause}; no step taken, no weights published (trainer.on_nonfinite: fail)")
         return None
 
@@ -325,9 +329,9 @@ class TrainerCore(Core):
             return
         self.no_signal_run += 1
         self.log("no_signal", epochs_in_a_row=self.no_signal_run)
-        warn = getattr(self.sink, "warn", None)
-        if warn is None:
+        if not isinstance(self.sink, WarningSink):
             return
+        warn = self.sink.warn
         if self.no_signal_run == self.no_signal_epochs:
             warn(
                 f"warning: {self.no_signal_run} epochs in a row without learning signal: every group had equal "
@@ -474,9 +478,9 @@ class TrainerCore(Core):
     def _final_model(self) -> None:
         """The learner's published weights (model.dtype) as RUN_DIR/final; a failure is logged, the
         run's checkpoints stay."""
-        final = getattr(self.sink, "final_model", None)
-        if final is None:
+        if not isinstance(self.sink, FinalModelSink):
             return
+        final = self.sink.final_model
 
         def write(out: Path, model_dir: Path) -> None:  # called only for a full model's checkpoint
             from prl_actors.training.checkpoint import export_final
@@ -493,14 +497,12 @@ class TrainerCore(Core):
 
     def close(self) -> None:
         """A learner that holds resources (a trainer rank group) releases them."""
-        close = getattr(self.learner, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self.learner, ClosingLearner):
+            self.learner.close()
 
     def sink_completions(self, rows: list[dict[str, Any]]) -> None:
-        write = getattr(self.sink, "completions", None)
-        if rows and write is not None:
-            write(rows)
+        if rows and isinstance(self.sink, CompletionSink):
+            self.sink.completions(rows)
 
     def _checkpoint(self) -> None:
         v = self.learner.version

@@ -11,17 +11,19 @@ With trainer.num_minibatches M > 1 the GRPO learner may also take optimizer step
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from prl_actors.protocol.messages import Group
 
 
 class Learner(Protocol):
-    version: int
-    """Version of the current policy weights; `step` increments it by exactly one."""
+    @property
+    def version(self) -> int:
+        """Version of the current policy weights; `step` increments it by exactly one."""
+        ...
 
     def begin_epoch(self, epoch: int, n_groups: int) -> None: ...
 
@@ -50,3 +52,44 @@ class Learner(Protocol):
     def save_checkpoint(self, path: Path) -> None: ...
 
     def load_checkpoint(self, path: Path) -> None: ...
+
+
+@runtime_checkable
+class IsolatingLearner(Protocol):
+    """A learner whose failed micro-batch the trainer can retry group by group (training/guard.py):
+    `drop_pending` forgets the queue, `train_one` trains exactly one group now, `forget` takes a
+    refused group's stats out of the epoch."""
+
+    def drop_pending(self) -> None: ...
+
+    def train_one(self, group: Group) -> object: ...
+
+    def forget(self, group: Group) -> None: ...
+
+
+@runtime_checkable
+class NonfiniteGuard(Protocol):
+    """A learner that checks its loss and gradients before the step (trainer.on_nonfinite)."""
+
+    def nonfinite_cause(self) -> str:
+        """Why the epoch's step must not happen (a non-finite loss or gradient), or ""."""
+        ...
+
+    def skip_step(self) -> dict[str, float]:
+        """No update, gradients dropped, version + 1; the epoch's metrics with `skipped`."""
+        ...
+
+
+@runtime_checkable
+class ClosingLearner(Protocol):
+    """A learner that holds resources (a trainer rank group) and releases them on `close`."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class FatalReporting(Protocol):
+    """A learner that can fail its actor from outside a call (a trainer group's lost rank):
+    the trainer sets `on_fatal` to its `fail`."""
+
+    on_fatal: Callable[[str], None]

@@ -13,7 +13,8 @@ epoch's B forwards and backwards for B >> PROBE_GROUPS); the loss, gradients and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -23,25 +24,45 @@ from prl_actors.training.packing import collate, response_logprobs
 
 if TYPE_CHECKING:
     from prl_actors.protocol.messages import Group
+    from prl_actors.trainer.config import TrainerSection
+    from prl_actors.training.trimodel import TriModel
 
 PROBE_GROUPS = 2
 
 
-def epoch_start_model(learner: Any) -> torch.nn.Module:
+@runtime_checkable
+class ProbedLearner(Protocol):
+    """What the probe reads of a learner (the GRPO learner, training/grpo.py): its models, device and
+    autocast, and how far into the epoch it stepped."""
+
+    tri: TriModel
+    cfg: TrainerSection
+    device: torch.device
+    policy: torch.nn.Module
+    frozen: torch.nn.Module | None
+    epoch_steps: int
+
+    def _autocast(self) -> contextlib.AbstractContextManager[None]: ...
+
+
+def epoch_start_model(learner: object) -> torch.nn.Module:
     """The epoch-start policy v_e: the policy itself until the epoch's first optimizer step, then the
-    frozen copy (trainer.num_minibatches / num_iterations > 1 step inside the epoch: training/grpo.py)."""
+    frozen copy (trainer.num_minibatches / num_iterations > 1 step inside the epoch: training/grpo.py).
+    Raises TypeError for a learner without a probe (not the GRPO learner)."""
+    if not isinstance(learner, ProbedLearner):
+        raise TypeError(f"{type(learner).__name__} has no drift probe (not the GRPO learner)")
     if learner.frozen is not None and learner.epoch_steps > 0:
-        return learner.frozen  # type: ignore[no-any-return]
-    return learner.policy  # type: ignore[no-any-return]
+        return learner.frozen
+    return learner.policy
 
 
-def probe_logprobs(learner: Any, groups: list[Group], model: torch.nn.Module | None = None) -> torch.Tensor | None:
+def probe_logprobs(learner: object, groups: list[Group], model: torch.nn.Module | None = None) -> torch.Tensor | None:
     """[N] float64 on the CPU: log-probs of the model tokens of `groups` under `model` (default: the
     learner's current policy), with training's behaviour transform (environment tokens of multi-turn
     samples left out); None when the probe is empty or the learner is not the GRPO learner."""
-    policy = getattr(learner, "tri", None)
-    if not groups or policy is None:
+    if not groups or not isinstance(learner, ProbedLearner):
         return None
+    policy = learner.tri
     pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
     batch = collate(pairs, learner.cfg.shared_prompt).to(learner.device)
     if batch.targets.numel() == 0:

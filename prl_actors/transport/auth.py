@@ -218,7 +218,7 @@ class KeyStore:
 class _Authenticator(ThreadAuthenticator):
     """pyzmq's ZAP thread: admits registered keys, names the connection after its key."""
 
-    def __init__(self, ctx: zmq.Context, store: KeyStore) -> None:  # type: ignore[type-arg]
+    def __init__(self, ctx: zmq.SyncContext, store: KeyStore) -> None:
         super().__init__(ctx)
         self.store = store
         self.denied: deque[tuple[float, str, str]] = deque(maxlen=256)  # (time, peer address, why)
@@ -238,11 +238,11 @@ class _Authenticator(ThreadAuthenticator):
         return self.store.name_of(z85.encode(client_public_key)) or ""
 
 
-_guards: weakref.WeakKeyDictionary[zmq.Context, _Authenticator] = weakref.WeakKeyDictionary()  # type: ignore[type-arg]
+_guards: weakref.WeakKeyDictionary[zmq.SyncContext, _Authenticator] = weakref.WeakKeyDictionary()
 _guards_lock = threading.Lock()
 
 
-def guard(ctx: zmq.Context, store: KeyStore) -> _Authenticator:  # type: ignore[type-arg]
+def guard(ctx: zmq.SyncContext, store: KeyStore) -> _Authenticator:
     """The ZAP handler of `ctx`, started on first use (one per context, one key directory)."""
     with _guards_lock:
         auth = _guards.get(ctx)
@@ -256,7 +256,7 @@ def guard(ctx: zmq.Context, store: KeyStore) -> _Authenticator:  # type: ignore[
         return auth
 
 
-def close_context(ctx: zmq.Context) -> None:  # type: ignore[type-arg]
+def close_context(ctx: zmq.SyncContext) -> None:
     """Stop `ctx`'s ZAP handler (if any), then destroy the context."""
     with _guards_lock:
         auth = _guards.pop(ctx, None)
@@ -265,7 +265,7 @@ def close_context(ctx: zmq.Context) -> None:  # type: ignore[type-arg]
     ctx.destroy(linger=0)
 
 
-def pop_denial(ctx: zmq.Context, since: float) -> str:  # type: ignore[type-arg]
+def pop_denial(ctx: zmq.SyncContext, since: float) -> str:
     """The oldest ZAP denial of `ctx` after `since` ("address: why"), or ""."""
     auth = _guards.get(ctx)
     while auth is not None and auth.denied:
@@ -288,7 +288,7 @@ class Security:
     def __post_init__(self) -> None:
         self.key_name, self.public, self.secret = self.store.keypair_for(self.name)
 
-    def serve(self, ctx: zmq.Context, sock: zmq.Socket) -> None:  # type: ignore[type-arg]
+    def serve(self, ctx: zmq.SyncContext, sock: zmq.SyncSocket) -> None:
         """Make `sock` (before bind) a CURVE server whose clients the ZAP handler checks."""
         guard(ctx, self.store)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -296,7 +296,7 @@ class Security:
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
 
-    def connect(self, sock: zmq.Socket, peer: str) -> None:  # type: ignore[type-arg]
+    def connect(self, sock: zmq.SyncSocket, peer: str) -> None:
         """Make `sock` (before connect) a CURVE client of the actor `peer`."""
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.store.public(peer))
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)

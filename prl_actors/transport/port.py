@@ -141,7 +141,7 @@ def name_of_id(identity: bytes) -> str:
 class _Parked:
     """Messages for one destination that met a full queue, oldest first."""
 
-    sock: zmq.Socket  # type: ignore[type-arg]
+    sock: zmq.SyncSocket
     head: list[Frame]  # routing frames to prepend (the ROUTER's identity), or []
     queue: deque[tuple[float, Sequence[Any]]] = field(default_factory=deque)  # (parked at, frames)
 
@@ -155,7 +155,7 @@ class Port:
 
     def __init__(
         self,
-        ctx: zmq.Context,  # type: ignore[type-arg]
+        ctx: zmq.SyncContext,
         name: str,
         bind: str | None,
         peers: dict[str, str],
@@ -178,11 +178,11 @@ class Port:
         self.on_crash = on_crash or (lambda error: None)
         self.backlog = backlog or (lambda: 0)
         self.limits, self.security = limits, security
-        self._monitors: dict[zmq.Socket, str] = {}  # type: ignore[type-arg]
+        self._monitors: dict[zmq.SyncSocket, str] = {}
         self.routing_id = f"{name}#{secrets.token_hex(8)}".encode()
         self._outbox_addr = f"inproc://outbox-{name}-{next(_outbox_ids)}"
         self._local = threading.local()
-        self._pushers: list[zmq.Socket] = []  # type: ignore[type-arg]
+        self._pushers: list[zmq.SyncSocket] = []
         self._parked: dict[bytes, _Parked] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -208,9 +208,9 @@ class Port:
         head = [b"p", dest.name.encode()] if dest.name else [b"r", dest.identity]
         self._push().send_multipart([*head, *frames], copy=False)
 
-    def _push(self) -> zmq.Socket:  # type: ignore[type-arg]
+    def _push(self) -> zmq.SyncSocket:
         """This thread's end of the handover queue (the port thread reads each one in order)."""
-        sock: zmq.Socket | None = getattr(self._local, "push", None)  # type: ignore[type-arg]
+        sock: zmq.SyncSocket | None = getattr(self._local, "push", None)
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
@@ -247,8 +247,8 @@ class Port:
 
     # --- the port thread -------------------------------------------------------------------
 
-    def _bounded(self, kind: int, name: str) -> zmq.Socket:  # type: ignore[type-arg]
-        sock: zmq.Socket = self.ctx.socket(kind)  # type: ignore[type-arg]
+    def _bounded(self, kind: int, name: str) -> zmq.SyncSocket:
+        sock: zmq.SyncSocket = self.ctx.socket(kind)
         sock.setsockopt(zmq.SNDHWM, self.limits.hwm)
         sock.setsockopt(zmq.RCVHWM, self.limits.hwm)
         sock.setsockopt(zmq.LINGER, 0)
@@ -259,7 +259,7 @@ class Port:
             self._monitors[mon] = name
         return sock
 
-    def _make_sockets(self) -> tuple[zmq.Socket, zmq.Socket | None, dict[str, zmq.Socket]]:  # type: ignore[type-arg]
+    def _make_sockets(self) -> tuple[zmq.SyncSocket, zmq.SyncSocket | None, dict[str, zmq.SyncSocket]]:
         outbox = self.ctx.socket(zmq.PULL)
         outbox.setsockopt(zmq.RCVHWM, self.limits.outbox_hwm)
         outbox.bind(self._outbox_addr)
@@ -284,7 +284,7 @@ class Port:
         return outbox, router, dealers
 
     def _run(self) -> None:
-        socks: list[zmq.Socket] = []  # type: ignore[type-arg]
+        socks: list[zmq.SyncSocket] = []
         try:
             outbox, router, dealers = self._make_sockets()
             socks = [outbox, *([router] if router else []), *dealers.values()]
@@ -305,11 +305,11 @@ class Port:
             self._close([*socks[1:]], self._linger_ms)  # the peer sockets: what was routed may still go out
             self._close([*socks[:1], *self._monitors])
 
-    def _close(self, socks: Sequence[zmq.Socket], linger_ms: int = 0) -> None:  # type: ignore[type-arg]
+    def _close(self, socks: Sequence[zmq.SyncSocket], linger_ms: int = 0) -> None:
         for s in socks:
             s.close(linger=linger_ms)
 
-    def _loop(self, outbox: zmq.Socket, router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
+    def _loop(self, outbox: zmq.SyncSocket, router: zmq.SyncSocket | None, dealers: dict[str, zmq.SyncSocket]) -> None:
         full, lean = zmq.Poller(), zmq.Poller()  # lean: while the actor is behind, read no peer
         for s in [outbox, *([router] if router else []), *dealers.values(), *self._monitors]:
             full.register(s, zmq.POLLIN)
@@ -332,7 +332,14 @@ class Port:
                 next_timer = now + self.timer_s
                 self.on_timer(now)
 
-    def _drain(self, sock, outbox, router, dealers, by_socket) -> None:  # type: ignore[no-untyped-def]
+    def _drain(
+        self,
+        sock: zmq.SyncSocket,
+        outbox: zmq.SyncSocket,
+        router: zmq.SyncSocket | None,
+        dealers: dict[str, zmq.SyncSocket],
+        by_socket: dict[zmq.SyncSocket, str],
+    ) -> None:
         for _ in range(1000):  # bounded, so one busy socket cannot starve the others
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -377,7 +384,9 @@ class Port:
             detail += f" {pop_denial(self.ctx, time.monotonic() - 5.0)}"
         self.on_auth_failed(where, detail.strip())
 
-    def _route_out(self, frames: list[zmq.Frame], router: zmq.Socket | None, dealers: dict[str, zmq.Socket]) -> None:  # type: ignore[type-arg]
+    def _route_out(
+        self, frames: list[zmq.Frame], router: zmq.SyncSocket | None, dealers: dict[str, zmq.SyncSocket]
+    ) -> None:
         kind, target, body = frames[0].bytes, frames[1].bytes, frames[2:]
         if kind == b"f":  # a flush marker: every message queued before it by that thread is routed
             done = self._flushes.get(int(target))
@@ -394,7 +403,7 @@ class Port:
             return
         self._send_or_park(kind + target, sock, head, body)
 
-    def _send_or_park(self, key: bytes, sock: zmq.Socket, head: list[Frame], body: Sequence[Any]) -> None:  # type: ignore[type-arg]
+    def _send_or_park(self, key: bytes, sock: zmq.SyncSocket, head: list[Frame], body: Sequence[Any]) -> None:
         parked = self._parked.get(key)
         if parked is not None:  # keep the order: behind what already waits
             parked.queue.append((time.monotonic(), body))
