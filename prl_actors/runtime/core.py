@@ -8,7 +8,9 @@ replayable from logs. A request that expects a reply is registered with `expect`
 `tick` turns an overdue one into a logged `request_timeout` and a callback: nothing waits forever.
 
 `Core` is composed of small parts, each with its own unit tests (tests/test_core_split.py):
-dispatch.py, refusals.py (trust, refusal counts), requests.py, member_client.py, lifecycle.py.
+dispatch.py, refusals.py (trust, refusal counts), edge.py (bad frames, failed handshakes and sends,
+refusals before any handler), requests.py, member_client.py, lifecycle.py; `Forward` (forward.py)
+makes a part's attribute a core's (`core.epoch` is `core.log.epoch`).
 
 Dispatch is typed: a handler is a method marked `@handles(SomeMessage)` taking `Inbound[SomeMessage]`,
 so mypy checks every field it reads. Each core's table (message class -> method name) is collected
@@ -61,14 +63,16 @@ from prl_actors.protocol.messages import (
 from prl_actors.protocol.routes import receivable, senders_of
 from prl_actors.runtime.dispatch import handler_table, missing_handlers
 from prl_actors.runtime.dispatch import handles as handles  # re-exported: the actors mark handlers with it
+from prl_actors.runtime.edge import Edge
+from prl_actors.runtime.forward import Forward
 from prl_actors.runtime.lifecycle import Lifecycle
 from prl_actors.runtime.member_client import MembershipClient
 from prl_actors.runtime.refusals import LOUD_EVERY as LOUD_EVERY  # re-exported (the worker's reward errors)
 from prl_actors.runtime.refusals import LOUD_FIRST as LOUD_FIRST
 from prl_actors.runtime.refusals import REFUSALS as REFUSALS  # re-exported (the coordinator's Status)
-from prl_actors.runtime.refusals import SUMMARY_EVERY_S, Counters, Trust, Who
+from prl_actors.runtime.refusals import Counters, Trust, Who
 from prl_actors.runtime.requests import Requests
-from prl_actors.transport.port import ROUTER, BadFrame, Dest, Inbound, Limits, Port, name_of_id
+from prl_actors.transport.port import BadFrame, Dest, Inbound, Limits, Port
 
 if TYPE_CHECKING:
     from prl_actors.records.logs import EventLog
@@ -166,41 +170,18 @@ class Core:
         self.now = 0.0  # the time of the input being handled (deterministic replay: no clock reads)
         self.life = Lifecycle()
         self.tally = Counters()
-        self.next_summary = 0.0  # the next `refusals` summary is due then (summarize_refusals)
         self.trust = Trust(self.role, {t: senders_of(t, self.role) for t in self.receives})
         self.requests = Requests()
         self.membership_client = MembershipClient(self.membership_peer) if self.joins else None
+        self.edge = Edge(self)  # bad frames, failed handshakes and sends, refusals before any handler
 
-    # epoch/version live on the log so every event carries them
-    @property
-    def epoch(self) -> int:
-        return self.log.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.log.epoch = value
-
-    @property
-    def version(self) -> int:
-        return self.log.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.log.version = value
-
-    # --- the parts' state, as the actors read it ---------------------------------------------
-
-    @property
-    def stopped(self) -> bool:
-        return self.life.stopped
-
-    @stopped.setter
-    def stopped(self, value: bool) -> None:
-        self.life.stopped = value
-
-    @property
-    def failure(self) -> str | None:
-        return self.life.failure
+    # epoch/version live on the log so every event carries them; the parts' state, as the actors read it
+    epoch = Forward[int]("log", "epoch")
+    version = Forward[int]("log", "version")
+    stopped = Forward[bool]("life", "stopped")
+    failure = Forward[str | None]("life", "failure", settable=False)
+    counters = Forward[dict[str, int]]("tally", "counts", settable=False)
+    refused = Forward[int]("tally", "refused", settable=False)
 
     @property
     def registered(self) -> bool:
@@ -211,14 +192,6 @@ class Core:
         if self.membership_client is not None:
             self.membership_client.registered = value
 
-    @property
-    def counters(self) -> dict[str, int]:
-        return self.tally.counts
-
-    @property
-    def refused(self) -> int:
-        return self.tally.refused
-
     def count(self, key: str, n: int = 1) -> int:
         return self.tally.count(key, n)
 
@@ -226,15 +199,6 @@ class Core:
         """Count one refusal of kind `key`; True when it should also be logged (rate limit); else it
         waits, by `who` (type, sender, key), for the next `refusals` summary."""
         return self.tally.loud(key, who)
-
-    def summarize_refusals(self, now: float, force: bool = False) -> None:
-        """Log the refusals not logged one by one as one `refusals` event (counts by kind, message
-        type, claimed sender and authenticated key), at most once per SUMMARY_EVERY_S (`force`: now,
-        at the actor's stop). The host calls it at every tick."""
-        if not self.tally.unlogged or (not force and now < self.next_summary):
-            return
-        self.next_summary = now + SUMMARY_EVERY_S
-        self.log("refusals", refused=self.tally.take_summary())
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -267,23 +231,8 @@ class Core:
     ) -> None:
         """Answer `inbound` with an Error (the uniform refusal), counted and logged (rate-limited).
         `quiet`: log the answer's `send` only with its `refused` event (a flood cannot fill the disk)."""
-        loud = self._note_refusal(inbound, "refused", f"refused.{code}", code, detail)
+        loud = self.edge.note_refusal(inbound, "refused", f"refused.{code}", code, detail)
         self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud or not quiet)
-
-    def _note_refusal(self, inbound: Inbound[Msg], event: str, key: str, code: ErrorCode, detail: str) -> bool:
-        msg = inbound.msg
-        loud = self.count_loud(key, (tag_of(msg), msg.sender, inbound.who))
-        if loud:
-            fields = dict(type=tag_of(msg), msg_id=msg.id, sender=msg.sender, principal=inbound.who)
-            self.log(event, code=code, detail=detail, count=self.counters[key], **fields)
-        return loud
-
-    def _refuse_early(self, inbound: Inbound[Msg], event: str, code: ErrorCode, detail: str) -> None:
-        """Refused before any handler (unexpected, forbidden): nothing changes, nothing is logged as
-        received; the refusal is counted and logged rate-limited, its answer logged only with it."""
-        key = "unexpected" if code == ErrorCode.UNEXPECTED else f"refused.{code}"
-        loud = self._note_refusal(inbound, event, key, code, detail)
-        self.emit(self.source(inbound), Error(reply_to=inbound.msg.id, code=code, detail=detail), log=loud)
 
     def forbidden(self, inbound: Inbound[Msg]) -> str:
         """Why the authenticated sender may not send this message here ("" when it may)."""
@@ -308,13 +257,13 @@ class Core:
         tag = tag_of(msg)
         name = self.handlers.get(type(msg)) if type(msg) in self.receives else None
         if name is None:
-            self._refuse_early(
+            self.edge.refuse_early(
                 inbound, "unexpected_message", ErrorCode.UNEXPECTED, f"{self.role} does not handle {tag!r}"
             )
             return
         why = self.forbidden(inbound)
         if why:
-            self._refuse_early(inbound, "forbidden_message", ErrorCode.FORBIDDEN, why)
+            self.edge.refuse_early(inbound, "forbidden_message", ErrorCode.FORBIDDEN, why)
             return
         self.admitted(now, inbound)
         reply_to = getattr(msg, "reply_to", "")
@@ -337,30 +286,6 @@ class Core:
     def admitted(self, now: float, inbound: Inbound[Msg]) -> None:  # noqa: B027 - optional hook
         """Called for every message that passed the checks, before it is logged as received and handled."""
 
-    def bad_frame(self, now: float, bad: BadFrame) -> None:
-        """A frame that failed decoding: log it, count it, answer with an Error; keep running."""
-        err = bad.error
-        key = f"bad_frame.{err.code}"
-        if self.count_loud(key, ("bad_frame", err.sender, bad.peer or name_of_id(bad.identity))):
-            self.log("bad_frame", code=err.code, detail=err.detail, msg_id=err.reply_to, sender=err.sender)
-        dest = Dest.peer(bad.peer) if bad.peer else Dest.reply(bad.identity)
-        self.emit(dest, Error(reply_to=err.reply_to, code=err.code, detail=err.detail), log=False)
-
-    def auth_failed(self, now: float, failed: AuthFailed) -> None:
-        """A handshake failed: a peer we refused (ROUTER), or a server that refused us. libzmq does not
-        retry a connection whose server refused our key, so that peer is gone for good: the actor
-        fails at once, with the reason (a worker `up` started is replaced), rather than hold work it
-        can never deliver or wait for a join timeout."""
-        if failed.where == ROUTER:
-            if self.count_loud("auth_refused"):
-                self.log("auth_refused", detail=failed.why, count=self.counters["auth_refused"])
-            return
-        hint = "our key is not admitted there, or we hold a wrong public key of it (docs/SECURITY.md)"
-        if self.count_loud("auth_failed"):
-            self.log("auth_failed", peer=failed.where, detail=failed.why, hint=hint)
-        if "handshake_failed_auth" in failed.why:
-            self.fail(f"the {failed.where} refused our key ({failed.why}): {hint}")
-
     def tick(self, now: float) -> None:
         for msg_id, p in self.requests.overdue(now):
             self.count("request_timeout")
@@ -371,10 +296,6 @@ class Core:
         silent = client.silent_for(now, self.join_timeout_s) if client is not None else None
         if silent is not None:
             self.fail(f"lost the coordinator at {self.coordinator_addr}: nothing heard for {silent:.0f}s")
-
-    def send_failed(self, now: float, failed: SendFailed) -> None:
-        self.count("send_failed")
-        self.log("send_failed", to=failed.dest, why=failed.why)
 
     # --- membership (the membership client's messages) ----------------------------------------
 
@@ -520,15 +441,15 @@ class ActorHost(pykka.ThreadingActor):
         elif isinstance(message, Tick):
             self._tick_queued.clear()
             self._run(self.core.tick)
-            self.core.summarize_refusals(message.now)
+            self.core.edge.summarize(message.now)
         elif isinstance(message, BadFrame):
-            self._run(lambda now: self.core.bad_frame(now, message))
+            self._run(lambda now: self.core.edge.bad_frame(now, message))
         elif isinstance(message, SendFailed):
-            self._run(lambda now: self.core.send_failed(now, message))
+            self._run(lambda now: self.core.edge.send_failed(now, message))
         elif isinstance(message, Deferred):
             self._run(message.fn)
         elif isinstance(message, AuthFailed):
-            self._run(lambda now: self.core.auth_failed(now, message))
+            self._run(lambda now: self.core.edge.auth_failed(now, message))
         elif isinstance(message, StopRequest):
             self._run(lambda now: self.core.request_stop(message.reason))
 
@@ -575,7 +496,7 @@ class ActorHost(pykka.ThreadingActor):
             self._tell(Deferred(fn))
 
     def on_stop(self) -> None:
-        self.core.summarize_refusals(time.monotonic(), force=True)
+        self.core.edge.summarize(time.monotonic(), force=True)
         self._flush()
         self.port.flush(STOP_FLUSH_S)  # the port thread acknowledges it routed the last messages (Shutdown, Leave)
         self.port.stop(linger_ms=STOP_LINGER_MS)  # ... and libzmq may still put them on the wire
