@@ -30,7 +30,7 @@ def request(
     address: str,
     msg: Msg,
     timeout_s: float = 3.0,
-    ctx: zmq.Context | None = None,  # type: ignore[type-arg]
+    ctx: zmq.SyncContext | None = None,
     keys: KeyStore | None = None,
     as_: str = "operator",
     server: str = "coordinator",
@@ -55,7 +55,7 @@ def request(
             ctx.term()
 
 
-def _setup(sock: zmq.Socket, name: str, keys: KeyStore | None, server: str, as_: str) -> None:  # type: ignore[type-arg]
+def _setup(sock: zmq.SyncSocket, name: str, keys: KeyStore | None, server: str, as_: str) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTING_ID, name.encode())
     if keys is not None:
@@ -66,8 +66,8 @@ def _setup(sock: zmq.Socket, name: str, keys: KeyStore | None, server: str, as_:
 
 
 def _wait_reply(
-    sock: zmq.Socket, monitor: zmq.Socket, address: str, timeout_s: float, keys: KeyStore | None
-) -> Message:  # type: ignore[type-arg]
+    sock: zmq.SyncSocket, monitor: zmq.SyncSocket, address: str, timeout_s: float, keys: KeyStore | None
+) -> Message:
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)

@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from prl_actors.protocol.messages import GenerationContract, Message, Msg, tag_of
+from prl_actors.protocol.messages import GenerationContract, Message, Msg, NoWork, Shutdown, WorkAssign, tag_of
 from prl_actors.records.logs import EventLog
 from prl_actors.replay.events import Event, ReplayError, Run, run_config
 from prl_actors.runtime.core import QUIET_TYPES
@@ -232,10 +232,10 @@ def outbox_decision(dest: Dest, msg: Msg) -> tuple[str, str | None]:
     tag = tag_of(msg)
     base = f"send {tag} -> {dest!r} e{msg.epoch} v{msg.version} reply_to={getattr(msg, 'reply_to', '') or '-'}"
     detail = None
-    if tag == "work_assign":
-        detail = f"groups={[p.group_id for p in msg.prompts]}"  # type: ignore[attr-defined]
-    elif tag in ("no_work", "shutdown"):
-        detail = f"reason={msg.reason}"  # type: ignore[attr-defined]
+    if isinstance(msg, WorkAssign):
+        detail = f"groups={[p.group_id for p in msg.prompts]}"
+    elif isinstance(msg, (NoWork, Shutdown)):
+        detail = f"reason={msg.reason}"
     return base, detail
 
 

@@ -10,11 +10,15 @@ canvas directly (no pyplot, no display): safe in a headless process and in threa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prl_actors.replay.axis import TimeAxis, time_axis
 from prl_actors.replay.epochs import SETUP, stats, windows
 from prl_actors.replay.events import ReplayError, Run
 from prl_actors.replay.spans import BUSY_SPANS, Span, lifetime, pair_spans
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 COLORS = {
     "generate": "#1f77b4",
@@ -74,7 +78,7 @@ def _bar(axis: TimeAxis, begin: float, end: float) -> tuple[float, float]:
     return x0, axis.x(end) - x0
 
 
-def _draw_row(ax, run: Run, spans: list[Span], actor: str, y: int, axis: TimeAxis) -> None:  # type: ignore[no-untyped-def]
+def _draw_row(ax: Axes, run: Run, spans: list[Span], actor: str, y: int, axis: TimeAxis) -> None:
     role = run.role(actor)
     if role in BUSY_SPANS:
         born, died = lifetime(run, actor)
@@ -91,7 +95,7 @@ def _draw_row(ax, run: Run, spans: list[Span], actor: str, y: int, axis: TimeAxi
         ax.text(0, y + BAR / 2, f" {event}", fontsize=7, va="center", color=color)
 
 
-def _draw_epochs(ax, run: Run, rows: int, axis: TimeAxis) -> None:  # type: ignore[no-untyped-def]
+def _draw_epochs(ax: Axes, run: Run, rows: int, axis: TimeAxis) -> None:
     shown = [w for w in windows(run) if w.epoch != SETUP and axis.lo <= w.start <= axis.hi]
     every = max(1, len(shown) // 30)  # labels that do not overlap
     for i, w in enumerate(shown):
@@ -100,7 +104,7 @@ def _draw_epochs(ax, run: Run, rows: int, axis: TimeAxis) -> None:  # type: igno
             ax.text(axis.x(w.start), rows - 0.35, f" e{w.epoch}", fontsize=8, va="bottom")
 
 
-def _draw_gaps(ax, axis: TimeAxis, rows: int) -> None:  # type: ignore[no-untyped-def]
+def _draw_gaps(ax: Axes, axis: TimeAxis, rows: int) -> None:
     """Each folded gap: a hatched band of the axis' fold width, labelled with its real length."""
     for a, b in axis.gaps:
         x0, width = _bar(axis, a, b)

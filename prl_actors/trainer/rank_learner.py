@@ -157,10 +157,12 @@ def all_reduce_grads(params: list[torch.Tensor], group: Any = None, bucket_bytes
             p.grad = torch.zeros_like(p)
     bucket: list[torch.Tensor] = []
     for p in params:
-        if bucket and (bucket[0].dtype != p.grad.dtype or _nbytes(bucket) >= bucket_bytes):  # type: ignore[union-attr]
+        grad = p.grad
+        assert grad is not None  # every missing one was zeros above
+        if bucket and (bucket[0].dtype != grad.dtype or _nbytes(bucket) >= bucket_bytes):
             _reduce_bucket(bucket, group)
             bucket = []
-        bucket.append(p.grad)  # type: ignore[arg-type]
+        bucket.append(grad)
     if bucket:
         _reduce_bucket(bucket, group)
 

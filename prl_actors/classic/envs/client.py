@@ -40,7 +40,7 @@ class EnvClient(VectorEnv):  # type: ignore[misc]
     def __init__(
         self,
         settings: LearnerSettings,
-        ctx: zmq.Context | None = None,  # type: ignore[type-arg]
+        ctx: zmq.SyncContext | None = None,
         log_dir: Path | None = None,
         call_timeout_s: float = 120.0,
         security: Security | None = None,
@@ -62,7 +62,7 @@ class EnvClient(VectorEnv):  # type: ignore[misc]
         self._was_reset = False
 
     @classmethod
-    def from_config(cls, cfg: Config, ctx: zmq.Context | None = None, log_dir: Path | None = None) -> EnvClient:  # type: ignore[type-arg]
+    def from_config(cls, cfg: Config, ctx: zmq.SyncContext | None = None, log_dir: Path | None = None) -> EnvClient:
         assert cfg.env is not None
         security, limits = env_transport(cfg, "learner")
         return cls(learner_settings(cfg, mode="remote"), ctx, log_dir, cfg.env.call_timeout_s, security, limits)

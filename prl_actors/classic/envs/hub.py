@@ -99,7 +99,7 @@ class Hub:
     def __init__(
         self,
         settings: LearnerSettings,
-        ctx: zmq.Context | None = None,  # type: ignore[type-arg]
+        ctx: zmq.SyncContext | None = None,
         log_dir: Path | None = None,
         security: Security | None = None,
         limits: Limits = Limits(),
@@ -164,7 +164,7 @@ def _ipc_dir(address: str) -> None:
         Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
 
 
-def start_env_actor(name: str, cfg: Config, ctx: zmq.Context, log_dir: Path | None = None) -> ActorHost:  # type: ignore[type-arg]
+def start_env_actor(name: str, cfg: Config, ctx: zmq.SyncContext, log_dir: Path | None = None) -> ActorHost:
     """Build and start one env actor (connects to the learner); returns its host."""
     env = _env_section(cfg)
     log = EventLog(name, "env", (log_dir / f"{name}.jsonl") if log_dir else None)
