@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from prl_actors.cli.common import fail as _fail
 
 NOT_INSTALLED = (

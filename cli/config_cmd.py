@@ -9,6 +9,7 @@ import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import typer
+
 from prl_actors.cli.common import ConfigOpt, SetOpt, _config
 
 config_app = typer.Typer(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from prl_actors.cli.actor_cmd import actor
 from prl_actors.cli.bench_cmd import bench  # these modules import only typer; their heavy imports are lazy
 from prl_actors.cli.config_cmd import config_app

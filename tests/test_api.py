@@ -69,9 +69,9 @@ def test_a_trl_style_reward_is_called_once_per_group_with_lists() -> None:
     group through the same loader and Reward the workers use."""
     import asyncio
 
-    from prl_actors.config import RewardSpec
     from prl_actors.rewards.load import build
     from prl_actors.rewards.record import RewardInput
+    from prl_actors.tasks.config import RewardSpec
 
     calls = []
 

@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
+
+from prl_actors.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.config import load_config
 from prl_actors.launch.compose import (
     SECRET_PATH,

@@ -284,8 +284,9 @@ def test_acting_round_refuses_foreign_segments_and_times_out_a_stalled_actor() -
     ],
 )
 def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> None:
-    from prl_actors.cli.main import app
     from typer.testing import CliRunner
+
+    from prl_actors.cli.main import app
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "Traceback" not in result.output and needle in result.output

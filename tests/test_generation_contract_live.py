@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 
 CLI = [sys.executable, "-m", "prl_actors.cli.main"]

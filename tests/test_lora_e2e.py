@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from prl_actors.cli.main import app
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.launch.process import LocalCluster
 from prl_actors.model.tiny import build_family

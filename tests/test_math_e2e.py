@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.data import position
 from prl_actors.launch.process import LocalCluster

@@ -314,7 +314,7 @@ class _FakeLLM:
 
 
 def test_vllm_turns_generate_every_waiting_turn_in_one_call_with_episode_seeds() -> None:
-    from prl_actors.config import SamplingSection
+    from prl_actors.engines.config import SamplingSection
     from prl_actors.engines.multiturn import Turn
     from prl_actors.engines.vllm_turns import VllmTurns, turn_seed
 

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.transport.auth import KeysError, create_keys, export_keys, run_key_names
 
 runner = CliRunner()
@@ -224,7 +224,6 @@ def test_a_joined_worker_says_what_it_is_doing(run_dir: Path) -> None:
     import threading
 
     from prl_actors.cli.narrate import follow_log
-
     from prl_actors.launch.process import LocalCluster
     from tests.conftest import sim_config
 

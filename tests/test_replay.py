@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prl_actors.cli.main import app
 from typer.testing import CliRunner
 
+from prl_actors.cli.main import app
 from prl_actors.launch.process import LocalCluster
 from prl_actors.replay.checks import run_checks
 from prl_actors.replay.coordinator_replay import replay_coordinator

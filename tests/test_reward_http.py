@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from prl_actors.config import RewardSpec
 from prl_actors.rewards import Reward, RewardError, RewardInput, RewardSet
 from prl_actors.rewards.http import HttpReward
+from prl_actors.tasks.config import RewardSpec
 
 
 class Service(ThreadingHTTPServer):

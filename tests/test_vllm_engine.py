@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from prl_actors.config import SamplingSection
+from prl_actors.engines.config import SamplingSection
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import VllmEngine, check_vllm_setup
 from prl_actors.model.builtin import load_model

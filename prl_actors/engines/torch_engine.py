@@ -34,7 +34,8 @@ from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.training.behaviour import Behaviour
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config, SamplingSection
+    from prl_actors.config import Config
+    from prl_actors.engines.config import SamplingSection
     from prl_actors.protocol.messages import Prompt
 
 

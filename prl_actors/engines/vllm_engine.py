@@ -68,7 +68,8 @@ from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config, SamplingSection
+    from prl_actors.config import Config
+    from prl_actors.engines.config import SamplingSection
     from prl_actors.protocol.messages import Prompt
 
 MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from prl_actors.config import RewardSpec
     from prl_actors.rewards.record import RewardInput
+    from prl_actors.tasks.config import RewardSpec
 
 DEFAULT_TIMEOUT_S = 30.0
 BACKOFF_S = 0.2

@@ -19,7 +19,7 @@ from prl_actors.rewards.reward import Reward
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import RewardSpec, TaskSection
+    from prl_actors.tasks.config import RewardSpec, TaskSection
 
 PLUGIN_TIMEOUT_S = 300.0  # a plugin's (or an async fn reward's) default bound for one group: no wait without a deadline
 

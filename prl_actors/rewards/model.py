@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import RewardSpec
     from prl_actors.rewards.record import RewardInput
+    from prl_actors.tasks.config import RewardSpec
 
 
 @dataclass

@@ -14,8 +14,8 @@ close); one that hangs, within `trainer.dist_timeout_s`. Rank 0 then reports the
 and `up --resume` continues from the last checkpoint. Ranks that rank 0 started exit when rank 0's
 process is gone; ranks under torchrun are torn down by torchrun.
 
-`python -m prl_actors.trainer.distributed` is a rank other than 0 (rank 0 starts it so, with
-PRL_RANK_CONFIG); `prl-actors actor trainer` under torchrun runs it for RANK > 0.
+A rank other than 0 runs `run_rank`: started by rank 0 as `python -m prl_actors.launch.rank` (with
+PRL_RANK_CONFIG), or as `prl-actors actor trainer` under torchrun for RANK > 0.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prl_actors.config import Config, load_config
 from prl_actors.records.logs import EventLog
 from prl_actors.runtime.processes import Child, stop_children, watch_supervisor
 from prl_actors.runtime.threads import rank_threads, set_torch_threads
 from prl_actors.sections import ConfigError
 from prl_actors.trainer.rank_group import (
-    RANK_CONFIG_ENV,
     RANK_PARENT_ENV,
     Command,
     Joined,
@@ -50,6 +48,7 @@ from prl_actors.trainer.rank_group import (
 from prl_actors.trainer.rank_learner import RankLearner, group_cost, partition
 
 if TYPE_CHECKING:
+    from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
 
 
@@ -293,35 +292,3 @@ def _short(exc: BaseException) -> str:
     text = re.sub(r"\[[^\]]*\.cc:\d+\] ", "", " ".join(str(exc).split())).replace(" GLHF! 🏖️", "")
     text = text or type(exc).__name__
     return text if len(text) < 400 else text[:400] + " ..."
-
-
-def main() -> None:
-    env = RankEnv.from_environ()
-    if env is None:
-        print("error: a trainer rank needs RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT", file=sys.stderr)
-        raise SystemExit(2)
-    text = os.environ.get(RANK_CONFIG_ENV)
-    path = sys.argv[sys.argv.index("--config") + 1] if "--config" in sys.argv else None
-    try:
-        cfg = load_config_text(text) if text else load_config(path)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    code = run_rank(cfg, env)
-    sys.stdout.flush()
-    os._exit(code)
-
-
-def load_config_text(text: str) -> Config:
-    """The config rank 0 handed over (its own resolved config, dumped)."""
-    import yaml
-    from pydantic import ValidationError
-
-    try:
-        return Config.model_validate(yaml.safe_load(text))
-    except ValidationError as exc:
-        raise ConfigError(f"invalid config from rank 0: {exc}") from None
-
-
-if __name__ == "__main__":
-    main()

@@ -146,7 +146,7 @@ def _spawn_rank(cfg: Config, env: RankEnv) -> Child:
     logs.mkdir(parents=True, exist_ok=True)
     variables = {**env.variables(), RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())}
     with open(logs / f"rank{env.rank}.log", "ab") as out:
-        cmd = [sys.executable, "-m", "prl_actors.trainer.distributed"]
+        cmd = [sys.executable, "-m", "prl_actors.launch.rank"]
         return spawn(f"rank{env.rank}", cmd, variables, output=out, own_group=False)
 
 

@@ -47,12 +47,11 @@ from typing import TYPE_CHECKING, cast
 import torch
 from transformers import PreTrainedModel
 
-from prl_actors.config import GREEDY_REFUSED, Config
 from prl_actors.data import position
 from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
-from prl_actors.sections import ConfigError
+from prl_actors.sections import GREEDY_REFUSED, ConfigError
 from prl_actors.tasks.registry import data_identity
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
@@ -77,6 +76,7 @@ from prl_actors.training.packing import ModelBatch, collate, response_logprobs
 from prl_actors.training.trimodel import TriLogprobs, TriModel
 
 if TYPE_CHECKING:
+    from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
 
 

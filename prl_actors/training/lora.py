@@ -27,7 +27,7 @@ from prl_actors.model.lora import META, linear_shape, meta_tensor
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import LoraSection
+    from prl_actors.trainer.config import LoraSection
 
 TOKENIZER_FILES = (
     "tokenizer.json",
