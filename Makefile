@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_FLAGS := -q -c constraints.txt $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: demo cartpole test test-fast test-slow test-configs test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm sandbox-tools
+.PHONY: demo cartpole test test-fast test-e2e test-slow test-configs test-dist test-gpu test-compose lint bench bench-quick clean install venv-vllm test-vllm sandbox-tools
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,13 +40,20 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/python tools/import_cycles.py  # no module or package import circles but the listed ones
 
+# Test tiers: a module names its tier at its top (`pytestmark = pytest.mark.fast`); one that names
+# none is integration (tests/conftest.py). `make test` = lint + fast + integration (~10 min on 2 cores
+# with its install); `make test-fast` = fast only; `make test-e2e` = the e2e tier; the rest are opt-in.
 test: lint sandbox-tools
 	$(BIN)/pytest -q
 
-# The inner loop: the unit and socket-free core tests (the `fast` tier, tests/conftest.py), < 90 s on
-# 2 cores. `make test` stays the full gate (lint, then every tier but the opt-in ones below).
+# The inner loop: the unit and socket-free core tests (the `fast` tier), < 90 s on 2 cores.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m 'fast and not slow and not vllm and not compose and not dist'
+	$(BIN)/pytest -q -m 'fast and not slow and not vllm and not compose and not dist and not gpu'
+
+# Whole runs through `up` that repeat a path a cheaper test in `make test` already covers (a second
+# way to start the same actors, another recipe through the same loop): CI runs it after `make test`.
+test-e2e: $(STAMP) sandbox-tools
+	$(BIN)/pytest -q -m 'e2e and not slow and not vllm and not compose and not dist and not gpu and not configs'
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

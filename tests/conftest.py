@@ -153,69 +153,20 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # --- test tiers ------------------------------------------------------------------------------------
-# Every test module is in exactly one tier, by its name (no per-file edits):
+# Every test is in exactly one tier, named by a marker its module declares at its top
+# (`pytestmark = pytest.mark.fast`, or in its pytestmark list; one test may mark itself):
 #   fast         the unit and socket-free core tests (in-process, inproc:// at most; no OS process, no
 #                tcp/ipc socket, no HTTP server): `make test-fast`, the inner loop, < 90 s on 2 cores
-#   integration  everything else (real processes, sockets, the CLI's `up`, ranks): only in `make test`
-# A module not listed here is integration (a new module is safe by default: `make test` runs it); move
-# it here once it is quick and socket-free. tests/test_tiers.py keeps the list honest.
-FAST_MODULES = frozenset(
-    {
-        "test_batching",
-        "test_bench_logs",
-        "test_checkpoint_keep",
-        "test_code_sandbox_verdict",
-        "test_engine_device_path",
-        "test_multiturn_observe",
-        "test_tool_calls",
-        "test_weight_fetch",
-        "test_block_attention",
-        "test_checkpoints",
-        "test_cli_config",
-        "test_core_parts",
-        "test_cores",
-        "test_data",
-        "test_generation_contract",
-        "test_dynamic_sampling",
-        "test_env",
-        "test_grpo_equivalence",
-        "test_import_cycles",
-        "test_liveness",
-        "test_lora",
-        "test_losses",
-        "test_math_task",
-        "test_memory",
-        "test_model",
-        "test_model_families",
-        "test_multiturn",
-        "test_overlong",
-        "test_packing",
-        "test_prompt_limits",
-        "test_protocol",
-        "test_protocol_doc",
-        "test_recipes",
-        "test_recipes_equivalence",
-        "test_replay_units",
-        "test_reward_model",
-        "test_rewards",
-        "test_roles",
-        "test_sampling_controls",
-        "test_scheduling",
-        "test_tasks",
-        "test_threads",
-        "test_tiers",
-        "test_torch_engine",
-        "test_transfer",
-    }
-)
-
-
-def tier_of(module: str) -> str:
-    """`fast` or `integration` (see FAST_MODULES)."""
-    return "fast" if module in FAST_MODULES else "integration"
+#   integration  real processes, sockets, the CLI's `up`, ranks: `make test` (with fast)
+#   e2e          whole runs through `up` that repeat a path a cheaper test in `make test` already
+#                covers: `make test-e2e` (CI runs it after `make test`)
+# A module that names no tier is integration (a new module is safe by default: `make test` runs it);
+# mark it fast once it is quick and socket-free. tests/test_tiers.py keeps the rule honest.
+TIERS = ("fast", "integration", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its module's tier (`-m fast` is `make test-fast`)."""
+    """A test that names no tier is `integration`."""
     for item in items:
-        item.add_marker(tier_of(Path(str(item.fspath)).stem))
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker("integration")

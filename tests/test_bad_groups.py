@@ -24,7 +24,7 @@ from prl_actors.records.rundir import RunDir
 from prl_actors.replay.coordinator_replay import decode_input
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.trainer.core import TrainerCore
-from tests.test_cores import KEY, FailingEngine, coordinator, drive, inbound, open_epoch, request_work, worker
+from tests.test_epoch_protocol import KEY, FailingEngine, coordinator, drive, inbound, open_epoch, request_work, worker
 
 G, TOKENS, ARMS = 2, 3, 8
 
@@ -159,7 +159,7 @@ def test_a_group_refused_by_the_trainer_after_the_epoch_was_generated_is_generat
 
 def test_a_failing_engine_gives_its_groups_back_and_a_group_that_keeps_failing_ends_the_run_with_its_cause() -> None:
     w = worker(FailingEngine())
-    from tests.test_cores import assign
+    from tests.test_epoch_protocol import assign
 
     (back,) = [x for x in assign(w) if isinstance(x, m.GiveBack)]
     coord = coordinator()
@@ -194,7 +194,7 @@ def test_a_scoring_failure_outside_the_reward_policy_gives_the_group_back_with_t
         raise ValueError("shaping broke")
 
     w.task.length_penalty = broken  # type: ignore[method-assign]
-    from tests.test_cores import assign
+    from tests.test_epoch_protocol import assign
 
     out = assign(w)
     (back,) = [x for x in out if isinstance(x, m.GiveBack)]

@@ -16,6 +16,8 @@ from prl_actors.engines.torch_engine import TorchEngine
 from prl_actors.model import prepare_model
 from prl_actors.protocol.messages import Prompt
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["1+2=", "13+4=", "10+11=", "7+0=", "19+20=", "5+5=", "0+0=", "12+9="]
 
 

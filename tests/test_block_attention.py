@@ -24,6 +24,8 @@ from prl_actors.training.packing import (
 )
 from tests.learning_utils import tiny_model
 
+pytestmark = pytest.mark.fast
+
 GROUPS = [
     ([1, 5, 14, 6, 16], [[7, 2], [8, 9, 10, 2], [11]]),
     ([1, 4, 14, 4, 16, 7, 7], [[8, 2], [], [9, 9, 9, 9, 2]]),  # an empty response, a long one

@@ -12,7 +12,18 @@ from prl_actors.coordinator.core import CoordinatorCore
 from prl_actors.coordinator.evaluation import EvalPlan, MemoryEvalSink
 from prl_actors.protocol import messages as m
 from prl_actors.records.logs import EventLog
-from tests.test_cores import KEY, B, G, coordinator, drive, inbound, open_epoch, request_work, result, send_group
+from tests.test_epoch_protocol import (
+    KEY,
+    B,
+    G,
+    coordinator,
+    drive,
+    inbound,
+    open_epoch,
+    request_work,
+    result,
+    send_group,
+)
 
 
 def bounded(k: int, epochs: int = 4) -> CoordinatorCore:

@@ -38,7 +38,7 @@ from prl_actors.weights.pulls import announced, drift_estimate, should_pull, to_
 from prl_actors.weights.transfer import Snapshot, transfer_messages
 from tests.conftest import read_logs
 from tests.test_bounded_actors import run as run_cluster
-from tests.test_cores import coordinator, drive, inbound, m_inbound, open_epoch, sim_config_for_cores, worker
+from tests.test_epoch_protocol import coordinator, drive, inbound, m_inbound, open_epoch, sim_config_for_cores, worker
 
 # --- the rule -------------------------------------------------------------------------------------
 

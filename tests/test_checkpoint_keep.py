@@ -14,6 +14,8 @@ import pytest
 from prl_actors.config import load_config
 from prl_actors.records.rundir import DONE, OPTIMIZER_STATE, RunDir, checkpoint_damage
 
+pytestmark = pytest.mark.fast
+
 
 def fake_checkpoint(path: Path) -> None:
     """What training/checkpoint.save writes, in miniature: weights, optimizer state, then the state file."""

@@ -12,6 +12,8 @@ from prl_actors.records.logs import EventLog
 from prl_actors.records.rundir import DONE, CheckpointError, RunDir
 from prl_actors.training.sim import SimLearner
 
+pytestmark = pytest.mark.fast
+
 SIM = {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0}
 
 

@@ -14,6 +14,8 @@ from prl_actors.config import RunSection, load_config, nearest_field, parse_over
 from prl_actors.sections import ConfigError
 from tests.test_cli_commands import ROOT, run_cli
 
+pytestmark = pytest.mark.fast
+
 
 def test_config_md_is_the_generated_reference() -> None:
     text = (ROOT / "docs" / "CONFIG.md").read_text()

@@ -12,6 +12,8 @@ from prl_actors.rewards import sandbox_seccomp
 from prl_actors.rewards.sandbox_values import decode, encode
 from prl_actors.rewards.sandbox_verdict import Split, decode_line, judge, judgeable_here, split_tests
 
+pytestmark = pytest.mark.fast
+
 LOOP = "assert all(add(i, 0) == i for i in range(3))"  # a comprehension's own variable: run whole inside
 PROGRAM = "import math\ndef add(a, b):\n    return a + b\ndef sorted(x):\n    return x\nCONST = 5\n"
 

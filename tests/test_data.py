@@ -18,6 +18,8 @@ from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 ROWS = [{"q": f"question {i}?", "a": str(i), "extra": i} for i in range(10)]
 
 

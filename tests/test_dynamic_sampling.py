@@ -20,6 +20,8 @@ from prl_actors.training.dynamic_sampling import Rounds, informative
 from tests.conftest import read_logs, sim_config, wait_for
 from tests.test_replay import replay_cli
 
+pytestmark = pytest.mark.fast
+
 B = 6
 
 

@@ -21,6 +21,8 @@ from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_config, tiny_model
 
+pytestmark = pytest.mark.fast
+
 MAX_OPS = 200  # per decode step at 4 layers, sampling included (issue 38; the running batch: ~630)
 MAX_SYNCS = 0.25  # host syncs per decode step (the running batch: 1 scalar read + 3 list reads)
 EOS = {3, 11, 40}  # with a random model ~3% a step: rows end at different steps, inside chunks

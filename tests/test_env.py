@@ -16,6 +16,8 @@ from prl_actors.replay.checks import env_checks
 from prl_actors.replay.events import load_run
 from tests.env_utils import EnvActors, env_config
 
+pytestmark = pytest.mark.fast
+
 
 def _reference(n: int) -> gym.vector.SyncVectorEnv:
     return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])

@@ -20,6 +20,8 @@ from prl_actors.transport.port import Inbound
 from prl_actors.worker.core import WorkerCore
 from tests.conftest import sim_config
 
+pytestmark = pytest.mark.fast
+
 RUN = m.GenerationContract(
     temperature=1.0,
     top_p=1.0,
@@ -94,7 +96,7 @@ def test_a_model_directory_is_known_by_its_config_and_tokenizer_files(tmp_path: 
 
 
 def coordinator() -> CoordinatorCore:
-    from tests.test_cores import coordinator as plain
+    from tests.test_epoch_protocol import coordinator as plain
 
     core = plain()
     core.s.contract = RUN

@@ -16,6 +16,8 @@ from prl_actors.protocol.messages import Group
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9="]
 
 

@@ -18,7 +18,7 @@ from prl_actors.runtime.processes import Child
 from prl_actors.weights.transfer import Snapshot, transfer_messages
 from prl_actors.worker.core import WorkerCore
 from tests.conftest import sim_config
-from tests.test_cores import assign, inbound, m_inbound, sim_config_for_cores, worker
+from tests.test_epoch_protocol import assign, inbound, m_inbound, sim_config_for_cores, worker
 
 THETA = (8, 8)
 

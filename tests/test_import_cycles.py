@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import import_cycles  # noqa: E402
 

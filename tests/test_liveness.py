@@ -11,7 +11,9 @@ from prl_actors.protocol import messages as m
 from prl_actors.records.logs import EventLog
 from prl_actors.runtime.core import Core
 from prl_actors.transport.port import Inbound
-from tests.test_cores import B, coordinator, drive, open_epoch, request_work
+from tests.test_epoch_protocol import B, coordinator, drive, open_epoch, request_work
+
+pytestmark = pytest.mark.fast
 
 JOIN_S = 5.0
 

@@ -31,6 +31,8 @@ from prl_actors.weights.transfer import Snapshot, transfer_messages
 from prl_actors.worker.core import WorkerCore
 from tests.learning_utils import prompts, random_rewards, tiny_model
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9="]
 ALL = list(memory.LORA_TARGETS)
 

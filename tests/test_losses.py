@@ -29,6 +29,8 @@ from prl_actors.training.losses import (
 )
 from prl_actors.training.minibatch import MinibatchPlan, lr_factor
 
+pytestmark = pytest.mark.fast
+
 
 def test_advantages_use_population_std() -> None:
     adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))

@@ -16,6 +16,8 @@ from prl_actors.tasks import load_task
 from prl_actors.tasks.math_task import math_reward, sample_path
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("text", "value"),

@@ -11,6 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from prl_actors.model.memory import QWEN25, Arch, lora_param_count, param_count, render
 
+pytestmark = pytest.mark.fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

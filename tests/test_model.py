@@ -14,6 +14,8 @@ from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 from prl_actors.sections import ConfigError
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 def test_tokenizer_round_trip() -> None:
     tok = build_tokenizer()

@@ -18,6 +18,8 @@ from prl_actors.tasks import load_task
 from prl_actors.training.packing import ModelBatch, collate_packed, collate_unpacked, response_logprobs
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 def family_config(model_dir: Path, dtype: str = "float32", **overrides: object):  # type: ignore[no-untyped-def]
     return tiny_config(

@@ -25,6 +25,8 @@ from prl_actors.protocol.messages import Group, GroupResult, Prompt, Sample
 from prl_actors.sections import ConfigError
 from prl_actors.training.grpo import GRPOLearner
 
+pytestmark = pytest.mark.fast
+
 GUESS: dict[str, Any] = {
     "task": {"name": "guess", "max_turns": 4, "max_turn_tokens": 3},
     "model": {"warm_start_steps": 300},

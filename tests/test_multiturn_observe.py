@@ -13,6 +13,8 @@ from prl_actors.protocol.messages import EpisodeStats, Group, Prompt, Sample
 from prl_actors.rewards.metrics import RewardMeans
 from prl_actors.trainer.completions import CompletionPicker, render, segments
 
+pytestmark = pytest.mark.fast
+
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 
 

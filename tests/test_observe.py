@@ -17,7 +17,7 @@ from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import messages as m
 from prl_actors.records.rundir import RunDir
 from tests.conftest import assert_invariants
-from tests.test_cores import B, coordinator, drive, open_epoch
+from tests.test_epoch_protocol import B, coordinator, drive, open_epoch
 from tests.test_real_path import real_config
 
 K = 2
@@ -364,7 +364,7 @@ def test_evaluation_survives_resume_and_replays(tmp_path: Path) -> None:
 
 
 def _eval_on(core, engine_idle: bool = True) -> list[m.Msg]:  # type: ignore[no-untyped-def]
-    from tests.test_cores import inbound
+    from tests.test_epoch_protocol import inbound
 
     msg = m.EvalAssign(
         reply_to="r",
@@ -384,7 +384,7 @@ def test_a_worker_runs_eval_alone_and_returns_every_prompt_even_when_the_engine_
     import numpy as np
 
     from prl_actors.engines.sim import SimEngine
-    from tests.test_cores import FailingEngine, sim_config_for_cores, worker
+    from tests.test_epoch_protocol import FailingEngine, sim_config_for_cores, worker
 
     engine = SimEngine(sim_config_for_cores())
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})

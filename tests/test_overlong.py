@@ -10,6 +10,8 @@ from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from prl_actors.tasks.shaping import Overlong
 
+pytestmark = pytest.mark.fast
+
 
 def test_penalty_values() -> None:
     f = Overlong(max_new_tokens=20, buffer=4, penalty=1.0)  # free up to 16 tokens

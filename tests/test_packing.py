@@ -11,6 +11,8 @@ from prl_actors.model.builtin import load_model
 from prl_actors.training.packing import collate_packed, collate_unpacked, pack_group, response_logprobs
 from tests.learning_utils import tiny_model
 
+pytestmark = pytest.mark.fast
+
 PROMPT = [1, 5, 14, 6, 16]
 GROUPS = [
     (PROMPT, [[7, 2], [8, 9, 10, 2], [11]]),

@@ -16,6 +16,8 @@ from prl_actors.tasks import load_task
 from prl_actors.tasks.limits import prompt_lengths
 from tests.test_cli import run_cli
 
+pytestmark = pytest.mark.fast
+
 POSITIONS = 512  # model/tiny.py's families
 
 

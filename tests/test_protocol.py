@@ -8,6 +8,8 @@ import pytest
 from prl_actors.protocol import MESSAGE_TYPES, PROTOCOL_VERSION, ProtocolError, decode, encode
 from prl_actors.protocol import messages as m
 
+pytestmark = pytest.mark.fast
+
 
 def sample_messages() -> list[m.Msg]:
     group = m.Group(

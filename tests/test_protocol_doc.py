@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from prl_actors.protocol import doc
 from prl_actors.protocol.messages import ErrorCode, RejectReason
+
+pytestmark = pytest.mark.fast
 
 
 def test_protocol_page_matches_the_code() -> None:

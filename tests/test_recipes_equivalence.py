@@ -22,6 +22,8 @@ from prl_actors.training import minibatch
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9=", "5+11=", "2+2="]
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "gspo", "cispo")
 SCALES = ("group", "batch", "none")

@@ -11,6 +11,8 @@ from prl_actors.replay.follow import parse_filters
 from prl_actors.replay.spans import gaps, intersect, pair_spans, total, union
 from prl_actors.replay.trace import lanes
 
+pytestmark = pytest.mark.fast
+
 
 def ev(actor: str, event: str, t: float, **fields: object) -> dict:
     return {"actor": actor, "role": actor.split("-")[0], "event": event, "t_mono": t, "t_wall": 1000 + t, **fields}

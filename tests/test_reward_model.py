@@ -16,6 +16,8 @@ from prl_actors.sections import ConfigError
 from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

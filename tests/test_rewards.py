@@ -20,6 +20,8 @@ from prl_actors.tasks import load_task
 from tests import reward_plugins
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 def records(texts: list[str], answer: str = "", group_id: int = 0, **kw: object) -> list[RewardInput]:
     return [

@@ -10,6 +10,8 @@ from prl_actors.launch import topology
 from prl_actors.protocol.messages import ADDRESSED_ROLES, BINDING_ROLES, Role, role_prefix
 from prl_actors.transport.auth import role_of_name
 
+pytestmark = pytest.mark.fast
+
 
 def test_port_offsets_are_fixed_and_distinct() -> None:
     """A run's tcp addresses derive from these offsets: changing one moves a deployed actor's port."""

@@ -30,6 +30,8 @@ from prl_actors.training.behaviour import (
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_config, tiny_model
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9="]
 ATOL = 1e-5  # float32 engine vs trainer (measured ~1e-6, as for temperature / top_p alone)
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from prl_actors.runtime.threads import ThreadPlan
 from prl_actors.trainer.scheduling import Bursts, TrainerSchedule
+
+pytestmark = pytest.mark.fast
 
 
 def test_bursts_count_what_is_in_hand_or_announced_and_forget_it_at_a_new_epoch() -> None:

@@ -14,6 +14,8 @@ from prl_actors.tasks.arith import add_items, add_reward
 from prl_actors.tasks.plugins import load_reward
 from tests.learning_utils import tiny_config
 
+pytestmark = pytest.mark.fast
+
 
 def test_add_items_and_reward() -> None:
     items = add_items(3)

@@ -9,6 +9,8 @@ from prl_actors.config import load_config
 from prl_actors.runtime.threads import rank_threads, threads_for
 from prl_actors.sections import ConfigError
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize(
     ("cores", "workers", "trainer", "worker"),

@@ -13,6 +13,8 @@ from prl_actors.envs_llm.calculator import BUILTIN_TOOLS
 from prl_actors.envs_llm.tools import MAX_CALLS, MAX_RESULT_CHARS, ToolEnv, parse_tool_calls, tool
 from prl_actors.protocol.messages import Prompt
 
+pytestmark = pytest.mark.fast
+
 
 def call(body: str) -> str:
     return f"<tool_call>{body}</tool_call>"

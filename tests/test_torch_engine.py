@@ -20,6 +20,8 @@ from prl_actors.training.packing import collate_packed
 from prl_actors.training.trimodel import TriModel
 from tests.learning_utils import prompts, tiny_model
 
+pytestmark = pytest.mark.fast
+
 TEXTS = ["3+4=", "12+19=", "7+15=", "0+0="]  # different lengths: left padding is exercised
 
 

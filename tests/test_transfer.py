@@ -11,6 +11,8 @@ from prl_actors.protocol import messages as m
 from prl_actors.weights.tensors import unpack
 from prl_actors.weights.transfer import Assembler, Snapshot, TransferError, transfer_messages
 
+pytestmark = pytest.mark.fast
+
 
 def ship(snap: Snapshot, chunk_bytes: int, drop: int | None = None) -> Snapshot:
     """Send through the real codec (encode/decode every frame) and reassemble."""

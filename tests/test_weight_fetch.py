@@ -5,6 +5,7 @@ version wanted mid-fetch."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from prl_actors.classic.env_actor import EnvActorSettings, EnvCore
 from prl_actors.classic.envkit.local import SlotEnvs
@@ -18,6 +19,8 @@ from prl_actors.transport.port import Inbound
 from prl_actors.weights.fetch import RETRY_S, FetchingCore, WeightFetch
 from prl_actors.weights.transfer import Snapshot, transfer_messages
 from prl_actors.worker.core import WorkerCore
+
+pytestmark = pytest.mark.fast
 
 TIMEOUT = 30.0
 

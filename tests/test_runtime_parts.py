@@ -1,10 +1,15 @@
 """The parts every actor's Core is composed of, each on its own (no sockets, no actor):
-dispatch, refusal counts, trust, requests with timeouts, the membership client, the lifecycle."""
+dispatch, refusal counts, trust, requests with timeouts, the membership client, the lifecycle; the
+handler tables against the routes."""
 
 from __future__ import annotations
 
+import pytest
+
 from prl_actors.protocol import messages as m
-from prl_actors.protocol.routes import receivable, senders_of
+from prl_actors.protocol.routes import HOPS, receivable, senders_of
+from prl_actors.publisher.core import PublisherCore
+from prl_actors.records.logs import EventLog
 from prl_actors.runtime.core import Core
 from prl_actors.runtime.dispatch import handler_table, handles, missing_handlers
 from prl_actors.runtime.lifecycle import Lifecycle
@@ -13,6 +18,8 @@ from prl_actors.runtime.refusals import LOUD_EVERY, LOUD_FIRST, VERDICTS_KEPT, C
 from prl_actors.runtime.requests import Requests
 from prl_actors.transport.port import Inbound
 from prl_actors.worker.core import WorkerCore
+
+pytestmark = pytest.mark.fast
 
 
 class Base:
@@ -103,3 +110,37 @@ def test_each_actor_composes_the_parts_the_coordinator_without_a_membership_clie
 
     assert WorkerCore.joins and not CoordinatorCore.joins and not LearnerCore.joins
     assert "tick" in vars(Core) and "Role.COORDINATOR" not in Core.tick.__code__.co_names
+
+
+# --- handler tables ------------------------------------------------------------------------------
+
+
+def test_a_core_without_a_handler_for_a_receivable_message_fails_when_built() -> None:
+    class HalfBuffer(Core):
+        role = m.Role.BUFFER
+
+        @handles(m.Credit)
+        def on_credit(self, now: float, inbound: Inbound[m.Credit]) -> None: ...
+
+    with pytest.raises(
+        TypeError, match="no handler for: epoch_close, epoch_open, group_dropped, group_refused, group_result"
+    ):
+        HalfBuffer("buffer", EventLog("buffer", "buffer"))
+
+
+def test_a_message_the_role_cannot_receive_is_unexpected_even_with_a_handler() -> None:
+    core = PublisherCore("publisher", EventLog("publisher", "publisher"), 1024, 5.0)
+    shutdown_handler = core.handlers[m.Shutdown]  # inherited from Core: publishers do get shutdown
+    assert shutdown_handler == "on_shutdown"
+    assert m.Welcome in core.handlers and m.EpochStart not in receivable(m.Role.PUBLISHER)
+    core.handle(0.0, Inbound(m.EpochStart(groups=1, sender="x"), [], identity=b"x"))
+    (_, err, _), *_ = core.outbox
+    assert isinstance(err, m.Error) and err.code == m.ErrorCode.UNEXPECTED
+
+
+def test_routes_name_real_senders() -> None:
+    assert senders_of(m.EpochOpen, m.Role.BUFFER) == {m.Role.COORDINATOR}
+    assert senders_of(m.EpochOpen, m.Role.TRAINER) == {m.Role.BUFFER}
+    assert senders_of(m.Credit, m.Role.BUFFER) == {m.Role.TRAINER}
+    assert senders_of(m.Scale, m.Role.COORDINATOR) == {m.Role.OPERATOR}
+    assert all(h.senders and h.receivers for h in HOPS)

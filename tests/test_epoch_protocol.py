@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from prl_actors.buffer.core import BufferCore
 from prl_actors.coordinator.core import CoordinatorCore, CoordinatorSettings
@@ -13,6 +14,8 @@ from prl_actors.records.logs import EventLog
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
 from prl_actors.worker.core import WorkerCore
+
+pytestmark = pytest.mark.fast
 
 B, G = 4, 2
 KEY = b"k" * 32  # the coordinator's ticket key, as the buffer learns it from EpochOpen

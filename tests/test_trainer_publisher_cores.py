@@ -1,4 +1,5 @@
-"""The coordinator's parts, the handler tables and the trainer and publisher cores, without sockets."""
+"""The trainer and publisher cores, without sockets: one step per epoch, its row, resume, flushes and
+cores; stored and served weights."""
 
 from __future__ import annotations
 
@@ -8,134 +9,18 @@ import numpy as np
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.coordinator.epoch_work import Accept, EpochWork
-from prl_actors.coordinator.membership import Membership
-from prl_actors.coordinator.phase import IllegalTransition, PhaseMachine
 from prl_actors.protocol import messages as m
-from prl_actors.protocol.routes import HOPS, receivable, senders_of
 from prl_actors.publisher.core import PublisherCore
 from prl_actors.records.logs import EventLog
 from prl_actors.records.rundir import MemorySink, RunDir
-from prl_actors.runtime.core import Core, handles
+from prl_actors.runtime.core import Core
 from prl_actors.runtime.threads import ThreadPlan
 from prl_actors.trainer.core import TrainerCore
 from prl_actors.training.sim import SimLearner
 from prl_actors.transport.port import Inbound
 from prl_actors.weights.transfer import Assembler, Snapshot, transfer_messages
 
-# --- EpochWork: the exactly-once rules ----------------------------------------------------------
-
-
-def test_epoch_work_hands_out_each_group_once_and_requeues_a_leaver_first() -> None:
-    work = EpochWork([0, 1, 2, 3])
-    assert work.assign("a", 2) == [0, 1] and work.assign("b", 5) == [2, 3] and work.assign("a", 1) == []
-    assert work.release("a") == [0, 1]
-    assert list(work.queue) == [0, 1] and work.held_by("a") == [] and work.held_by("b") == [2, 3]
-    assert work.assign("b", 1) == [0]
-
-
-def test_epoch_work_a_done_group_is_never_handed_out_again() -> None:
-    work = EpochWork([0, 1])
-    work.assign("a", 2)
-    assert work.release("a") == [0, 1]  # a went silent: both queued again
-    assert work.accept(0) == (Accept.NEW, None)  # ... but a's group 0 reached the buffer after all
-    assert list(work.queue) == [1]
-    assert work.accept(0) == (Accept.ALREADY, None)
-    assert work.assign("b", 5) == [1] and not work.complete
-    assert work.accept(1) == (Accept.NEW, "b") and work.complete
-
-
-def test_fair_share_keeps_a_slower_workers_share_but_never_starves_anyone() -> None:
-    work = EpochWork(list(range(16)))
-    assert work.fair_share("a", workers=1) == 16  # alone: everything
-    assert work.fair_share("a", workers=2) == 8
-    work.assign("a", 8)
-    assert work.fair_share("a", workers=2) == 0  # b's half waits for b
-    assert work.fair_share("b", workers=2) == 8
-    work.accept(0)
-    work.accept(1)  # a finished two: its share grows back
-    assert work.fair_share("a", workers=2) == 1
-    work.assign("b", 8)
-    assert work.fair_share("c", workers=3) == 0  # nothing queued
-    for g in range(2, 16):
-        work.accept(g)
-    assert work.complete
-
-
-def test_fair_share_lets_a_worker_holding_nothing_take_queued_work() -> None:
-    work = EpochWork([0, 1, 2])
-    work.assign("a", 1)
-    assert work.fair_share("b", workers=5) == 1  # ceil(3 / 5) = 1
-
-
-def test_epoch_work_waiting_workers_are_nudged_once() -> None:
-    work = EpochWork([0])
-    work.assign("a", 1)
-    work.waiting |= {"b", "c"}
-    work.release("a")
-    assert work.take_waiting() == ["b", "c"] and work.take_waiting() == []
-
-
-# --- Membership and the phase machine ------------------------------------------------------------
-
-
-def test_membership_liveness_and_roles() -> None:
-    members = Membership()
-    members.join("worker-b", m.Role.WORKER, b"b", now=0.0)
-    members.join("worker-a", m.Role.WORKER, b"a", now=0.0)
-    members.join("buffer", m.Role.BUFFER, b"buf", now=0.0)
-    members.seen("worker-a", 2.0)
-    members.seen("buffer", 2.0)
-    assert [x.name for x in members.silent(2.5, timeout_s=1.0)] == ["worker-b"]
-    assert [x.name for x in members.of_role(m.Role.WORKER)] == ["worker-a", "worker-b"]
-    assert members.first(m.Role.BUFFER).identity == b"buf"  # type: ignore[union-attr]
-    assert members.remove("worker-b") is not None and "worker-b" not in members and len(members) == 2
-
-
-def test_phase_machine_refuses_illegal_transitions() -> None:
-    phase = PhaseMachine()
-    with pytest.raises(IllegalTransition):
-        phase.to(m.Phase.RUNNING)  # no epoch opens without the buffer's ack
-    for p in (m.Phase.OPENING, m.Phase.RUNNING, m.Phase.TRAINING, m.Phase.OPENING, m.Phase.WAITING_WEIGHTS):
-        phase.to(p)
-    phase.to(m.Phase.DONE)
-    with pytest.raises(IllegalTransition):
-        phase.to(m.Phase.OPENING)
-
-
-# --- handler tables ------------------------------------------------------------------------------
-
-
-def test_a_core_without_a_handler_for_a_receivable_message_fails_when_built() -> None:
-    class HalfBuffer(Core):
-        role = m.Role.BUFFER
-
-        @handles(m.Credit)
-        def on_credit(self, now: float, inbound: Inbound[m.Credit]) -> None: ...
-
-    with pytest.raises(
-        TypeError, match="no handler for: epoch_close, epoch_open, group_dropped, group_refused, group_result"
-    ):
-        HalfBuffer("buffer", EventLog("buffer", "buffer"))
-
-
-def test_a_message_the_role_cannot_receive_is_unexpected_even_with_a_handler() -> None:
-    core = PublisherCore("publisher", EventLog("publisher", "publisher"), 1024, 5.0)
-    shutdown_handler = core.handlers[m.Shutdown]  # inherited from Core: publishers do get shutdown
-    assert shutdown_handler == "on_shutdown"
-    assert m.Welcome in core.handlers and m.EpochStart not in receivable(m.Role.PUBLISHER)
-    core.handle(0.0, Inbound(m.EpochStart(groups=1, sender="x"), [], identity=b"x"))
-    (_, err, _), *_ = core.outbox
-    assert isinstance(err, m.Error) and err.code == m.ErrorCode.UNEXPECTED
-
-
-def test_routes_name_real_senders() -> None:
-    assert senders_of(m.EpochOpen, m.Role.BUFFER) == {m.Role.COORDINATOR}
-    assert senders_of(m.EpochOpen, m.Role.TRAINER) == {m.Role.BUFFER}
-    assert senders_of(m.Credit, m.Role.BUFFER) == {m.Role.TRAINER}
-    assert senders_of(m.Scale, m.Role.COORDINATOR) == {m.Role.OPERATOR}
-    assert all(h.senders and h.receivers for h in HOPS)
-
+pytestmark = pytest.mark.fast
 
 # --- the trainer core ------------------------------------------------------------------------------
 
