@@ -82,6 +82,77 @@ WAITING_NOTE_S = 5.0  # during start-up, `up` says what it waits for this often
 LONG_EPOCH_NOTE_S = 10.0  # without a terminal, a long epoch's progress is a line this often
 
 
+class ChildLogs:
+    """What an actor process logged (since its start: not an earlier process of a resumed run), read
+    back from the run directory: why it exited, what it was doing."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.run_dir = run_dir
+
+    def find(self, child: Child, event: str) -> dict[str, Any] | None:
+        """The last `event` that this process (not an earlier one of a resumed run) logged."""
+        try:
+            with open(self.run_dir.log_path(child.name), "rb") as f:
+                f.seek(child.log_from)
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        needle = f'"event":"{event}"'.encode()
+        for line in reversed(data.splitlines()):
+            if needle in line:
+                with contextlib.suppress(ValueError):
+                    found: dict[str, Any] = json.loads(line)
+                    return found
+        return None
+
+    def cause(self, child: Child, rc: int) -> str:
+        how = f"signal {-rc}" if rc < 0 else f"code {rc}"
+        crashed = self.find(child, "actor_crashed")
+        return f"{how}: {crashed['error']}" if crashed else how
+
+    def failure(self, child: Child) -> str:
+        rc = child.exit_code
+        return f"{child.name} exited ({self.cause(child, rc)}); see {self.run_dir.log_path(child.name)}"
+
+    def doing(self, child: Child) -> str:
+        """What a starting actor last did, from its log."""
+        if self.find(child, "actor_ready") is not None:
+            return "registering"
+        if self.find(child, "actor_start") is not None:
+            return "loading its model" if role_prefix(child.name) in ("trainer", "worker") else "starting"
+        return "importing"
+
+
+class StandbyCore:
+    """run.standby_core: spares of the core actors, started with run.resume; each imports, then
+    waits (process.await_standby) for the file `gate`, logging nothing till then."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+        self.waiting: dict[str, Child] = {}  # a waiting core, by name (Launcher._spawn_spares)
+
+    def take(self, plan: list[Member], sup: Supervisor, run_dir: RunDir) -> bool:
+        """Make the waiting spares `plan`'s members (their lines start at the logs' ends now) and let
+        them go; False (none taken, the spares are stopped) when there are none or one has died."""
+        spares, self.waiting = self.waiting, {}
+        if not spares or not all(c.alive() for c in spares.values()):
+            stop_children(list(spares.values()), 0.0)
+            return False
+        for m in plan:
+            child = spares[m.name]
+            log = run_dir.log_path(m.name)
+            child.log_from = log.stat().st_size if log.exists() else 0
+            sup.start(child)
+        self.gate.touch()
+        return True
+
+    def drop(self) -> None:
+        spares, self.waiting = list(self.waiting.values()), {}
+        for c in spares:
+            c.signal(signal.SIGTERM)
+        stop_children(spares, KILL_WAIT_S)
+
+
 class Launcher:
     """The GRPO run as a plug-in of the supervisor: which actors start in which order, what an
     actor's exit means (a core actor's crash restarts the core or ends the run, a worker's is
@@ -93,8 +164,7 @@ class Launcher:
         self.plan: list[Member] = members(cfg)  # what runs (the composition root)
         self.core = core_names(self.plan)  # restarted together when one crashes (run.max_restarts)
         self.heal = Healing()
-        self.spares: dict[str, Child] = {}  # run.standby_core: a waiting core, by name (`_spawn_spares`)
-        self.spare_gate = self.run_dir.root / STANDBY_GATE
+        self.standby = StandbyCore(self.run_dir.root / STANDBY_GATE)  # run.standby_core (`_spawn_spares`)
         self.sup = Supervisor(cfg.run.stop_grace_s)
         self.children = self.sup.children  # name -> running actor process
         self.pending: list[tuple[float, int]] = []  # (when, restarts) of workers to start
@@ -103,6 +173,7 @@ class Launcher:
         self.t0 = time.monotonic()
         self.last_stall = ""
         self.notices_seen = 0
+        self.logs = ChildLogs(self.run_dir)  # what each actor logged: why it exited, what it does
         self.keys = KeyStore(cfg.keys_path()) if cfg.authenticated() else None  # `up` created them
         self.gate = self.run_dir.root / START_GATE
         self.started_up = False  # every actor started here has joined, or the first epoch opened
@@ -142,7 +213,7 @@ class Launcher:
                 self._stop_all(f"the run failed: {exc}")
                 raise
             finally:
-                self._drop_spares()
+                self.standby.drop()
                 self.sup.reap()
                 if follower is not None:
                     follower.stop()
@@ -168,7 +239,7 @@ class Launcher:
         imports overlap; each tier is still bound before the gate opens); a crash meanwhile stops
         the start there, and `_supervise` heals it (or fails the run)."""
         self.gate.unlink(missing_ok=True)
-        spared = resume and self._take_spares(plan)  # the spares build, bind and connect now
+        spared = resume and self.standby.take(plan, self.sup, self.run_dir)  # the spares build, bind and connect now
         for m in plan if not spared else []:
             if m.gated and m.role == "worker":
                 self._add_worker()  # its key first
@@ -188,7 +259,7 @@ class Launcher:
         healed (`_heal`: the core restarts from the last checkpoint) or fails the run."""
         last_poll = 0.0
         while True:
-            self._check_signal()
+            self.sup.signals.check()
             coordinator = self.children["coordinator"]
             if coordinator.proc.poll() == 0 and not coordinator.stopped:
                 return  # it ended the run: its outcome (`_outcome`); nothing is healed after that
@@ -226,8 +297,8 @@ class Launcher:
         why = self._not_healable(child)
         if why:
             raise RunFailed(why)
-        cause = self._cause(child, child.exit_code)
-        delay = self.heal.crashed(self._find(self.children["coordinator"], "epoch_done") is not None)
+        cause = self.logs.cause(child, child.exit_code)
+        delay = self.heal.crashed(self.logs.find(self.children["coordinator"], "epoch_done") is not None)
         self._stop_core()
         version = restart_version(self.run_dir)
         console(
@@ -244,12 +315,12 @@ class Launcher:
         is 0 or used up; the actor failed on purpose, with a reason of its own (a restart would
         fail the same way: a damaged checkpoint, trainer.on_nonfinite fail, a refused key); the run
         never opened its first epoch (a start-up failure); or there is no checkpoint to go back to."""
-        failure, limit = self._failure(child), self.cfg.run.max_restarts
+        failure, limit = self.logs.failure(child), self.cfg.run.max_restarts
         if limit == 0:
             return failure
-        if child.exit_code > 0 and self._find(child, "actor_crashed") is not None:
+        if child.exit_code > 0 and self.logs.find(child, "actor_crashed") is not None:
             return failure
-        if not self.heal.used and self._find(self.children["coordinator"], "epoch_open") is None:
+        if not self.heal.used and self.logs.find(self.children["coordinator"], "epoch_open") is None:
             return failure
         if self.cfg.trainer.checkpoint_every == 0:
             return f"{failure}; not restarted: no checkpoints to restart from (trainer.checkpoint_every 0)"
@@ -259,33 +330,12 @@ class Launcher:
 
     def _spawn_spares(self) -> None:
         """run.standby_core: a spare of each core actor, started now with run.resume; each imports,
-        then waits (process.await_standby) for the file `spare_gate`, logging nothing till then."""
-        if not self.cfg.run.standby_core or self.spares:
+        then waits (process.await_standby) for the file `standby.gate`, logging nothing till then."""
+        if not self.cfg.run.standby_core or self.standby.waiting:
             return
-        self.spare_gate.unlink(missing_ok=True)
+        self.standby.gate.unlink(missing_ok=True)
         for name in self.core:
             self._spawn(name, resume=True, spare=True)
-
-    def _take_spares(self, plan: list[Member]) -> bool:
-        """Make the waiting spares `plan`'s members (their lines start at the logs' ends now) and let
-        them go; False (none taken, the spares are stopped) when there are none or one has died."""
-        spares, self.spares = self.spares, {}
-        if not spares or not all(c.alive() for c in spares.values()):
-            stop_children(list(spares.values()), 0.0)
-            return False
-        for m in plan:
-            child = spares[m.name]
-            log = self.run_dir.log_path(m.name)
-            child.log_from = log.stat().st_size if log.exists() else 0
-            self.sup.start(child)
-        self.spare_gate.touch()
-        return True
-
-    def _drop_spares(self) -> None:
-        spares, self.spares = list(self.spares.values()), {}
-        for c in spares:
-            c.signal(signal.SIGTERM)
-        stop_children(spares, KILL_WAIT_S)
 
     def _stop_core(self) -> None:
         """Every core actor still running: SIGTERM (a clean stop that tells no worker anything: only
@@ -301,13 +351,13 @@ class Launcher:
         """The restart back-off: stop signals and worker crashes are still heard meanwhile."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            self._check_signal()
+            self.sup.signals.check()
             self._check_workers()
             time.sleep(0.05)
 
     def _outcome(self) -> int:
         """0 when the coordinator completed every epoch; else why it ended early (EXIT_STOPPED)."""
-        done = self._find(self.children["coordinator"], "run_done")
+        done = self.logs.find(self.children["coordinator"], "run_done")
         if done is None:
             raise RunFailed(
                 f"the coordinator exited without ending the run; see {self.run_dir.log_path('coordinator')}"
@@ -354,7 +404,7 @@ class Launcher:
             env[START_GATE_ENV] = str(self.gate)
         fork = self._fork if self.zygote is not None else None
         if spare:
-            self.spares[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.spare_gate)}, fork=fork)
+            self.standby.waiting[name] = spawn(name, cmd, {**env, STANDBY_ENV: str(self.standby.gate)}, fork=fork)
             return
         self.sup.start(spawn(name, cmd, env, log_from=offset, restarts=restarts, fork=fork))
 
@@ -384,14 +434,14 @@ class Launcher:
         meanwhile: a damaged checkpoint ends the run now), fails the run at its start (e.g. the
         address is in use); in a restart a crash is `_supervise`'s to heal: False."""
         deadline = time.monotonic() + self.cfg.transport.join_timeout_s
-        while self._find(child, "actor_ready") is None:
-            self._check_signal()
+        while self.logs.find(child, "actor_ready") is None:
+            self.sup.signals.check()
             trainer = self.children["trainer"]
             crashed = child if child.proc.poll() is not None else trainer if trainer.proc.poll() else None
             if crashed is not None and self.heal.used:
                 return False
             if crashed is not None:
-                raise RunFailed(self._failure(crashed))
+                raise RunFailed(self.logs.failure(crashed))
             self._check_workers()
             if time.monotonic() > deadline:
                 raise RunFailed(f"{child.name} did not bind {self.cfg.address(child.name)} in time")
@@ -413,10 +463,10 @@ class Launcher:
 
     def _worker_crashed(self, child: Child, rc: int) -> None:
         """Queue its replacement: at once, or after a back-off when it died before registering."""
-        at_start = rc > 0 and self._find(child, "registered") is None
+        at_start = rc > 0 and self.logs.find(child, "registered") is None
         restarts = child.restarts + 1 if at_start else 0
-        cause = self._cause(child, rc)
-        if self._find(child, "reward_failed") is not None:  # task.on_reward_error: fail ends the run
+        cause = self.logs.cause(child, rc)
+        if self.logs.find(child, "reward_failed") is not None:  # task.on_reward_error: fail ends the run
             raise RunFailed(f"{child.name} exited ({cause})")
         console(f"{child.name} exited ({cause})")
         if restarts > self.cfg.run.worker_restarts:
@@ -437,31 +487,6 @@ class Launcher:
             console(f"started {name} (wanted {self.desired} workers)")
 
     # --- what an actor's log says ------------------------------------------------------------
-
-    def _find(self, child: Child, event: str) -> dict[str, Any] | None:
-        """The last `event` that this process (not an earlier one of a resumed run) logged."""
-        try:
-            with open(self.run_dir.log_path(child.name), "rb") as f:
-                f.seek(child.log_from)
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        needle = f'"event":"{event}"'.encode()
-        for line in reversed(data.splitlines()):
-            if needle in line:
-                with contextlib.suppress(ValueError):
-                    found: dict[str, Any] = json.loads(line)
-                    return found
-        return None
-
-    def _cause(self, child: Child, rc: int) -> str:
-        how = f"signal {-rc}" if rc < 0 else f"code {rc}"
-        crashed = self._find(child, "actor_crashed")
-        return f"{how}: {crashed['error']}" if crashed else how
-
-    def _failure(self, child: Child) -> str:
-        rc = child.exit_code
-        return f"{child.name} exited ({self._cause(child, rc)}); see {self.run_dir.log_path(child.name)}"
 
     # --- status and scaling ------------------------------------------------------------------
 
@@ -525,22 +550,14 @@ class Launcher:
         if time.monotonic() - self.last_note < WAITING_NOTE_S:
             return
         self.last_note = time.monotonic()
-        doing = ", ".join(f"{n} ({self._doing(self.children[n])})" for n in missing)
+        doing = ", ".join(f"{n} ({self.logs.doing(self.children[n])})" for n in missing)
         console(f"up: waiting for {doing}; {time.monotonic() - self.t0:.0f}s since start")
-
-    def _doing(self, child: Child) -> str:
-        """What a starting actor last did, from its log."""
-        if self._find(child, "actor_ready") is not None:
-            return "registering"
-        if self._find(child, "actor_start") is not None:
-            return "loading its model" if role_prefix(child.name) in ("trainer", "worker") else "starting"
-        return "importing"
 
     def _scale_to(self, n: int) -> None:
         console(f"scaling workers {self.desired} -> {n}")
         self.desired = n
-        if self.spares:  # their coordinator would scale back to the old count
-            self._drop_spares()
+        if self.standby.waiting:  # their coordinator would scale back to the old count
+            self.standby.drop()
             self._spawn_spares()
         while self.pending and len(self._workers()) + len(self.pending) > n:
             self.pending.pop()
@@ -550,9 +567,6 @@ class Launcher:
             self._add_worker()
 
     # --- stopping ----------------------------------------------------------------------------
-
-    def _check_signal(self) -> None:
-        self.sup.signals.check()
 
     def _stop_all(self, reason: str) -> None:
         """RequestStop: the coordinator sends every member Shutdown; then wait for them a while.
