@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from prl_actors.engines.base import Engine, GeneratedGroup, IncompatibleWeights, engine_notes
+from prl_actors.engines.base import Engine, GeneratedGroup, engine_notes
 from prl_actors.protocol.contract import refusal
 from prl_actors.protocol.messages import (
     EpochStart,
@@ -34,7 +34,6 @@ from prl_actors.protocol.messages import (
     EvalAssign,
     EvalGroup,
     EvalResult,
-    FetchWeights,
     GenerationContract,
     GiveBack,
     Group,
@@ -60,10 +59,10 @@ from prl_actors.rewards.errors import RewardError, RewardStopped
 from prl_actors.runtime.core import LOUD_EVERY, LOUD_FIRST, handles
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights.fetch import FetchingCore, WeightFetch
-from prl_actors.weights.pulls import announced, drift_estimate, should_pull
-from prl_actors.weights.shm import ShmReader, ShmRefused
-from prl_actors.weights.tensors import unpack
+from prl_actors.weights.shm import ShmReader
 from prl_actors.weights.transfer import Snapshot
+from prl_actors.worker.evaluating import Evaluation
+from prl_actors.worker.weights import Weights
 
 if TYPE_CHECKING:
     from prl_actors.runtime.threads import ThreadPlan
@@ -123,6 +122,8 @@ class WorkerCore(FetchingCore):
         self.pull_due = False  # a drift pull is wanted: no more work, fetch once the engine is idle
         self.pull_reason = ""  # why the fetch in flight was sent (floor | drift)
         self.stale_weights = False  # the core restarted: the weights held are fetched again first
+        self.evals = Evaluation(self)  # evaluating.py
+        self.weights = Weights(self)  # weights.py: fetches, pulls, installs
 
     def start(self, now: float) -> None:
         self.register()
@@ -153,7 +154,7 @@ class WorkerCore(FetchingCore):
         self.run_id = inbound.msg.run_id
         if restarted:
             self._core_restarted(inbound.msg.run_id)
-        self._learn_target(inbound.msg.version)
+        self.weights.learn_target(inbound.msg.version)
 
     def _core_restarted(self, run_id: str) -> None:
         """We joined a new core (another run id: `up` restarted the core from its last checkpoint,
@@ -164,7 +165,7 @@ class WorkerCore(FetchingCore):
         self.log("core_restarted", run_id=run_id, held=self.engine.version, groups=sorted(self.assigned))
         if self.evaluating is not None:
             self.evaluating, self.eval_groups = None, []
-            self._restore_sampling()
+            self.evals.restore_sampling()
         if self.engine.busy:
             self.count("groups_dropped", len(self.engine.abort()))
         self.assigned.clear()
@@ -175,43 +176,19 @@ class WorkerCore(FetchingCore):
 
     @handles(EpochStart)
     def on_epoch_start(self, now: float, inbound: Inbound[EpochStart]) -> None:
-        self._learn_news(inbound.msg.newest, inbound.msg.step_kls)
-        self._learn_target(inbound.msg.version)
+        self.weights.learn_news(inbound.msg.newest, inbound.msg.step_kls)
+        self.weights.learn_target(inbound.msg.version)
 
     def on_heartbeat_ack(self, now: float, inbound: Inbound[HeartbeatAck]) -> None:
         super().on_heartbeat_ack(now, inbound)
         if not inbound.msg.known:
             return
         pulling = self.pull_due
-        self._learn_news(inbound.msg.newest, inbound.msg.step_kls)
+        self.weights.learn_news(inbound.msg.newest, inbound.msg.step_kls)
         if inbound.msg.version != self.target:
-            self._learn_target(inbound.msg.version)
+            self.weights.learn_target(inbound.msg.version)
         elif self.pull_due and not pulling:
             self._next()
-
-    def _learn_news(self, newest: int, step_kls: list[float]) -> None:
-        """Bounded mode: note the newest published version and the steps' KLs; decide a drift pull."""
-        if newest < 0:
-            return
-        self.newest = max(self.newest, newest)
-        self.step_kls.update(announced(newest, step_kls))
-        self._check_drift()
-
-    def _check_drift(self) -> None:
-        """A drift pull is due when the weights held are within the floor (else the floor rule fetches)
-        and their estimated KL from the newest published ones crosses worker.sync_kl_threshold."""
-        held = self.engine.version
-        if self.pull_due or self.sync_kl_threshold is None or held < max(self.target, 0):
-            return
-        estimate = drift_estimate(held, self.newest, self.step_kls)
-        if should_pull(self.sync_kl_threshold, estimate, held, self.newest):
-            self.pull_due = True
-            kl = None if estimate is None else round(estimate, 9)
-            self.log("pull_due", held=held, newest=self.newest, drift_kl=kl, threshold=self.sync_kl_threshold)
-
-    def _learn_target(self, version: int) -> None:
-        self.target = max(self.target, version)
-        self._ask_again()
 
     def _ask_again(self) -> None:
         self.hold = None
@@ -228,11 +205,11 @@ class WorkerCore(FetchingCore):
             return
         if self.engine.version < self.target or self.stale_weights:
             self._drop_running("a newer epoch is open")
-            self._fetch("floor")
+            self.weights.fetch("floor")
             return
         if self.pull_due:  # drain first: what runs was assigned for these weights and is within the bound
             if not self.engine.busy:
-                self._fetch("drift")
+                self.weights.fetch("drift")
             return
         want = (self.engine.max_rows + self.prefetch * self.group_size - self.engine.rows) // self.group_size
         if want <= 0 or self.hold is not None:
@@ -252,7 +229,7 @@ class WorkerCore(FetchingCore):
             self.log("batch_dropped", reason=reason, groups=sorted(dropped))
         self.assigned.clear()
         if self.evaluating is not None:  # hand the unfinished eval prompts back (the coordinator requeues them)
-            self._end_eval()
+            self.evals.end()
 
     def _request_timed_out(self, now: float) -> None:
         self.requesting = False
@@ -268,75 +245,15 @@ class WorkerCore(FetchingCore):
 
     # --- weights ---------------------------------------------------------------------------------
 
-    def _fetch(self, reason: str) -> None:
-        self.log("span_begin", span="weight_sync", target=self.target)
-        self.pull_reason = reason
-        self.fetch.request(self.now)
-        proof = self.shm.proof(self.run_id) if self.shm is not None else ""
-        self.emit(Dest.peer("publisher"), FetchWeights(version=self.engine.version, host_proof=proof))
-
     @handles(WeightsBegin)
     def on_weights_begin(self, now: float, inbound: Inbound[WeightsBegin]) -> None:
         if inbound.msg.shm_path:
-            self._load_shared(now, inbound.msg)
+            self.weights.load_shared(now, inbound.msg)
         else:
             super().on_weights_begin(now, inbound)
 
     def weights_arrived(self, now: float, snap: Snapshot, started: float) -> None:
-        self._install(snap, started, via="chunks")
-
-    def _load_shared(self, now: float, begin: WeightsBegin) -> None:
-        """A same-host snapshot: validated and mapped, never trusted (a refusal means chunks from now on)."""
-        try:
-            if self.shm is None:
-                raise ShmRefused("a shared-memory reply to a fetch that offered no host proof")
-            data = self.shm.open(self.run_id, begin)
-        except ShmRefused as exc:
-            self.count("shm_refused")
-            self.shm = None  # at once: the next fetch asks for chunks
-            why = self.fetch.fail(now, f"shared memory: {exc}; fetching chunks instead", retry_s=0.01)
-            self.log("weight_sync_failed", reason=why)  # not counted as one: the fallback, not a failure
-            return
-        self._install(Snapshot(begin.version, begin.tensors, data), now, via="shm")
-
-    def _install(self, snap: Snapshot, started: float, via: str) -> None:
-        self.fetch.clear()
-        if snap.version <= self.engine.version and not self.stale_weights:  # a late answer to an earlier fetch
-            self.log("weights_ignored", new_version=snap.version, held=self.engine.version)
-            self.pull_due = False
-            self._next()
-            return
-        held = self.engine.version
-        self._drop_running("weights swap")
-        try:
-            self.engine.load_weights(snap.version, unpack(snap.metas, snap.data, as_torch=self.as_torch))
-        except IncompatibleWeights as exc:  # another model than the trainer's: no fetch can fix that
-            self.fail(f"cannot load the published weights: {exc}")
-            return
-        self.version, self.stale_weights = snap.version, False
-        if self.threads is not None:
-            self.threads.take_all()  # a new epoch: the trainer has nothing to train until our first group
-        seconds = round(time.monotonic() - started, 6)
-        self.log("span_end", span="weight_sync", new_version=snap.version, bytes=snap.nbytes, seconds=seconds, via=via)
-        self._pulled(held, snap.version)
-        self._next()
-
-    def _pulled(self, held: int, loaded: int) -> None:
-        """Count a load: why it was paid, and how many published versions were never loaded here."""
-        skipped = max(0, loaded - held - 1) if held >= 0 else 0
-        self.count("weight_loads")
-        self.count("versions_skipped", skipped)
-        self.log(
-            "weights_pulled",
-            held=held,
-            new_version=loaded,
-            newest=self.newest,
-            reason=self.pull_reason,
-            skipped=skipped,
-        )
-        self.pull_due, self.pull_reason = False, ""
-        self.step_kls = {i: kl for i, kl in self.step_kls.items() if i >= loaded}
-        self._check_drift()
+        self.weights.install(snap, started, via="chunks")
 
     def on_error(self, now: float, inbound: Inbound[Error]) -> None:
         super().on_error(now, inbound)
@@ -353,7 +270,7 @@ class WorkerCore(FetchingCore):
         if reason == NoWorkReason.DONE:
             return
         if reason == NoWorkReason.STALE_VERSION:
-            self._learn_target(inbound.msg.version)
+            self.weights.learn_target(inbound.msg.version)
             return
         # queue_empty / no_epoch: the coordinator nudges us (EpochStart); fair_share: ask again once one
         # of our groups is acked (our share grows); either way poll slowly as a fallback
@@ -378,65 +295,6 @@ class WorkerCore(FetchingCore):
         self.log("span_begin", span="eval", prompts=[p.group_id for p in msg.prompts], eval_epoch=msg.epoch)
         self.engine.admit(msg.prompts, msg.samples)
         self._kick()
-
-    def _eval_finished(self, finished: list[GeneratedGroup]) -> None:
-        """Score finished eval prompts; when the last is done, send them all and go back to training."""
-        ev = self.evaluating
-        assert ev is not None
-        by_id = {p.group_id: p for p in ev.prompts}
-        for g in finished:
-            p = by_id.get(g.group_id)
-            if p is None:
-                continue
-            texts = [s.text for s in g.samples]
-            try:  # the task's rewards, or the episode's own (multi-turn), exactly as for training groups
-                rewards, error = list(self.task.score_generated(p, g.prompt_ids, g.samples).totals), ""
-            except Exception as exc:  # a failing reward: this prompt's voice in eval/epoch-N.jsonl, not a crash
-                rewards, error = [], f"{type(exc).__name__}: {exc}"
-            self.eval_groups.append(
-                EvalGroup(
-                    prompt_id=p.group_id,
-                    prompt=p.prompt,
-                    answer=p.answer,
-                    completions=texts,
-                    rewards=rewards,
-                    error=error,
-                )
-            )
-        if len(self.eval_groups) >= len(ev.prompts):
-            self._end_eval()
-
-    def _eval_failed(self, exc: Exception) -> None:
-        """The engine raised on eval prompts: each unfinished one is returned with the error (a voice in
-        eval/epoch-N.jsonl, counted as not passed) and the worker goes back to training."""
-        ev = self.evaluating
-        assert ev is not None
-        error = f"{type(exc).__name__}: {exc}"
-        self.count("eval_failed")
-        self.log("eval_failed", error=error)
-        returned = {g.prompt_id for g in self.eval_groups}
-        self.eval_groups += [
-            EvalGroup(prompt_id=p.group_id, prompt=p.prompt, answer=p.answer, completions=[], rewards=[], error=error)
-            for p in ev.prompts
-            if p.group_id not in returned
-        ]
-        self._end_eval()
-
-    def _end_eval(self) -> None:
-        ev, self.evaluating = self.evaluating, None
-        assert ev is not None
-        if self.engine.busy:
-            self.engine.abort()
-        self._restore_sampling()
-        self.emit(Dest.peer("coordinator"), EvalResult(epoch=ev.epoch, version=ev.version, groups=self.eval_groups))
-        self.log("span_end", span="eval", returned=len(self.eval_groups), prompts=len(ev.prompts))
-        self.eval_groups = []
-        self.hold = None
-
-    def _restore_sampling(self) -> None:
-        if self.train_sampling is not None:
-            engine: Any = self.engine
-            engine.sampling, self.train_sampling = self.train_sampling, None
 
     @handles(WorkAssign)
     def on_work_assign(self, now: float, inbound: Inbound[WorkAssign]) -> None:
@@ -466,14 +324,14 @@ class WorkerCore(FetchingCore):
             finished = self.engine.step()
         except Exception as exc:  # engine failure: hand the groups back by registering anew
             if self.evaluating is not None:  # eval prompts are not handed back: retrying could loop forever
-                self._eval_failed(exc)
+                self.evals.failed(exc)
             else:
                 self._engine_failed(exc)
             finished = []
         for event, fields in engine_notes(self.engine):  # e.g. which decode attention the model got
             self.log(event, **fields)
         if finished and self.evaluating is not None:
-            self._eval_finished(finished)
+            self.evals.finished(finished)
         elif finished:
             self._finish(finished)
         if self.engine.busy:
@@ -513,7 +371,7 @@ class WorkerCore(FetchingCore):
         self._give_back(groups, "generate", exc)
         if self.evaluating is not None:  # re-registering releases its eval prompts at the coordinator
             self.evaluating, self.eval_groups = None, []
-            self._restore_sampling()
+            self.evals.restore_sampling()
             self.registered = False
             self.register()
 
