@@ -24,7 +24,7 @@ from prl_actors.classic.envkit.arrays import ArrayError, leading, unpack
 from prl_actors.classic.envkit.calls import Done, Request, VectorCall
 from prl_actors.classic.envkit.slots import SlotTable
 from prl_actors.classic.learner_acting import ActingRounds, LearnerSettings
-from prl_actors.coordinator.membership import Member, Membership
+from prl_actors.coordinator.membership import Membership
 from prl_actors.protocol.messages import (
     Ack,
     EnvObs,
@@ -363,6 +363,3 @@ class LearnerCore(ActingRounds):
         for m in self.members.of_role(Role.ENV):
             self.emit(Dest.reply(m.identity), Shutdown(reason=reason))
         self.stopped = True
-
-    def member(self, name: str) -> Member | None:
-        return self.members.get(name)

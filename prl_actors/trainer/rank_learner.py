@@ -36,7 +36,7 @@ from prl_actors.model.builtin import quiet_progress
 from prl_actors.sections import ConfigError
 from prl_actors.trainer.rank_group import Joined, Piece, RankEnv
 from prl_actors.training import checkpoint
-from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm
+from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm, published
 from prl_actors.training.lora import TOKENIZER_FILES
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class RankLearner(GRPOLearner):
         if self.strategy == "ddp":
             return super().weights() if self.rank == 0 else {}
         full = self._full_state()
-        return {name: self._published(t) for name, t in full.items()}
+        return {name: published(t, self.dtype) for name, t in full.items()}
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

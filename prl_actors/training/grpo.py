@@ -78,6 +78,7 @@ from prl_actors.training.trimodel import TriLogprobs, TriModel
 if TYPE_CHECKING:
     from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
+    from prl_actors.trainer.config import TrainerSection
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -315,11 +316,8 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
     def _advantages(self, group: Group) -> torch.Tensor:
         """[G] float64: the advantages of `group`'s samples under trainer.scale_rewards."""
         rewards, first = self._group_rewards(group)
-        return self._scaled(rewards)[first : first + len(group.samples)]
-
-    def _scaled(self, rewards: list[float]) -> torch.Tensor:
-        """[G] float64: the advantages of one whole group's `rewards` under trainer.scale_rewards."""
-        return scaled_advantages(torch.tensor(rewards, dtype=torch.float64), self.cfg.scale_rewards, self.batch_std)
+        whole = scaled_advantages(torch.tensor(rewards, dtype=torch.float64), self.cfg.scale_rewards, self.batch_std)
+        return whole[first : first + len(group.samples)]
 
     def _advantage_values(self, group: Group) -> list[float]:
         """`_advantages` as Python floats, computed on the host (the gpu impl: no torch op per group)."""
@@ -406,7 +404,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         for _ in range(1, self.cfg.num_iterations):
             for k in range(self.run.plan.minibatches):
                 self._train_minibatch(k)
-        lr = self._lr()  # this epoch's
+        lr = epoch_lr(self.cfg, self.version, self.horizon)  # this epoch's
         self.version += 1
         self._sync_reference()
         self._fold_stats()
@@ -421,10 +419,6 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
             self._queue(g)
         self._optimizer_step()
 
-    def _lr(self) -> float:
-        c = self.cfg
-        return c.lr * lr_factor(c.lr_scheduler, self.version, c.warmup_epochs, self.horizon)
-
     def _optimizer_step(self) -> None:
         """Flush, scale gradients by 1 / (the minibatch's normaliser), clip, step once (no version)."""
         self._flush()
@@ -437,7 +431,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
                 p.grad.mul_(scale)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         for group in self.optimizer.param_groups:
-            group["lr"] = self._lr()
+            group["lr"] = epoch_lr(self.cfg, self.version, self.horizon)
         if self.epoch_steps == 0 and self.frozen is not None:  # the epoch-start weights, for the later steps
             self.frozen.load_state_dict(self.policy.state_dict())
         self.optimizer.step()
@@ -469,11 +463,7 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         (the engines' dtype): safe to serialise while training. With LoRA: the adapter only."""
         if self.lora is not None:
             return lora.published(self.policy, self.lora, self.base_fingerprint, self.dtype)
-        return {name: self._published(t) for name, t in self.policy.state_dict().items()}
-
-    def _published(self, t: torch.Tensor) -> torch.Tensor:
-        dtype = self.dtype if t.is_floating_point() else t.dtype
-        return t.detach().to("cpu", dtype=dtype, copy=True)
+        return {name: published(t, self.dtype) for name, t in self.policy.state_dict().items()}
 
     def save_checkpoint(self, path: Path) -> None:
         merged = self.lora is not None and self.lora.export_merged
@@ -495,3 +485,13 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         self.horizon = int(extra.get("lr_horizon", self.horizon))
         if "reference" in extra and self.tri.reference is not None:
             self.tri.reference.load_state_dict(extra["reference"])
+
+
+def published(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A host copy of the tensor `t` as workers get it: floating point in the run's `dtype`."""
+    return t.detach().to("cpu", dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
+
+
+def epoch_lr(c: TrainerSection, version: int, horizon: int) -> float:
+    """The learning rate of the epoch that trains `version`: trainer.lr under its scheduler."""
+    return c.lr * lr_factor(c.lr_scheduler, version, c.warmup_epochs, horizon)
