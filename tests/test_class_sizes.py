@@ -32,7 +32,6 @@ def test_class_sizes_are_counted() -> None:
     assert sizes["prl_actors/worker/core.py:WorkerCore"] <= MAX_METHODS
 
 
-@pytest.mark.xfail(strict=False, reason="other classes are being split (issue 41 item 3)")
 def test_no_class_has_more_than_max_methods() -> None:
     over = sorted((f"{name} ({n})" for n, name in class_sizes() if n > MAX_METHODS))
     assert not over, f"classes with more than {MAX_METHODS} methods: {', '.join(over)}"
