@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check prl_actors cli tests bench tools/import_cycles.py
 	$(BIN)/ruff format --check prl_actors cli tests bench tools/import_cycles.py
 	$(BIN)/mypy
-	$(BIN)/python tools/import_cycles.py  # no module or package import circles but the listed ones
+	$(BIN)/python tools/import_cycles.py  # no import circles but the listed ones, no import up a layer (tools/import_layers.txt)
 
 # Test tiers: a module names its tier at its top (`pytestmark = pytest.mark.fast`); one that names
 # none is integration (tests/conftest.py). `make test` = lint + fast + integration (~10 min on 2 cores

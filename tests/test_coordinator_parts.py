@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from prl_actors.coordinator.epoch_work import Accept, EpochWork
-from prl_actors.coordinator.membership import Membership
 from prl_actors.coordinator.phase import IllegalTransition, PhaseMachine
 from prl_actors.protocol import messages as m
+from prl_actors.runtime.membership import Membership
 
 pytestmark = pytest.mark.fast
 

@@ -1,4 +1,4 @@
-"""The run's generation contract (protocol/contract.py): a worker whose sampling settings, group size,
+"""The run's generation contract (runtime/contract.py): a worker whose sampling settings, group size,
 token limits, model or task differ from the run's is refused at Register with one line naming the
 setting; a matching one joins. The same with a hand-started worker against `prl-actors up`:
 tests/test_generation_contract_live.py."""
@@ -12,9 +12,9 @@ import pytest
 
 from prl_actors.coordinator.core import CoordinatorCore
 from prl_actors.engines.sim import SimEngine
-from prl_actors.protocol import contract
 from prl_actors.protocol import messages as m
 from prl_actors.records.logs import EventLog
+from prl_actors.runtime import contract
 from prl_actors.tasks.base import Task, exact_match
 from prl_actors.transport.port import Inbound
 from prl_actors.worker.core import WorkerCore

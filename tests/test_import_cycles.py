@@ -88,3 +88,44 @@ def test_an_allowed_edge_that_closes_no_circle_must_go(tmp_path: Path) -> None:
     assert import_cycles.check(root, ["pkg"], allow) == [
         "allowed import edge closes no circle (remove it from allowed.txt): module pkg.high.b -> pkg.low.a"
     ]
+
+
+LAYERED = {
+    **ACYCLIC,
+    "pkg/side/__init__.py": "",
+    "pkg/side/c.py": "from pkg.low import a\n",
+}
+LAYERS = "pkg pkg.low\nisolated: pkg.high pkg.side\n"
+
+
+def test_imports_down_the_layers_pass(tmp_path: Path) -> None:
+    root = _package(tmp_path, {**LAYERED, "layers.txt": LAYERS})
+    assert import_cycles.check(root, ["pkg"], root / "none.txt", root / "layers.txt") == []
+
+
+def test_an_import_up_a_layer_fails_naming_both_packages(tmp_path: Path) -> None:
+    files = {"pkg/low/a.py": "def f():\n    import pkg.side.c\n", "pkg/side/c.py": "import os\n"}
+    root = _package(tmp_path, {**LAYERED, "layers.txt": LAYERS, **files})
+    problems = import_cycles.check(root, ["pkg"], root / "none.txt", root / "layers.txt")
+    assert problems == ["layer violation: pkg.low imports pkg.side, a higher layer (layers.txt)"]
+
+
+def test_siblings_of_an_isolated_layer_may_not_import_each_other(tmp_path: Path) -> None:
+    root = _package(tmp_path, {**LAYERED, "layers.txt": LAYERS, "pkg/side/c.py": "from pkg.high import b\n"})
+    problems = import_cycles.check(root, ["pkg"], root / "none.txt", root / "layers.txt")
+    assert problems == ["layer violation: pkg.side imports pkg.high, its sibling in an isolated layer (layers.txt)"]
+
+
+def test_a_package_without_a_layer_fails(tmp_path: Path) -> None:
+    root = _package(tmp_path, {**LAYERED, "layers.txt": "pkg pkg.low\nisolated: pkg.high\n"})
+    problems = import_cycles.check(root, ["pkg"], root / "none.txt", root / "layers.txt")
+    assert problems == ["package pkg.side has no layer in layers.txt"]
+
+
+def test_the_project_is_layered() -> None:
+    here = Path(__file__).resolve().parents[1]
+    tools = here / "tools"
+    assert (
+        import_cycles.check(here, ["prl_actors"], tools / "import_cycles_allowed.txt", tools / "import_layers.txt")
+        == []
+    )

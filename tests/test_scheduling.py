@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from prl_actors.buffer.bursts import Bursts
 from prl_actors.runtime.threads import ThreadPlan
-from prl_actors.trainer.scheduling import Bursts, TrainerSchedule
+from prl_actors.trainer.scheduling import TrainerSchedule
 
 pytestmark = pytest.mark.fast
 

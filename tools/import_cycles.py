@@ -1,5 +1,5 @@
-"""The project's import-cycle check (`make lint`): no module circles and no package circles, except
-the ones listed with a reason in tools/import_cycles_allowed.txt.
+"""The project's import-graph check (`make lint`): no module circles and no package circles, except
+the ones listed with a reason in tools/import_cycles_allowed.txt, and no import up a layer.
 
 Edges come from the source (ast), not from importing it: every `import` and `from ... import` of a
 first-party module counts, at module level or inside a function (a function-level import hides a
@@ -14,7 +14,11 @@ The check takes the allowed edges out and fails on every circle left (a strongly
 shown with one path round it), and on an allowed edge that no longer exists (keep the list honest).
 A new import that closes a circle through allowed edges still fails: only the listed edges are exempt.
 
-    python tools/import_cycles.py [--root DIR] [--allow FILE] [PACKAGE ...]   (default: prl_actors)
+Layers (tools/import_layers.txt, one line per layer, bottom to top): a package may import packages of
+its own layer or below, never above; in an `isolated:` layer (the process folders) not its siblings
+either; a package the file does not place fails too, so a new folder must be given its layer.
+
+    python tools/import_cycles.py [--root DIR] [--allow FILE] [--layers FILE] [PACKAGE ...]   (default: prl_actors)
 """
 
 from __future__ import annotations
@@ -194,9 +198,45 @@ def _without(graph: Graph, kind: str, allowed: dict[tuple[str, str, str], str]) 
     return {a: {b for b in bs if (kind, a, b) not in allowed} for a, bs in graph.items()}
 
 
-def check(root: Path, packages: list[str], allow: Path) -> list[str]:
+def read_layers(path: Path) -> tuple[dict[str, int], set[int]]:
+    """package -> its layer (0: the bottom), and the isolated layers, from `path` (one layer a line)."""
+    layer_of: dict[str, int] = {}
+    isolated: set[int] = set()
+    if not path.exists():
+        return layer_of, isolated
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    for n, line in enumerate(line for line in lines if line):
+        if line.startswith("isolated:"):
+            isolated.add(n)
+            line = line.removeprefix("isolated:")
+        for package in line.split():
+            layer_of[package] = n
+    return layer_of, isolated
+
+
+def layer_problems(graph: Graph, layers: Path) -> list[str]:
+    """Each package import that goes up a layer, or across an isolated one, and each package the
+    layer file does not place (none when there is no layer file)."""
+    layer_of, isolated = read_layers(layers)
+    if not layer_of:
+        return []
+    problems = [f"package {p} has no layer in {layers.name}" for p in sorted(graph) if p not in layer_of]
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            la, lb = layer_of.get(a), layer_of.get(b)
+            if la is None or lb is None or lb < la:
+                continue
+            if lb > la:
+                problems.append(f"layer violation: {a} imports {b}, a higher layer ({layers.name})")
+            elif la in isolated:
+                problems.append(f"layer violation: {a} imports {b}, its sibling in an isolated layer ({layers.name})")
+    return problems
+
+
+def check(root: Path, packages: list[str], allow: Path, layers: Path | None = None) -> list[str]:
     """The problems: each circle left once the allowed edges are taken out (with one path round it),
-    and each allowed edge that no longer exists (keep the list honest)."""
+    each allowed edge that no longer exists (keep the list honest), and with a layer file, each import
+    that goes up a layer."""
     graph = module_graph(root, packages)
     graphs = {"module": graph, "package": package_graph(graph)}
     allowed = read_allowed(allow)
@@ -211,6 +251,8 @@ def check(root: Path, packages: list[str], allow: Path) -> list[str]:
             problems.append(f"allowed import edge no longer exists (remove it from {allow.name}): {kind} {a} -> {b}")
         elif not _reaches(_without(graphs[kind], kind, allowed), b, a):  # needed on its own
             problems.append(f"allowed import edge closes no circle (remove it from {allow.name}): {kind} {a} -> {b}")
+    if layers is not None:
+        problems += layer_problems(graphs["package"], layers)
     return problems
 
 
@@ -233,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("packages", nargs="*", default=["prl_actors"])
     parser.add_argument("--root", type=Path, default=here.parent)
     parser.add_argument("--allow", type=Path, default=here / "import_cycles_allowed.txt")
+    parser.add_argument("--layers", type=Path, default=here / "import_layers.txt")
     args = parser.parse_args(argv)
-    problems = check(args.root, args.packages, args.allow)
+    problems = check(args.root, args.packages, args.allow, args.layers)
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print(f"{len(problems)} import cycle problem(s); see tools/import_cycles.py", file=sys.stderr)
+        print(f"{len(problems)} import graph problem(s); see tools/import_cycles.py", file=sys.stderr)
     return 1 if problems else 0
 
 

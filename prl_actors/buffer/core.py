@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from prl_actors.buffer.bursts import Bursts
 from prl_actors.buffer.group_check import GroupChecker
 from prl_actors.protocol import tickets
 from prl_actors.protocol.messages import (
@@ -59,7 +60,6 @@ from prl_actors.protocol.messages import (
 from prl_actors.protocol.versions import within_bound
 from prl_actors.runtime.core import Core, handles
 from prl_actors.runtime.faults import kill_point
-from prl_actors.trainer.scheduling import Bursts
 from prl_actors.training.dynamic_sampling import informative
 from prl_actors.transport.port import Dest, Inbound
 

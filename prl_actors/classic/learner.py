@@ -24,7 +24,6 @@ from prl_actors.classic.envkit.arrays import ArrayError, leading, unpack
 from prl_actors.classic.envkit.calls import Done, Request, VectorCall
 from prl_actors.classic.envkit.slots import SlotTable
 from prl_actors.classic.learner_acting import ActingRounds, LearnerSettings
-from prl_actors.coordinator.membership import Membership
 from prl_actors.protocol.messages import (
     Ack,
     EnvObs,
@@ -42,6 +41,7 @@ from prl_actors.protocol.messages import (
     Welcome,
 )
 from prl_actors.runtime.core import handles
+from prl_actors.runtime.membership import Membership
 from prl_actors.transport.port import Dest, Inbound
 
 if TYPE_CHECKING:

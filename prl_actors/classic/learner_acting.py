@@ -28,8 +28,8 @@ from prl_actors.weights.transfer import Snapshot, transfer_messages
 if TYPE_CHECKING:
     from prl_actors.classic.envkit.calls import Done
     from prl_actors.classic.envkit.slots import SlotTable
-    from prl_actors.coordinator.membership import Membership
     from prl_actors.records.logs import EventLog
+    from prl_actors.runtime.membership import Membership
 
 Array = npt.NDArray[Any]
 PolicyFn = Callable[[Array], Array]  # observations [K, *obs] -> logits [K, n_actions]

@@ -1,15 +1,15 @@
 """Admission, a part of the coordinator: who may join the run under a name (Register).
 
 One member per name: a name held by another live process is refused, not taken over; an expelled
-name never comes back; a worker under another generation contract is refused (protocol/contract.py);
+name never comes back; a worker under another generation contract is refused (runtime/contract.py);
 a run that is over tells a late joiner so."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prl_actors.protocol import contract
 from prl_actors.protocol.messages import ErrorCode, Phase, Register, Role, Shutdown
+from prl_actors.runtime import contract
 
 if TYPE_CHECKING:
     from prl_actors.coordinator.core import CoordinatorCore
@@ -46,7 +46,7 @@ class Admission:
         return True
 
     def refused_contract(self, inbound: Inbound[Register]) -> bool:
-        """One generation contract (protocol/contract.py): a worker whose sampling settings, group size,
+        """One generation contract (runtime/contract.py): a worker whose sampling settings, group size,
         token limits, model or task differ from the run's would generate off-policy (or with another
         model or data): it is refused, with the first differing setting, never adapted."""
         c, msg = self.core, inbound.msg

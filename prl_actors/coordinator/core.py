@@ -39,7 +39,6 @@ from prl_actors.coordinator.assignment import Assigner
 from prl_actors.coordinator.epoch_work import Accept, EpochWork
 from prl_actors.coordinator.evaluating import Evaluations
 from prl_actors.coordinator.evaluation import EvalPlan, EvalSink
-from prl_actors.coordinator.membership import Member, Membership
 from prl_actors.coordinator.opening import Opening
 from prl_actors.coordinator.phase import PhaseMachine
 from prl_actors.coordinator.recovery import Recovery
@@ -81,6 +80,7 @@ from prl_actors.protocol.messages import (
 from prl_actors.protocol.versions import epoch_for, version_for
 from prl_actors.runtime.core import REFUSALS, Core, handles
 from prl_actors.runtime.faults import armed, kill_point
+from prl_actors.runtime.membership import Member, Membership
 from prl_actors.training.dynamic_sampling import Rounds
 from prl_actors.transport.port import Dest, Inbound
 
@@ -112,7 +112,7 @@ class CoordinatorSettings:
     max_group_failures: int = 3  # a group given back this often is given up (on_error)
     on_error: str = "fail_first"  # fail | skip | fail_first (config.TaskSection.on_error)
     expelled_wait_s: float = 60.0  # every worker expelled: how long one may still join (transport.join_timeout_s)
-    contract: GenerationContract | None = None  # the run's (protocol/contract.py); None: workers are not checked
+    contract: GenerationContract | None = None  # the run's (runtime/contract.py); None: workers are not checked
 
 
 NOTICES_KEPT = 20

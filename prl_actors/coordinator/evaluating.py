@@ -14,7 +14,7 @@ from prl_actors.protocol.versions import version_for
 
 if TYPE_CHECKING:
     from prl_actors.coordinator.core import CoordinatorCore
-    from prl_actors.coordinator.membership import Member
+    from prl_actors.runtime.membership import Member
     from prl_actors.transport.port import Inbound
 
 

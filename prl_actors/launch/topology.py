@@ -69,7 +69,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     role = role_of(name)
     run_dir = Path(cfg.run.run_dir)
     if role == "coordinator":
-        from prl_actors.protocol.contract import contract_of
+        from prl_actors.runtime.contract import contract_of
         from prl_actors.tasks import load_task
 
         task = load_task(cfg)
@@ -143,7 +143,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             learner.on_fatal = core.fail
         return core
     if role == "worker":
-        from prl_actors.protocol.contract import contract_of
+        from prl_actors.runtime.contract import contract_of
         from prl_actors.tasks import load_task
         from prl_actors.weights.shm import ShmReader
 

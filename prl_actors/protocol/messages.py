@@ -176,7 +176,7 @@ class Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=False):
 
 
 class GenerationContract(msgspec.Struct, kw_only=True):
-    """What a worker generates under (protocol/contract.py): its sampling settings, group size and token
+    """What a worker generates under (runtime/contract.py): its sampling settings, group size and token
     limits, and the identities of its model and task. A worker registers with its own; the coordinator
     refuses one that differs from the run's in any field and sends the run's in Welcome."""
 

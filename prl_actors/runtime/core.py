@@ -153,7 +153,7 @@ class Core:
     join_timeout_s = 60.0  # set from transport.join_timeout_s by topology.start_actor
     fatal_errors: ClassVar[bool] = False  # a handler exception fails the actor (else: logged, it lives on)
     coordinator_addr = "the coordinator"
-    contract: GenerationContract | None = None  # what it generates under, sent in Register (protocol/contract.py)
+    contract: GenerationContract | None = None  # what it generates under, sent in Register (runtime/contract.py)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

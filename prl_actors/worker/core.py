@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from prl_actors.engines.base import Engine, GeneratedGroup, engine_notes
-from prl_actors.protocol.contract import refusal
 from prl_actors.protocol.messages import (
     EpochStart,
     Error,
@@ -56,6 +55,7 @@ from prl_actors.protocol.messages import (
 from prl_actors.protocol.versions import within_bound
 from prl_actors.records.logs import EventLog, console
 from prl_actors.rewards.errors import RewardError, RewardStopped
+from prl_actors.runtime.contract import refusal
 from prl_actors.runtime.core import LOUD_EVERY, LOUD_FIRST, handles
 from prl_actors.transport.port import Dest, Inbound
 from prl_actors.weights.fetch import FetchingCore, WeightFetch
@@ -93,7 +93,7 @@ class WorkerCore(FetchingCore):
         contract: GenerationContract | None = None,
     ) -> None:
         super().__init__(name, log)
-        self.contract = contract  # what it generates under (protocol/contract.py): sent in Register, checked on Welcome
+        self.contract = contract  # what it generates under (runtime/contract.py): sent in Register, checked on Welcome
         self.engine, self.task, self.group_size = engine, task, group_size
         self.request_timeout_s = request_timeout_s
         self.as_torch = as_torch
