@@ -152,6 +152,7 @@ def test_metrics_follow_the_file_whole_lines_once_through_a_rewrite(tmp_path: Pa
     ]
 
 
+@pytest.mark.e2e  # test_readme_example_runs takes the API through `up`
 def test_callables_and_dataset_reach_the_workers_then_stop_and_final_model(tmp_path: Path) -> None:
     """The reward scores 1 only for the dataset's one row: every epoch's mean is 1 only if both the
     closure and the dataset reached the worker. Stopped after two epochs, as Ctrl-C."""

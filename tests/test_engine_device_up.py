@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# the gpu decode path against the cpu one: test_engine_device_path (fast); `up` on the demo config: many
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 

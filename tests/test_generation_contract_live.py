@@ -1,5 +1,5 @@
 """A hand-started worker (`prl-actors actor worker --coordinator ...`) whose sampling settings differ
-from the run's is refused (protocol/contract.py): it exits non-zero with one line naming the setting, the
+from the run's is refused (runtime/contract.py): it exits non-zero with one line naming the setting, the
 coordinator logs the refusal, the run completes with `replay --check` green; a matching one joins."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.conftest import assert_invariants, read_logs, sim_config, wait_for
 CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 
 
-@pytest.mark.integration
+@pytest.mark.e2e  # the refusal: test_generation_contract (cores); a hand-started joiner: test_processes
 def test_a_hand_started_worker_with_another_temperature_is_refused_and_a_matching_one_joins(
     tmp_path: Path, run_dir: Path
 ) -> None:

@@ -62,6 +62,7 @@ def assert_healed(run_dir: Path, err: str, victim: str) -> None:
     assert not failed, failed
 
 
+@pytest.mark.e2e  # a trainer killed and restarted through `up`, every row kept: test_record_whole[before]
 def test_a_killed_trainer_is_restarted_in_place_and_the_run_completes(tmp_path: Path, run_dir: Path) -> None:
     proc = start_up(heal_config(run_dir), tmp_path)
     pids: list[int] = []

@@ -66,13 +66,21 @@ def test_zero_policy_completes_with_counted_warnings_and_finite_metrics(
     assert_invariants(run_dir, epochs=3, groups=6)
 
 
+E2E = pytest.mark.e2e
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("plugin", "says"),
     [
-        ("flaky", r"raised on prompt \d+ \(row \d+\) sample 2: ValueError: cannot score"),
+        # one failing reward through `up` stays in `make test`; the others' lines: test_rewards (fast)
+        pytest.param("flaky", r"raised on prompt \d+ \(row \d+\) sample 2: ValueError: cannot score", marks=E2E),
         ("always_raises", r"raised on prompt \d+ \(row \d+\) sample 0: RuntimeError: the verifier is broken"),
-        ("nan_sometimes", r"returned nan on prompt \d+ \(row \d+\) sample 1 \(rewards must be finite numbers\)"),
+        pytest.param(
+            "nan_sometimes",
+            r"returned nan on prompt \d+ \(row \d+\) sample 1 \(rewards must be finite numbers\)",
+            marks=E2E,
+        ),
     ],
 )
 def test_fail_policy_ends_up_with_the_one_line_within_seconds(tmp_path: Path, plugin: str, says: str) -> None:

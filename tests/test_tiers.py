@@ -62,6 +62,39 @@ def test_a_fast_module_starts_no_process(module: str) -> None:
         assert "subprocess" not in text and "sys.executable" not in text, module
 
 
+# `make test` keeps at least one whole run per major path; the e2e tier only repeats them (tests/conftest.py)
+KEPT = {
+    "GRPO `up` + replay --check": ("test_replay_outputs", "test_a_multi_process_up_run_passes_check"),
+    "`up` with and without the fork server": (
+        "test_proctitle",
+        "test_up_and_every_actor_show_their_title_with_the_runs_name",
+    ),
+    "classic RL": ("test_supervisor", "test_the_env_runtime_replaces_a_crashed_env_actor_and_ends_with_the_learner"),
+    "kill and resume, record whole": (
+        "test_record_whole",
+        "test_ctrl_c_between_the_checkpoint_and_the_ack_then_resume_keeps_every_row",
+    ),
+    "the API": ("test_api", "test_readme_example_runs"),
+}
+OPT_IN = {"e2e", "slow", "vllm", "compose", "dist", "gpu", "configs"}
+
+
+def function_marks(module: str, name: str) -> list[str]:
+    tree = ast.parse((HERE / f"{module}.py").read_text())
+    fn = next(s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == name)
+    return [n.attr for d in fn.decorator_list for n in ast.walk(d) if isinstance(n, ast.Attribute)]
+
+
+@pytest.mark.parametrize("path", sorted(KEPT))
+def test_make_test_keeps_a_whole_run_of_each_major_path(path: str) -> None:
+    module, name = KEPT[path]
+    assert not OPT_IN & {*module_marks(module), *function_marks(module, name)}, (path, module, name)
+
+
+def test_the_e2e_tier_is_not_empty() -> None:
+    assert any("pytest.mark.e2e" in (HERE / f"{m}.py").read_text() for m in MODULES if m != "test_tiers")
+
+
 def test_the_marker_is_applied(request: pytest.FixtureRequest) -> None:
     assert request.node.get_closest_marker("fast") is not None
     assert request.node.get_closest_marker("integration") is None

@@ -18,7 +18,7 @@ import torch
 
 from tests.conftest import port_base
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e  # the episodes' prompt ids: test_multiturn (fast); `up` with episodes: test_multiturn_e2e
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "prl_actors.cli.main"]
 ROLES = ["assistant", "environment"]

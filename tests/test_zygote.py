@@ -94,6 +94,7 @@ def test_children_stop_when_the_server_goes_and_their_end_still_reads(tmp_path: 
     z.close()
 
 
+@pytest.mark.e2e  # every `up` here forks; test_proctitle runs `up` without the fork server
 def test_up_runs_the_same_with_and_without_the_fork_server(tmp_path: Path) -> None:
     rewards = {}
     for forked in (True, False):
