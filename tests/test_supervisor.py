@@ -211,7 +211,7 @@ def test_a_child_whose_supervisor_is_killed_outright_notices(tmp_path: Path) -> 
     callback runs within a poll or two."""
     out = tmp_path / "out"
     grandchild = (
-        "import os, time; from prl_actors.launch.supervisor import watch_supervisor; "
+        "import os, time; from prl_actors.runtime.processes import watch_supervisor; "
         f"watch_supervisor(lambda: (open({str(out)!r}, 'w').write('gone'), os._exit(0)), poll_s=0.05); "
         "time.sleep(30)"
     )

@@ -41,7 +41,7 @@ from prl_actors.protocol.messages import RequestStop, Status, StatusRequest
 from prl_actors.records.logs import console
 from prl_actors.transport.auth import PUBLIC, SECRET, KeyStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (prl_actors/launch/compose.py)
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEFAULT_CONFIG = ROOT / "configs" / "compose.yaml"
 SECRET_PATH = "/run/secrets/prl_config"
