@@ -578,7 +578,7 @@ class WeightsAvailable(Msg, tag="weights_available", kw_only=True):
 # --- environments (Learner <-> env actors; docs/ENVS.md) --------------------------------------
 #
 # Arrays travel as raw payload frames: `arrays` lists one TensorMeta (name, numpy dtype name, shape,
-# nbytes) per frame, in frame order; the bytes are C-contiguous, little-endian (prl_actors/envkit/arrays.py).
+# nbytes) per frame, in frame order; the bytes are C-contiguous, little-endian (prl_actors/classic/envkit/arrays.py).
 # Header `epoch` is the acting round and `version` the policy version where they apply.
 
 

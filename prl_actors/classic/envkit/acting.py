@@ -77,7 +77,7 @@ class ActingPolicy:
         return self.recent.reshape(k * n, *self.recent.shape[2:])
 
     def divergence(self, learner_logits: Array) -> float:
-        """AAPS estimate of KL(pi_self || pi_learner) on `check_obs()` (prl_actors/envkit/policy.py)."""
+        """AAPS estimate of KL(pi_self || pi_learner) on `check_obs()` (prl_actors/classic/envkit/policy.py)."""
         assert self.net is not None and self.recent is not None
         mine = logits_of(self.net, self.check_obs())
         return kl_estimate(mine, learner_logits, n_envs=self.recent.shape[1])
