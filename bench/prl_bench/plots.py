@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
+from matplotlib.figure import Figure  # noqa: E402
 
 
 def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
@@ -50,7 +51,7 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
     return written
 
 
-def _pipeline(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _pipeline(entries: list[dict[str, Any]]) -> Figure:
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(entries) + 2), 4))
     xs = range(len(entries))
     ax.bar(xs, [e["measured"] for e in entries], color="tab:blue", label="measured speed-up")
@@ -69,7 +70,7 @@ def _pipeline(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _shared_prompt(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _shared_prompt(entries: list[dict[str, Any]]) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for e in entries:
         sweep, main = e["raw"].get("sweep", []), e["raw"]
@@ -95,7 +96,7 @@ def _shared_prompt(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-de
     return fig
 
 
-def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _weight_sync(entries: list[dict[str, Any]]) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4))
     for e in entries:
         table = e["raw"].get("table")
@@ -115,7 +116,7 @@ def _weight_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _lora_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _lora_sync(entries: list[dict[str, Any]]) -> Figure:
     """Per setup (full, LoRA ...): the sync time split into its steps, and the bytes on the wire."""
     setups = entries[0]["raw"]["setups"]
     names = list(setups)
@@ -136,7 +137,7 @@ def _lora_sync(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _control_plane(entries: list[dict[str, Any]]) -> Figure:
     turn = next((e["raw"] for e in entries if "boundaries" in e["raw"]), None)
     scale = next((e["raw"]["scale"] for e in entries if "scale" in e["raw"]), None)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -173,7 +174,7 @@ def _control_plane(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-de
     return fig
 
 
-def _e2e(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _e2e(entries: list[dict[str, Any]]) -> Figure:
     """Per shape: prl-actors over the single-process loop (and the CPU-aware bound); engine over HF."""
     speed = [e for e in entries if "loop_samples_per_s" in e["raw"]]
     engine = [e for e in entries if "engine_tokens_per_s" in e["raw"]]
@@ -194,7 +195,7 @@ def _e2e(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _envs(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _envs(entries: list[dict[str, Any]]) -> Figure:
     """Steps/s vs N (local, remote, bound); AAPS fetches per update and final return."""
     steps = [e["raw"] for e in entries if "remote_steps_per_s" in e["raw"]]
     aaps = [e["raw"] for e in entries if "threshold" in e["raw"]]
@@ -232,7 +233,7 @@ def _bar_pairs(
     ax.legend(fontsize=8)
 
 
-def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _dist_step(entries: list[dict[str, Any]]) -> Figure:
     """Each case's epoch time next to world size 1's epochs it was paired with."""
     table = entries[0]["raw"]["table"]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -247,7 +248,7 @@ def _dist_step(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _group_checks(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _group_checks(entries: list[dict[str, Any]]) -> Figure:
     """The buffer's per-group content checks, without and with re-scoring (buffer.verify_rewards)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar([e["name"] for e in entries], [e["measured"] for e in entries], color=["tab:blue", "tab:orange"])
@@ -255,7 +256,7 @@ def _group_checks(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def
     return fig
 
 
-def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _eval_cost(entries: list[dict[str, Any]]) -> Figure:
     """Epoch period without and with evaluation, and the seconds openings waited for an evaluation."""
     cases = {"off": entries[0]["raw"]["off"]}
     for e in entries:
@@ -271,7 +272,7 @@ def _eval_cost(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _multiturn(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _multiturn(entries: list[dict[str, Any]]) -> Figure:
     """Episodes/s of sync and periodic at each tool latency, side by side."""
     rows = sorted((e["raw"] for e in entries), key=lambda r: r["tool_latency_ms"])
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -286,7 +287,7 @@ def _multiturn(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _rewards(entries: list[dict[str, Any]]) -> Figure:
     """An async reward's group against its sequential time; the code sandbox, one by one vs a group."""
     judge = next(e for e in entries if e["name"].startswith("async"))
     code = next(e for e in entries if "group of" in e["name"])["raw"]
@@ -301,7 +302,7 @@ def _rewards(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _startup(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _startup(entries: list[dict[str, Any]]) -> Figure:
     """Each measured run's seconds from `up` to its first finished epoch, against the goal, and the
     steady epoch for scale."""
     first = entries[0]
@@ -319,7 +320,7 @@ def _startup(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _minibatch(entries: list[dict[str, Any]]) -> Figure:
     """Epoch seconds by case (shape, M): periodic next to sync."""
     rows = [e["raw"] for e in entries]
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -335,7 +336,7 @@ def _minibatch(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _burst_batching(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _burst_batching(entries: list[dict[str, Any]]) -> Figure:
     """CPU seconds per shape: the burst trained knowing it is generated next to its first group alone."""
     rows = [e["raw"] for e in entries]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -352,7 +353,7 @@ def _burst_batching(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-d
     return fig
 
 
-def _heal(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _heal(entries: list[dict[str, Any]]) -> Figure:
     """Left: ETTR by how the crashed core is restarted, against the goal. Right: the median seconds
     from a crash to a new core's first epoch with every worker back."""
     ettr = [e for e in entries if e["name"].startswith("ETTR")]
@@ -374,7 +375,7 @@ def _heal(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _bounded(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _bounded(entries: list[dict[str, Any]]) -> Figure:
     """Left: samples/s by case and mode, the single-process loop as a line per case. Right: the
     reward curve (reward_mean per epoch) of each run."""
     rows = [e["raw"] for e in entries]
@@ -406,7 +407,7 @@ def _bounded(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     return fig
 
 
-def _gpu(entries: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+def _gpu(entries: list[dict[str, Any]]) -> Figure | None:
     """Training seconds per step by case (trainer impl, shape, device), the issue's goal as a line."""
     rows = [e for e in entries if e["metric"] == "training s per step"]
     if not rows:
