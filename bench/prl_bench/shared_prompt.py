@@ -91,7 +91,7 @@ def _fwd_bwd_s(model, batch, repeats: int) -> float:  # type: ignore[no-untyped-
     return best
 
 
-def _collate_s(groups: list, shared: bool, repeats: int) -> float:  # type: ignore[type-arg]
+def _collate_s(groups: list[Any], shared: bool, repeats: int) -> float:
     import time
 
     from prl_actors.training.packing import collate

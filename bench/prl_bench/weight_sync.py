@@ -49,7 +49,7 @@ class Pool:
             self.conns.append(parent)
             self.procs.append(proc)
 
-    def ask(self, cmd: tuple, n: int | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:  # type: ignore[type-arg]
+    def ask(self, cmd: tuple[Any, ...], n: int | None = None, timeout_s: float = 600.0) -> list[dict[str, Any]]:
         """Send `cmd` to the first n processes at once, then collect every reply."""
         conns = self.conns[: n or len(self.conns)]
         for c in conns:
@@ -194,7 +194,7 @@ def fetch_all(pool: Pool, n: int) -> dict[str, Any]:
     return {"workers": n, "seconds": max(r["t_end"] for r in replies) - start, "per_worker_s": per}
 
 
-def shm_transport(pool: Pool, snap: Any, chunk: int, workers: list[int], repeats: int, tmp: Path) -> dict:  # type: ignore[type-arg]
+def shm_transport(pool: Pool, snap: Any, chunk: int, workers: list[int], repeats: int, tmp: Path) -> dict[str, Any]:
     """The protocol's same-host path: FetchWeights(host_proof) -> WeightsBegin(shm_path) -> mapping ->
     the engine taking the mapped tensors as its parameters and reading every weight once (the first
     forward's page faults), for every N, best of `repeats`; the publisher's upload includes its shm write."""
@@ -215,7 +215,9 @@ def _makespan(replies: list[dict[str, Any]]) -> float:
     return max(r["t_end"] for r in replies) - min(r["t_start"] for r in replies)
 
 
-def one_transport(pool: Pool, kind: str, snap: Any, chunk: int, workers: list[int], repeats: int, tmp: Path) -> dict:  # type: ignore[type-arg]
+def one_transport(
+    pool: Pool, kind: str, snap: Any, chunk: int, workers: list[int], repeats: int, tmp: Path
+) -> dict[str, Any]:
     """Raw ZeroMQ and the real publisher -> worker path for every N, best of `repeats`."""
     raw = {
         n: min(raw_zmq(pool, addresses(kind, tmp, free_port()), snap.data, chunk, n) for _ in range(repeats))
@@ -260,7 +262,7 @@ def run(ctx: BenchContext) -> list[Entry]:
     return entries
 
 
-def _entries(kind: str, res: dict, nbytes: int, common: dict, ctx: BenchContext) -> list[Entry]:  # type: ignore[type-arg]
+def _entries(kind: str, res: dict[str, Any], nbytes: int, common: dict[str, Any], ctx: BenchContext) -> list[Entry]:
     ours = {n: r["seconds"] for n, r in res["ours"].items()}
     raw = res["raw_s"]
     ns = sorted(ours)
@@ -313,7 +315,9 @@ def _entries(kind: str, res: dict, nbytes: int, common: dict, ctx: BenchContext)
     ]
 
 
-def _shm_entries(shm: dict, nbytes: int, mem: float, common: dict, ctx: BenchContext) -> list[Entry]:  # type: ignore[type-arg]
+def _shm_entries(
+    shm: dict[str, Any], nbytes: int, mem: float, common: dict[str, Any], ctx: BenchContext
+) -> list[Entry]:
     ours = {n: r["seconds"] for n, r in shm["ours"].items()}
     ns = sorted(ours)
     one, top = ns[0], ns[-1]
