@@ -7,7 +7,11 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from prl_bench import heal, startup
+
+pytestmark = pytest.mark.fast
 
 
 def _event(actor: str, event: str, t: float, **extra: object) -> str:

@@ -7,7 +7,7 @@ flushes after every call. Cores are therefore unit-testable without sockets and 
 replayable from logs. A request that expects a reply is registered with `expect`, and the core's
 `tick` turns an overdue one into a logged `request_timeout` and a callback: nothing waits forever.
 
-`Core` is composed of small parts, each with its own unit tests (tests/test_core_split.py):
+`Core` is composed of small parts, each with its own unit tests (tests/test_runtime_parts.py):
 dispatch.py, refusals.py (trust, refusal counts), edge.py (bad frames, failed handshakes and sends,
 refusals before any handler), requests.py, member_client.py, lifecycle.py; `Forward` (forward.py)
 makes a part's attribute a core's (`core.epoch` is `core.log.epoch`).
