@@ -240,11 +240,11 @@ def _run_keys(cfg: Any) -> None:
 
 def _check_task(cfg: Any) -> Any:
     """Bad rows, templates, a resume on changed data: refused before any actor starts. The task."""
+    from prl_actors.launch import build
     from prl_actors.sections import ConfigError
-    from prl_actors.tasks import load_task
 
     try:
-        task = load_task(cfg)
+        task = build.task(cfg)
         if cfg.eval.every_epochs > 0:  # a bad eval.prompts_file is refused here too, not in the coordinator
             from prl_actors.coordinator.evaluation import eval_items
 
@@ -303,20 +303,19 @@ def _prepare_model(cfg: Any) -> None:
     if cfg.worker.engine == "sim":
         return
     from prl_actors.engines.registry import check_engine
-    from prl_actors.model.dirs import ready_model_dir
+    from prl_actors.launch import build
     from prl_actors.runtime.core import one_line
     from prl_actors.sections import ConfigError
 
     typer.echo(f"preparing model ({cfg.model.path or 'built-in tiny LM'}) ...", err=True)
     t0 = time.monotonic()
     try:
-        directory = ready_model_dir(cfg, Path(cfg.run.run_dir))  # without torch: built or cached already
+        directory = build.ready_model_dir(cfg)  # without torch: built or cached already
         if directory is None:  # a build: torch, transformers and the warm start, with a progress display
             from prl_actors.cli.progress import warm_start_progress
-            from prl_actors.model import prepare_model
 
             with warm_start_progress("warm start of the built-in model") as on_step:
-                directory = prepare_model(cfg, Path(cfg.run.run_dir), on_step=on_step)
+                directory = build.model_dir(cfg, on_step=on_step)
         if cfg.trainer.lora is not None:  # refused before any actor starts
             from prl_actors.training.lora import check_targets
 

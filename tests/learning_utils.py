@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.base import GeneratedGroup
-from prl_actors.model.builtin import prepare_model
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Group, Prompt, Sample
 
 
@@ -29,7 +29,7 @@ def tiny_config(**overrides: object) -> Config:
 
 def tiny_model(run_dir: Path, **overrides: object) -> tuple[Config, Path]:
     cfg = tiny_config(**overrides)
-    return cfg, prepare_model(cfg, run_dir)
+    return cfg, build.model_dir(cfg, run_dir)
 
 
 def to_group(gen: GeneratedGroup, reward: Callable[[str], float], worker: str = "w0") -> Group:

@@ -430,7 +430,7 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
     from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.engines.torch_engine import TorchEngine
-    from prl_actors.tasks import load_task
+    from prl_actors.launch import build
     from tests.learning_utils import to_group
 
     path = family_dirs[family]
@@ -444,7 +444,7 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
             "worker.sampling.stop": stop,
         },
     )
-    prompts = load_task(cfg).prompts_for_epoch(0, 3)
+    prompts = build.task(cfg).prompts_for_epoch(0, 3)
     engine = TorchEngine(cfg, path)
     engine.version = 0
     checker = build_checker(cfg, path)

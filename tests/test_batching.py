@@ -13,7 +13,7 @@ from prl_actors.config import load_config
 from prl_actors.engines.base import EngineBusy
 from prl_actors.engines.batching import draw, prefix_check, uniforms
 from prl_actors.engines.torch_engine import TorchEngine
-from prl_actors.model import prepare_model
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Prompt
 
 pytestmark = pytest.mark.fast
@@ -25,7 +25,7 @@ TEXTS = ["1+2=", "13+4=", "10+11=", "7+0=", "19+20=", "5+5=", "0+0=", "12+9="]
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("batching")
     cfg = load_config(None, {"run.run_dir": str(run), "model.warm_start_steps": 40})
-    return prepare_model(cfg, run)
+    return build.model_dir(cfg, run)
 
 
 def engine(model_dir: Path, max_rows: int, **sampling: float) -> TorchEngine:

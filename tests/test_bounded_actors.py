@@ -63,10 +63,10 @@ def run(cfg: Config, workers: int) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(config(root, "periodic", None), root)
+    return build.model_dir(config(root, "periodic", None), root)
 
 
 def final(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -315,10 +315,10 @@ def run(cfg: Config, workers: int = 1) -> Path:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(config(root, None, 2), root)
+    return build.model_dir(config(root, None, 2), root)
 
 
 def pulls_of(events: list[dict[str, Any]], before: int = EPOCHS) -> list[dict[str, Any]]:

@@ -67,9 +67,9 @@ def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
     """A shipped config loads, survives its own dump (what `up` writes to RUN_DIR/config.yaml), gives
     every bound actor its own address, and its task serves a full epoch of valid prompts (a config
     that needs a chat model gets the tiny Qwen2 its header suggests)."""
+    from prl_actors.launch import build
     from prl_actors.launch.topology import BINDS
     from prl_actors.model.tiny import build_family
-    from prl_actors.tasks import load_task
 
     cfg = load_config(path)
     raw = yaml.safe_load(path.read_text())
@@ -83,7 +83,7 @@ def test_shipped_configs_are_valid(path: Path, tmp_path: Path) -> None:
         cfg.model.path = str(build_family("qwen2", tmp_path / "tiny-qwen2"))
     addresses = [cfg.address(role) for role in sorted(BINDS)]
     assert len(set(addresses)) == len(addresses)
-    prompts = load_task(cfg).prompts_for_epoch(0, cfg.coordinator.groups_per_epoch)
+    prompts = build.task(cfg).prompts_for_epoch(0, cfg.coordinator.groups_per_epoch)
     assert [p.group_id for p in prompts] == list(range(cfg.coordinator.groups_per_epoch))
     assert all(p.prompt for p in prompts)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from prl_actors.engines.base import Generated
+from prl_actors.launch import build
 from prl_actors.rewards import sandbox
 from prl_actors.rewards.code import extract_code, run_tests
-from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
 pytestmark = pytest.mark.skipif(
@@ -131,7 +131,7 @@ def test_verdicts_beyond_equality_are_judged_without_the_program() -> None:
 
 
 def test_the_code_task_scores_the_fraction_of_tests_passed() -> None:
-    task = load_task(tiny_config(task__name="code", task__code_timeout_s=2.0))
+    task = build.task(tiny_config(task__name="code", task__code_timeout_s=2.0))
     assert len(task.items) >= 6 and all(row["tests"] for row in task.rows)
     prompt = next(p for p in task.prompts_for_epoch(0, len(task.items)) if "add_numbers" in p.prompt)
     samples = [
@@ -152,7 +152,7 @@ def test_a_code_row_without_tests_is_refused_at_load(tmp_path: Path) -> None:
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"prompt": "write f", "tests": []}\n')
     with pytest.raises(ConfigError, match=r"c.jsonl:1: 'tests' must be a non-empty list"):
-        load_task(tiny_config(task__name="code", task__prompts_file=str(bad)))
+        build.task(tiny_config(task__name="code", task__prompts_file=str(bad)))
 
 
 def test_the_sandbox_runs_from_worker_threads() -> None:

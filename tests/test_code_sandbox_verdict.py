@@ -111,17 +111,17 @@ def test_the_seccomp_table_matches_the_kernel_headers(machine: str) -> None:
 def test_the_code_task_refuses_to_load_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
     """bwrap missing: the code task fails at load with one line saying what to install, and loads
     with the explicit opt-out `task.code_unsafe_local`."""
+    from prl_actors.launch import build
     from prl_actors.rewards import sandbox
     from prl_actors.sections import ConfigError
-    from prl_actors.tasks import load_task
     from tests.learning_utils import tiny_config
 
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     sandbox.launcher.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"^the code reward needs bubblewrap: apt-get install bubblewrap") as err:
-            load_task(tiny_config(task__name="code"))
+            build.task(tiny_config(task__name="code"))
         assert "\n" not in str(err.value) and "task.code_unsafe_local: true" in str(err.value)
-        assert load_task(tiny_config(task__name="code", task__code_unsafe_local=True)).name == "code"
+        assert build.task(tiny_config(task__name="code", task__code_unsafe_local=True)).name == "code"
     finally:
         sandbox.launcher.cache_clear()

@@ -13,9 +13,9 @@ import pytest
 from prl_actors.config import load_config
 from prl_actors.data import position
 from prl_actors.data.sampler import EpochSampler
+from prl_actors.launch import build
 from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
 pytestmark = pytest.mark.fast
@@ -54,15 +54,16 @@ def test_sampler_uses_every_item_once_per_pass() -> None:
 
 
 def test_task_epochs_cover_the_dataset_without_replacement(tmp_path: Path) -> None:
-    task = load_task(jsonl_cfg(write_jsonl(tmp_path / "p.jsonl", ROWS), task__prompt_field="q", task__answer_field="a"))
+    path = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    task = build.task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
     seen = [p.prompt for e in range(2) for p in task.prompts_for_epoch(e, 5)]
     assert Counter(seen) == Counter(r["q"] for r in ROWS)  # 2 epochs x 5 = every prompt exactly once
-    again = load_task(jsonl_cfg(tmp_path / "p.jsonl", task__prompt_field="q", task__answer_field="a"))
+    again = build.task(jsonl_cfg(tmp_path / "p.jsonl", task__prompt_field="q", task__answer_field="a"))
     assert again.prompts_for_epoch(1, 5) == task.prompts_for_epoch(1, 5)  # what a resumed run sees
 
 
 def test_add_task_without_replacement() -> None:
-    task = load_task(tiny_config(task__max_operand=2))  # 9 items
+    task = build.task(tiny_config(task__max_operand=2))  # 9 items
     prompts = [p.prompt for e in range(3) for p in task.prompts_for_epoch(e, 3)]
     assert sorted(prompts) == sorted(p for p, _ in task.items)
 
@@ -73,7 +74,7 @@ def test_add_task_without_replacement() -> None:
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "save_to_disk", "data_dir"])
 def test_formats_give_the_same_items(tmp_path: Path, fmt: str) -> None:
     path = write_any(tmp_path, fmt, ROWS)
-    task = load_task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
+    task = build.task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
     assert task.items == [(r["q"], r["a"]) for r in ROWS]
 
 
@@ -100,13 +101,13 @@ def test_dataset_dict_split(tmp_path: Path) -> None:
     )
     dd.save_to_disk(str(tmp_path / "dd"))
     cfg = jsonl_cfg(tmp_path / "dd", task__prompt_field="q", task__answer_field="a", task__split="test")
-    assert [a for _, a in load_task(cfg).items] == ["6", "7", "8", "9"]
+    assert [a for _, a in build.task(cfg).items] == ["6", "7", "8", "9"]
     with pytest.raises(ConfigError, match=r"no split 'validation' \(splits: train, test\); set task.split"):
-        load_task(jsonl_cfg(tmp_path / "dd", task__prompt_field="q", task__answer_field="a", task__split="validation"))
+        build.task(jsonl_cfg(tmp_path / "dd", task__prompt_field="q", task__answer_field="a", task__split="validation"))
 
 
 def test_datasets_is_forced_offline(tmp_path: Path) -> None:
-    load_task(jsonl_cfg(write_any(tmp_path, "save_to_disk", ROWS), task__prompt_field="q", task__answer_field="a"))
+    build.task(jsonl_cfg(write_any(tmp_path, "save_to_disk", ROWS), task__prompt_field="q", task__answer_field="a"))
     import datasets
     import huggingface_hub.constants
 
@@ -119,7 +120,7 @@ def test_bad_row_names_file_and_row(tmp_path: Path, fmt: str) -> None:
     rows[7]["q"] = ""  # row 7 (0-based), line 8 of the JSONL
     path = write_any(tmp_path, fmt, rows)
     with pytest.raises(ConfigError, match="'q' must be a non-empty string") as info:
-        load_task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
+        build.task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
     assert (f"{path}:8:" if fmt == "jsonl" else f"{path}: row 7:") in str(info.value)
 
 
@@ -128,39 +129,39 @@ def test_null_answer_in_parquet(tmp_path: Path) -> None:
     rows[2]["a"] = None
     path = write_parquet(tmp_path / "p.parquet", rows)
     with pytest.raises(ConfigError, match=r"p.parquet: row 2: 'a' must be a string or a number"):
-        load_task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
+        build.task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "save_to_disk"])
 def test_missing_column(tmp_path: Path, fmt: str) -> None:
     path = write_any(tmp_path, fmt, ROWS)
     with pytest.raises(ConfigError, match=r"no column 'prompt' \(columns: .*q.*\); set task.prompt_field"):
-        load_task(jsonl_cfg(path, task__answer_field="a"))
+        build.task(jsonl_cfg(path, task__answer_field="a"))
 
 
 def test_unreadable_and_unknown_files(tmp_path: Path) -> None:
     (tmp_path / "bad.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(ConfigError, match="is not a readable parquet file"):
-        load_task(jsonl_cfg(tmp_path / "bad.parquet"))
+        build.task(jsonl_cfg(tmp_path / "bad.parquet"))
     (tmp_path / "p.csv").write_text("prompt,answer\n")
     with pytest.raises(ConfigError, match="unknown format '.csv'"):
-        load_task(jsonl_cfg(tmp_path / "p.csv"))
+        build.task(jsonl_cfg(tmp_path / "p.csv"))
     with pytest.raises(ConfigError, match="never downloads data"):
-        load_task(jsonl_cfg(Path("openai/gsm8k")))
+        build.task(jsonl_cfg(Path("openai/gsm8k")))
 
 
 def test_missing_extra_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_parquet(tmp_path / "p.parquet", ROWS)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if pyarrow were not installed
     with pytest.raises(ConfigError, match=r"pip install 'prl-actors\[data\]'"):
-        load_task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
+        build.task(jsonl_cfg(path, task__prompt_field="q", task__answer_field="a"))
 
 
 def test_task_options_that_do_not_apply() -> None:
     with pytest.raises(ConfigError, match="task.chat_template applies to the jsonl, math and code tasks"):
-        load_task(tiny_config(task__chat_template=True))
+        build.task(tiny_config(task__chat_template=True))
     with pytest.raises(ConfigError, match="format_reward applies to the math task only"):
-        load_task(tiny_config(task__format_reward=0.1))
+        build.task(tiny_config(task__format_reward=0.1))
     with pytest.raises(ConfigError, match="system_prompt needs chat_template: true"):
         load_config(None, {"task.system_prompt": "Be brief."})
 
@@ -181,7 +182,7 @@ def test_chat_template_with_system_prompt(tmp_path: Path, family_dirs: dict[str,
     cfg = jsonl_cfg(
         path, model__path=str(family_dirs["qwen2"]), task__chat_template=True, task__system_prompt="Be brief."
     )
-    ((prompt, answer),) = load_task(cfg).items
+    ((prompt, answer),) = build.task(cfg).items
     assert prompt == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
     )
@@ -195,7 +196,7 @@ def test_templated_prompt_has_one_bos(
     """The template writes the BOS and the tokenizer would add another: encode_prompt adds none."""
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "What is 2+3?", "answer": 5}])
     cfg = jsonl_cfg(path, model__path=str(family_dirs[family]), task__chat_template=True)
-    ((prompt, _),) = load_task(cfg).items
+    ((prompt, _),) = build.task(cfg).items
     tok = load_tokenizer(family_dirs[family])
     ids = encode_prompt(tok, prompt, templated=True)
     if bos is None:
@@ -208,7 +209,7 @@ def test_templated_prompt_has_one_bos(
 def test_chat_template_errors(tmp_path: Path, family_dirs: dict[str, Path]) -> None:
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi", "answer": 1}, {"prompt": "FAIL", "answer": 2}])
     with pytest.raises(ConfigError, match="needs model.path: the built-in tiny model's tokenizer has no chat template"):
-        load_task(jsonl_cfg(path, task__chat_template=True))
+        build.task(jsonl_cfg(path, task__chat_template=True))
     plain = tmp_path / "plain"
     import shutil
 
@@ -218,13 +219,13 @@ def test_chat_template_errors(tmp_path: Path, family_dirs: dict[str, Path]) -> N
     (plain / "tokenizer_config.json").write_text(json.dumps(conf))
     (plain / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ConfigError, match="has no chat template"):
-        load_task(jsonl_cfg(path, model__path=str(plain), task__chat_template=True))
+        build.task(jsonl_cfg(path, model__path=str(plain), task__chat_template=True))
     (plain / "chat_template.jinja").write_text(
         "{% for m in messages %}{% if m['content'] == 'FAIL' %}{{ raise_exception('no FAIL please') }}"
         "{% endif %}{{ m['content'] }}{% endfor %}"
     )
     with pytest.raises(ConfigError, match=r"p.jsonl:2: the chat template failed on this row \(no FAIL please\)"):
-        load_task(jsonl_cfg(path, model__path=str(plain), task__chat_template=True))
+        build.task(jsonl_cfg(path, model__path=str(plain), task__chat_template=True))
 
 
 # --- data position in checkpoints ------------------------------------------------------------------
@@ -234,7 +235,7 @@ def test_position_record_and_resume_check(tmp_path: Path) -> None:
     data = write_jsonl(tmp_path / "p.jsonl", ROWS)
     run_dir = tmp_path / "run"
     cfg = jsonl_cfg(data, task__prompt_field="q", task__answer_field="a", run__run_dir=str(run_dir))
-    ident = load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch)
+    ident = build.task(cfg).data_identity(cfg.coordinator.groups_per_epoch)
     ckpt = run_dir / "checkpoints" / "v3"
     ckpt.mkdir(parents=True)
     position.save(ckpt, ident, 3)
@@ -244,14 +245,14 @@ def test_position_record_and_resume_check(tmp_path: Path) -> None:
     resumed = jsonl_cfg(
         data, task__prompt_field="q", task__answer_field="a", run__run_dir=str(run_dir), run__resume=True
     )
-    load_task(resumed)  # same data: fine
+    build.task(resumed)  # same data: fine
     write_jsonl(data, ROWS[:9] + [{"q": "changed?", "a": "9"}])
     with pytest.raises(ConfigError, match=r"run.resume: the prompt data differ .*sha256"):
-        load_task(resumed)
+        build.task(resumed)
     write_jsonl(data, ROWS)
     other_b = jsonl_cfg(
         data, task__prompt_field="q", task__answer_field="a", run__run_dir=str(run_dir), run__resume=True,
         coordinator__groups_per_epoch=4,
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"groups_per_epoch: 8 -> 4"):
-        load_task(other_b)
+        build.task(other_b)

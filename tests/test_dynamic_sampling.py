@@ -13,9 +13,9 @@ import pytest
 
 from prl_actors.config import load_config
 from prl_actors.data import position
+from prl_actors.launch import build
 from prl_actors.launch.process import LocalCluster
 from prl_actors.records.rundir import epoch_line
-from prl_actors.tasks.registry import load_task
 from prl_actors.training.dynamic_sampling import Rounds, informative
 from tests.conftest import read_logs, sim_config, wait_for
 from tests.test_replay import replay_cli
@@ -51,13 +51,13 @@ def test_rounds_hand_out_the_missing_count_until_b_or_the_last_round() -> None:
 
 def test_prompts_come_from_fixed_stream_positions_and_the_position_has_the_stride(tmp_path: Path) -> None:
     cfg = load_config(None, {"coordinator.dynamic_sampling": True, "coordinator.max_sampling_rounds": 3})
-    task = load_task(cfg)
+    task = build.task(cfg)
     first = task.prompts_at(2 * 3 * 8, list(range(8)))
     assert [p.prompt for p in first] == [p.prompt for p in task.prompts_for_epoch(6, 8)]  # position 48..55
     assert task.prompts_at(48, [9])[0].prompt == task.prompts_at(57, [0])[0].prompt
     ident = task.data_identity(8, 24)
     assert position.record(ident, 2)["offset"] == (2 * 24) % ident["rows"]
-    plain = load_task(load_config(None, {})).data_identity(8)
+    plain = build.task(load_config(None, {})).data_identity(8)
     assert plain["epoch_stride"] == 8
     (tmp_path / "data.json").write_text(json.dumps({k: v for k, v in plain.items() if k != "epoch_stride"}))
     assert position.verify(tmp_path, plain) is not None  # an older record (no stride) is stride B

@@ -279,14 +279,14 @@ def test_multi_turn_episodes_play_the_same_on_the_gpu_path(tmp_path: Path) -> No
     entries with their counters' offset): the same episodes, rewards and masks on either path."""
     from prl_actors.config import Config
     from prl_actors.engines.registry import make_engine
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
     from prl_actors.model.builtin import load_model
     from tests.test_multiturn import GUESS, rows
 
     out = {}
     for impl in ("cpu", "gpu"):
         cfg = Config.model_validate({**GUESS, "worker": {**GUESS["worker"], "impl": impl}})
-        model_dir = prepare_model(cfg, tmp_path)
+        model_dir = build.model_dir(cfg, tmp_path)
         engine: Any = make_engine(cfg, model_dir)
         engine.load_weights(0, load_model(model_dir).state_dict())
         assert type(engine.turns.engine.batch) is (StaticBatch if impl == "gpu" else RunningBatch)

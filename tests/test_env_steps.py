@@ -132,7 +132,7 @@ def test_the_buffer_prompt_check_never_hangs_on_a_reset(monkeypatch: pytest.Monk
     guard_plugins.RELEASE.clear()
     monkeypatch.setattr(guard_plugins, "HangingReset", HangingReset, raising=False)
     cfg = load_config(None, {"task.environment": "tests.guard_plugins:HangingReset", "task.name": "add"})
-    ids = registry.episode_prompt_ids(cfg, Tok(), lambda p, r, a: 0.0, timeout_s=0.3)
+    ids = registry.episode_prompt_ids(cfg.task, Tok(), lambda p, r, a: 0.0, timeout_s=0.3)
     row = Prompt(group_id=0, prompt="1+1=", answer="2")
     try:
         t0 = time.monotonic()
@@ -143,7 +143,7 @@ def test_the_buffer_prompt_check_never_hangs_on_a_reset(monkeypatch: pytest.Monk
         assert time.monotonic() - t0 < 2
     finally:
         guard_plugins.RELEASE.set()
-    fine = registry.episode_prompt_ids(load_config(None, {"task.name": "guess"}), Tok(), lambda p, r, a: 0.0)
+    fine = registry.episode_prompt_ids(load_config(None, {"task.name": "guess"}).task, Tok(), lambda p, r, a: 0.0)
     assert fine(Prompt(group_id=0, prompt="0-9=", answer="3")) == [ord(c) for c in "0-9="]
 
 

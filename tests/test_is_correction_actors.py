@@ -54,9 +54,9 @@ def run(run_dir: Path, mode: str, model: Path, workers: int) -> None:
 
 
 def test_tis_through_the_actors(tmp_path: Path) -> None:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
-    model_dir = prepare_model(config(tmp_path / "model", "sync", None), tmp_path / "model")
+    model_dir = build.model_dir(config(tmp_path / "model", "sync", None), tmp_path / "model")
     run(tmp_path / "periodic", "periodic", model_dir, workers=3)
     run(tmp_path / "sync", "sync", model_dir, workers=1)
     for mode in ("periodic", "sync"):

@@ -27,10 +27,10 @@ ADAPTER = "adapter/adapter_model.safetensors"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(lora_config(root, "sync", None), root)
+    return build.model_dir(lora_config(root, "sync", None), root)
 
 
 def lora_config(run_dir: Path, mode: str, model: Path | None, **extra: object) -> Config:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from prl_actors.config import load_config
+from prl_actors.launch import build
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from prl_actors.training.losses import (
     ADV_EPS,
     batch_reward_std,
@@ -76,7 +76,7 @@ def test_partial_credit_plugin_rewards(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "partial_credit.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(None, {"task.reward": "partial_credit:credit"})
-    task = load_task(cfg)
+    task = build.task(cfg)
     rng = random.Random(0)
     equal_groups = 0
     for prompt in task.prompts_for_epoch(0, 40):

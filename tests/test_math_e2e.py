@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from prl_actors.cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.data import position
+from prl_actors.launch import build
 from prl_actors.launch.process import LocalCluster
 from prl_actors.model.tiny import main as tiny_main
 from prl_actors.protocol.messages import Prompt
-from prl_actors.tasks import load_task
 from prl_actors.tasks.math_task import math_reward, sample_path
 from tests.conftest import assert_invariants, port_base
 
@@ -77,7 +77,7 @@ def test_math_config_through_the_actors(tmp_path: Path, family_dirs: dict[str, P
     finally:
         cluster.close()
     assert_invariants(run_dir, epochs=2, groups=4)
-    expected = {p.prompt: p.answer for e in range(2) for p in load_task(cfg).prompts_for_epoch(e, 4)}
+    expected = {p.prompt: p.answer for e in range(2) for p in build.task(cfg).prompts_for_epoch(e, 4)}
     assert len(scored) == 2 * 4 * 4
     for prompt, response, reward in scored:
         assert prompt.prompt.startswith("<|im_start|>system\nPlease reason step by step")  # templated
@@ -117,7 +117,7 @@ def test_up_refuses_bad_rows_and_changed_data(tmp_path: Path, family_dirs: dict[
     ckpt = run_dir / "checkpoints" / "v1"
     ckpt.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(cfg.dump())
-    position.save(ckpt, load_task(cfg).data_identity(cfg.coordinator.groups_per_epoch), 1)  # as the run left it
+    position.save(ckpt, build.task(cfg).data_identity(cfg.coordinator.groups_per_epoch), 1)  # as the run left it
     (ckpt / "DONE").write_text("1")
     gsm8k_parquet(data, drop=1)  # the file changed since
     out = up_in_process(

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Prompt
 from prl_actors.rewards.math_answer import canonical, extract_answer
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from prl_actors.tasks.math_task import math_reward, sample_path
 from tests.learning_utils import tiny_config
 
@@ -75,7 +75,7 @@ def test_shipped_sample_is_consistent() -> None:
 
 
 def test_math_task_default_sample() -> None:
-    task = load_task(tiny_config(task__name="math", task__format_reward=0.2))
+    task = build.task(tiny_config(task__name="math", task__format_reward=0.2))
     assert len(task.items) == 40 and task.items[0][1] == "29"
     first = task.prompts_for_epoch(0, 4)[0]
     assert task.score(first, f"so \\boxed{{{first.answer}}}") == pytest.approx(1.2)
@@ -95,7 +95,7 @@ def test_gsm8k_style_parquet_with_field_mapping(tmp_path: Path) -> None:
         task__name="math", task__prompts_file=str(tmp_path / "train.parquet"), task__prompt_field="problem",
         task__answer_field="solution",
     )  # fmt: skip
-    task = load_task(cfg)
+    task = build.task(cfg)
     assert [a for _, a in task.items] == ["72", "12.5"]
     assert task.score(Prompt(group_id=0, prompt="", answer="12.5"), "It is 12.50 dollars") == 1.0
 
@@ -109,4 +109,4 @@ def test_answer_without_a_number_names_the_row(tmp_path: Path) -> None:
         + "\n"
     )
     with pytest.raises(ConfigError, match=r"m.jsonl:2: 'answer' has no number: 'n/a'"):
-        load_task(tiny_config(task__name="math", task__prompts_file=str(path)))
+        build.task(tiny_config(task__name="math", task__prompts_file=str(path)))

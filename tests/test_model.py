@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from prl_actors.model.builtin import prepare_model
+from prl_actors.launch import build
 from prl_actors.model.device import resolve_device
 from prl_actors.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
 from prl_actors.sections import ConfigError
@@ -28,7 +28,7 @@ def test_tokenizer_round_trip() -> None:
 
 def test_prepare_model_writes_a_loadable_hf_directory(tmp_path: Path) -> None:
     cfg = tiny_config(model__warm_start_steps=5)
-    model_dir = prepare_model(cfg, tmp_path)
+    model_dir = build.model_dir(cfg, tmp_path)
     assert model_dir == tmp_path / "model"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (model_dir / name).is_file(), name
@@ -41,35 +41,35 @@ def test_prepare_model_writes_a_loadable_hf_directory(tmp_path: Path) -> None:
 
 def test_prepare_model_reuses_and_rebuilds(tmp_path: Path) -> None:
     cfg = tiny_config()
-    first = prepare_model(cfg, tmp_path)
+    first = build.model_dir(cfg, tmp_path)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert prepare_model(cfg, tmp_path) == first
+    assert build.model_dir(cfg, tmp_path) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp  # reused
     weights = (first / "model.safetensors").read_bytes()
-    prepare_model(tiny_config(run__seed=5), tmp_path)  # another seed: rebuilt in place
+    build.model_dir(tiny_config(run__seed=5), tmp_path)  # another seed: rebuilt in place
     assert (first / "model.safetensors").read_bytes() != weights
 
 
 def test_same_config_gives_identical_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRL_CACHE_DIR", "")  # two builds, not a build and its cached copy
     cfg = tiny_config()
-    a = prepare_model(cfg, tmp_path / "a") / "model.safetensors"
-    b = prepare_model(cfg, tmp_path / "b") / "model.safetensors"
+    a = build.model_dir(cfg, tmp_path / "a") / "model.safetensors"
+    b = build.model_dir(cfg, tmp_path / "b") / "model.safetensors"
     assert a.read_bytes() == b.read_bytes()
 
 
 def test_user_model_path(tmp_path: Path) -> None:
-    built = prepare_model(tiny_config(), tmp_path)
-    assert prepare_model(tiny_config(model__path=str(built)), tmp_path / "other") == built.resolve()
+    built = build.model_dir(tiny_config(), tmp_path)
+    assert build.model_dir(tiny_config(model__path=str(built)), tmp_path / "other") == built.resolve()
     with pytest.raises(ConfigError, match="not a local model directory"):
-        prepare_model(tiny_config(model__path=str(tmp_path / "missing")), tmp_path)
+        build.model_dir(tiny_config(model__path=str(tmp_path / "missing")), tmp_path)
     with pytest.raises(ConfigError, match="never downloads"):
-        prepare_model(tiny_config(model__path="Qwen/Qwen2.5-0.5B"), tmp_path)
+        build.model_dir(tiny_config(model__path="Qwen/Qwen2.5-0.5B"), tmp_path)
 
 
 def test_bad_shape_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="multiple of model.heads"):
-        prepare_model(tiny_config(model__hidden_size=30, model__heads=4), tmp_path)
+        build.model_dir(tiny_config(model__hidden_size=30, model__heads=4), tmp_path)
 
 
 def test_devices() -> None:
@@ -95,11 +95,11 @@ def test_a_built_in_model_is_built_once_per_cache(tmp_path: Path, monkeypatch: p
     builds: list[int] = []
     real = builtin.create_builtin
     monkeypatch.setattr(builtin, "create_builtin", lambda *a, **k: builds.append(1) or real(*a, **k))
-    a = prepare_model(tiny_config(), tmp_path / "a") / "model.safetensors"
-    b = prepare_model(tiny_config(), tmp_path / "b") / "model.safetensors"
+    a = build.model_dir(tiny_config(), tmp_path / "a") / "model.safetensors"
+    b = build.model_dir(tiny_config(), tmp_path / "b") / "model.safetensors"
     assert len(builds) == 1 and a.read_bytes() == b.read_bytes() and a != b
-    prepare_model(tiny_config(run__seed=5), tmp_path / "c")
+    build.model_dir(tiny_config(run__seed=5), tmp_path / "c")
     assert len(builds) == 2
     monkeypatch.setenv("PRL_CACHE_DIR", "")
-    prepare_model(tiny_config(), tmp_path / "d")
+    build.model_dir(tiny_config(), tmp_path / "d")
     assert len(builds) == 3

@@ -11,10 +11,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from prl_actors.engines import batching
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tiny import FAMILIES, SLIDING_WINDOW
 from prl_actors.model.tokenizer import load_tokenizer
-from prl_actors.tasks import load_task
 from prl_actors.training.packing import ModelBatch, collate_packed, collate_unpacked, response_logprobs
 from tests.learning_utils import tiny_config
 
@@ -34,7 +34,7 @@ def rollouts(model_dir: Path, dtype: str) -> tuple[list[tuple[list[int], list[li
     torch engine; returns (prompt ids, responses) per group and the engine's log-probs, flat."""
     cfg = family_config(model_dir, dtype)
     engine = TorchEngine(cfg, model_dir)
-    prompts = load_task(cfg).prompts_for_epoch(0, 3)
+    prompts = build.task(cfg).prompts_for_epoch(0, 3)
     groups = engine.generate(prompts, cfg.worker.group_size)
     pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
     assert len({len(p) for p, _ in pairs}) > 1, "prompts of one length would not exercise left padding"

@@ -42,10 +42,10 @@ def guess_config(**task: Any) -> Config:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("guess-model")
-    return prepare_model(guess_config(), root)
+    return build.model_dir(guess_config(), root)
 
 
 def rows(n: int) -> list[Prompt]:
@@ -365,9 +365,9 @@ def test_tools_config_plays_templated_tool_turns_on_a_chat_model(tmp_path: Path)
     own = engine.turns.engine.model.state_dict()  # type: ignore[attr-defined]  # tied: no lm_head in the file
     engine.load_weights(0, {k: v.clone() for k, v in own.items()})
     engine.factory = lambda: Calling([BUILTIN_TOOLS["calculator"]], lambda p, r, a: 1.0)  # type: ignore[attr-defined]
-    from prl_actors.tasks.registry import load_task
+    from prl_actors.launch import build
 
-    (group,) = engine.generate(load_task(cfg).prompts_for_epoch(0, 1), 2)
+    (group,) = engine.generate(build.task(cfg).prompts_for_epoch(0, 1), 2)
     assert "<|im_start|>user" in engine.renderer.tok.decode(group.prompt_ids)  # type: ignore[attr-defined]
     assert "calculator" in engine.renderer.tok.decode(group.prompt_ids)  # the tools' schemas are shown
     for s in group.samples:

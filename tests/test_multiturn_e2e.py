@@ -44,10 +44,10 @@ def guess_config(run_dir: Path, mode: str, model: Path | None, **extra: object) 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(guess_config(root, "sync", None), root)
+    return build.model_dir(guess_config(root, "sync", None), root)
 
 
 def run(run_dir: Path, mode: str, model: Path, workers: int) -> None:

@@ -133,10 +133,10 @@ def test_keep_checkpoints_prunes_old_ones_but_never_the_resumed_one(tmp_path: Pa
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The same 2-epoch real run without and with evaluation (+ completions, retention, trackers)."""
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("observe")
-    model = prepare_model(real_config(root / "m", "periodic", None, **{"eval.every_epochs": 0}), root / "m")
+    model = build.model_dir(real_config(root / "m", "periodic", None, **{"eval.every_epochs": 0}), root / "m")
     out = []
     for name, extra in (
         ("plain", {"eval.every_epochs": 0}),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from prl_actors.config import load_config
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Prompt
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from prl_actors.tasks.shaping import Overlong
 
 pytestmark = pytest.mark.fast
@@ -27,7 +27,7 @@ def test_the_task_adds_it_to_the_reward() -> None:
     cfg = load_config(
         None, {"worker.sampling.max_new_tokens": 10, "task.overlong_buffer": 5, "task.overlong_penalty": 0.5}
     )
-    task = load_task(cfg)
+    task = build.task(cfg)
     right = Prompt(group_id=0, prompt="1+2=", answer="3")
 
     def reward(response: str, length: int, t=task) -> float:  # what the worker computes  # type: ignore[no-untyped-def]
@@ -36,7 +36,7 @@ def test_the_task_adds_it_to_the_reward() -> None:
     assert reward("3", 5) == 1.0
     assert reward("3", 8) == pytest.approx(1.0 - 0.3)
     assert reward("4", 10) == pytest.approx(-0.5)
-    assert reward("3", 10, load_task(load_config(None, {}))) == 1.0  # off by default
+    assert reward("3", 10, build.task(load_config(None, {}))) == 1.0  # off by default
 
 
 def test_a_buffer_longer_than_max_new_tokens_is_refused() -> None:

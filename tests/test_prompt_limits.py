@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import load_config
+from prl_actors.launch import build
 from prl_actors.model.tiny import build_family
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from prl_actors.tasks.limits import prompt_lengths
 from tests.test_cli import run_cli
 
@@ -48,29 +48,29 @@ def config(model: Path, prompts: Path, **extra: object):  # type: ignore[no-unty
 
 def test_long_prompts_are_left_out_with_one_line(model: Path, tmp_path: Path) -> None:
     cfg = config(model, dataset(tmp_path / "d.jsonl", [2, 40, 3, 60, 4]))
-    lengths = prompt_lengths(cfg, [json.loads(x)["prompt"] for x in (tmp_path / "d.jsonl").read_text().splitlines()])
+    rows = [json.loads(x)["prompt"] for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    lengths = prompt_lengths(cfg.model.path, cfg.task.chat_template, rows)
     limit = max(lengths[0::2])  # rows 0, 2, 4 fit; 1 and 3 do not
     assert limit < min(lengths[1], lengths[3])
-    task = load_task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"max_prompt_tokens": limit})}))
-    rows = [json.loads(x)["prompt"] for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    task = build.task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"max_prompt_tokens": limit})}))
     assert [p for p, _ in task.items] == rows[::2]
     assert task.note == (
         f"task.max_prompt_tokens {limit}: left out 2 of 5 prompts longer than that "
         f"(first: {tmp_path / 'd.jsonl'}:2, {lengths[1]} tokens)"
     )
-    assert load_task(cfg).note == ""  # no limit: nothing left out
+    assert build.task(cfg).note == ""  # no limit: nothing left out
 
 
 def test_prompts_past_the_model_positions_are_refused_at_load(model: Path, tmp_path: Path) -> None:
     cfg = config(model, dataset(tmp_path / "d.jsonl", [2, 600, 3, 700]))
     with pytest.raises(ConfigError) as err:
-        load_task(cfg)
+        build.task(cfg)
     line = str(err.value)
     assert "\n" not in line
     assert line.startswith(f"2 prompts are longer than the model's {POSITIONS} positions minus")
     assert f"= {POSITIONS - 16} tokens (first: {tmp_path / 'd.jsonl'}:2," in line
     # max_prompt_tokens leaves them out instead
-    ok = load_task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"max_prompt_tokens": 100})}))
+    ok = build.task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"max_prompt_tokens": 100})}))
     assert len(ok.items) == 2 and "left out 2 of 4" in ok.note
 
 
@@ -98,7 +98,7 @@ def test_the_builtin_model_has_256_positions(tmp_path: Path) -> None:
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "1+" * 130 + "1=", "answer": "131"}) + "\n")
     with pytest.raises(ConfigError, match="256 positions minus worker.sampling.max_new_tokens 8 = 248 tokens"):
-        load_task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"prompts_file": str(long)})}))
+        build.task(cfg.model_copy(update={"task": cfg.task.model_copy(update={"prompts_file": str(long)})}))
 
 
 def test_a_refused_prompt_is_named_by_its_files_line_1_based(model: Path, tmp_path: Path) -> None:
@@ -107,4 +107,4 @@ def test_a_refused_prompt_is_named_by_its_files_line_1_based(model: Path, tmp_pa
     path = dataset(tmp_path / "d.jsonl", [2, 600])
     path.write_text("\n" + path.read_text().replace("\n", "\n\n", 1))  # lines: blank, short, blank, long
     with pytest.raises(ConfigError, match=rf"\(first: {path}:4, \d+ tokens\)"):
-        load_task(config(model, path))
+        build.task(config(model, path))

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One warm-started built-in model for the module (its sampled answers are partly right)."""
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(real_config(root, "sync", None), root)
+    return build.model_dir(real_config(root, "sync", None), root)
 
 
 def real_config(run_dir: Path, mode: str, model: Path | None, **extra: object):  # type: ignore[no-untyped-def]

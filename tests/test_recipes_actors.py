@@ -24,10 +24,10 @@ GROUPS = 4
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     root = tmp_path_factory.mktemp("model")
-    return prepare_model(recipe_config("grpo", root, "sync", None), root)
+    return build.model_dir(recipe_config("grpo", root, "sync", None), root)
 
 
 def recipe_config(recipe: str, run_dir: Path, mode: str, model: Path | None):  # type: ignore[no-untyped-def]

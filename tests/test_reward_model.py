@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from prl_actors.engines.base import Generated
+from prl_actors.launch import build
 from prl_actors.rewards import RewardError
 from prl_actors.rewards.model import ModelReward
 from prl_actors.rewards.record import RewardInput
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from tests.learning_utils import tiny_config
 
 pytestmark = pytest.mark.fast
@@ -50,7 +50,7 @@ def test_a_reward_model_scores_a_group_batched(classifier_dir: Path) -> None:
         task__max_operand=5,
         task__rewards=[{"model": str(classifier_dir), "threads": 1, "batch_size": 3, "name": "rm"}],
     )
-    task = load_task(cfg)
+    task = build.task(cfg)
     prompt = task.prompts_for_epoch(0, 1)[0]
     texts = ["1", "12", "3 4 5", "9", "10"]  # uneven lengths: padding must not change a score
     samples = [Generated(text=t, token_ids=[1], logprobs=[0.0]) for t in texts]
@@ -63,7 +63,7 @@ def test_a_reward_model_scores_a_group_batched(classifier_dir: Path) -> None:
 
 def test_a_model_dir_that_is_not_a_checkpoint_is_refused_at_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"task.rewards\[0\].model .*\(no config.json\)"):
-        load_task(tiny_config(task__rewards=[{"model": str(tmp_path)}]))
+        build.task(tiny_config(task__rewards=[{"model": str(tmp_path)}]))
 
 
 def test_a_label_past_num_labels_names_the_model(classifier_dir: Path) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from prl_actors.engines.base import Generated
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Prompt
 from prl_actors.rewards import Reward, RewardError, RewardInput, RewardSet
 from prl_actors.rewards.builtins import BUILTINS
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from tests import reward_plugins
 from tests.learning_utils import tiny_config
 
@@ -35,7 +35,7 @@ def gens(texts: list[str], finished: bool = True) -> list[Generated]:
 
 
 def test_the_record_is_frozen_and_its_row_read_only() -> None:
-    task = load_task(tiny_config(task__max_operand=3))
+    task = build.task(tiny_config(task__max_operand=3))
     rec = records(["x"])[0]
     with pytest.raises(AttributeError):
         rec.completion = "y"  # type: ignore[misc]
@@ -64,7 +64,7 @@ def test_weighted_rewards_from_config_total_and_parts() -> None:
             {"fn": "length", "weight": -1.0, "args": {"max_tokens": 4}},
         ],
     )
-    task = load_task(cfg)
+    task = build.task(cfg)
     prompt = task.prompts_for_epoch(0, 1)[0]
     scored = task.score_group(prompt, [1, 2], gens([prompt.answer, "nope"]))
     assert task.reward_set().names == ["acc", "half", "length"] and task.reward_set().report_parts
@@ -75,11 +75,11 @@ def test_weighted_rewards_from_config_total_and_parts() -> None:
 
 
 def test_the_default_reward_is_the_tasks_own_and_reports_no_parts() -> None:
-    task = load_task(tiny_config(task__max_operand=3))
+    task = build.task(tiny_config(task__max_operand=3))
     prompt = task.prompts_for_epoch(0, 1)[0]
     scored = task.score_group(prompt, [], gens([prompt.answer, "x"]))
     assert scored.totals == [1.0, 0.0] and not task.reward_set().report_parts
-    legacy = load_task(tiny_config(task__max_operand=3, task__reward="tests.reward_plugins:legacy_three"))
+    legacy = build.task(tiny_config(task__max_operand=3, task__reward="tests.reward_plugins:legacy_three"))
     assert legacy.score(Prompt(group_id=0, prompt="1+1=", answer="2"), "it is 2") == 1.0
 
 
@@ -102,7 +102,7 @@ def test_two_async_rewards_of_a_group_overlap_too() -> None:
 
 @pytest.mark.parametrize("fn", ["tests.reward_plugins:ranks", "tests.reward_plugins:async_ranks"])
 def test_a_batched_reward_sees_the_whole_group(fn: str) -> None:
-    task = load_task(tiny_config(task__max_operand=3, task__rewards=[{"fn": fn, "batched": True, "name": "rank"}]))
+    task = build.task(tiny_config(task__max_operand=3, task__rewards=[{"fn": fn, "batched": True, "name": "rank"}]))
     prompt = task.prompts_for_epoch(0, 1)[0]
     assert task.score_group(prompt, [], gens(["ccc", "a", "bb"])).totals == [2.0, 0.0, 1.0]
 
@@ -130,7 +130,7 @@ def test_extra_columns_reach_the_reward_jsonl_parquet_and_datasets(tmp_path: Pat
         cfg = tiny_config(
             task__name="jsonl", task__prompts_file=str(path), task__rewards=[{"fn": "tests.reward_plugins:difficulty"}]
         )
-        task = load_task(cfg)
+        task = build.task(cfg)
         for prompt in task.prompts_for_epoch(0, 4):
             expected = int(prompt.answer) / 10
             assert task.score_group(prompt, [], gens(["x"])).totals == [expected]
@@ -139,7 +139,7 @@ def test_extra_columns_reach_the_reward_jsonl_parquet_and_datasets(tmp_path: Pat
 def test_a_prompt_whose_row_differs_from_this_workers_data_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "q", "answer": "1", "difficulty": 1}) + "\n")
-    task = load_task(tiny_config(task__name="jsonl", task__prompts_file=str(path)))
+    task = build.task(tiny_config(task__name="jsonl", task__prompts_file=str(path)))
     with pytest.raises(RewardError, match="is not that row of this worker's data"):
         task.score_group(Prompt(group_id=3, prompt="other", answer="1", item=0), [], gens(["x"]))
 
@@ -162,7 +162,7 @@ def test_a_prompt_whose_row_differs_from_this_workers_data_is_an_error(tmp_path:
 )
 def test_reward_config_mistakes_are_one_line(rewards: list[dict], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        load_task(tiny_config(task__max_operand=3, task__rewards=rewards))
+        build.task(tiny_config(task__max_operand=3, task__rewards=rewards))
     assert "\n" not in str(info.value).strip()
 
 
@@ -239,7 +239,7 @@ def test_a_multi_turn_sample_brings_its_conversation_and_async_callers_can_score
         seen.append(record)
         return float(sum(m["role"] == "assistant" for m in record.messages))
 
-    task = load_task(tiny_config(task__max_operand=3))
+    task = build.task(tiny_config(task__max_operand=3))
     task.rewards = RewardSet([Reward("turns", turns)])
     convo = [
         {"role": "user", "content": "guess"},
@@ -281,7 +281,7 @@ def test_rows_stay_with_their_prompts_when_long_prompts_are_left_out(tmp_path: P
         task__max_prompt_tokens=10,
         task__rewards=[{"fn": "tests.reward_plugins:difficulty"}],
     )
-    task = load_task(cfg)
+    task = build.task(cfg)
     assert [a for _, a in task.items] == ["0", "2", "4"] and "left out 3 of 6" in task.note
     for prompt in task.prompts_for_epoch(0, 3):
         assert task.score_group(prompt, [], gens(["x"])).totals == [float(prompt.answer)]
@@ -291,10 +291,10 @@ def test_an_episodes_own_reward_is_its_total_or_the_env_part() -> None:
     """Multi-turn samples bring their environment's reward: alone it is the total (the task's reward
     is not asked); with task.rewards it is added as the part `env`."""
     own = [Generated(text="7", token_ids=[1], logprobs=[0.0], reward=r) for r in (1.0, 0.25)]
-    task = load_task(tiny_config(task__max_operand=3, task__reward="tests.reward_plugins:always_raises"))
+    task = build.task(tiny_config(task__max_operand=3, task__reward="tests.reward_plugins:always_raises"))
     prompt = task.prompts_for_epoch(0, 1)[0]
     assert task.score_generated(prompt, [], own).totals == [1.0, 0.25]  # the raising reward never ran
-    task = load_task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:half"}]))
+    task = build.task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:half"}]))
     scored = task.score_generated(prompt, [], own)
     assert scored.totals == [1.5, 0.75] and scored.parts[0] == {"half": 0.5, "env": 1.0}
     with pytest.raises(ConfigError, match="the name 'env' is the multi-turn environment's own reward"):
@@ -302,5 +302,5 @@ def test_an_episodes_own_reward_is_its_total_or_the_env_part() -> None:
 
 
 def test_async_fn_rewards_have_a_deadline_by_default() -> None:
-    task = load_task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:slow"}]))
+    task = build.task(tiny_config(task__max_operand=3, task__rewards=[{"fn": "tests.reward_plugins:slow"}]))
     assert task.reward_set().rewards[0].timeout_s == 300.0

@@ -120,7 +120,7 @@ def test_weighted_rewards_with_row_columns_keep_periodic_equal_to_sync(tmp_path:
     from safetensors.torch import load_file
 
     from prl_actors.config import load_config
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     data = tmp_path / "d.jsonl"
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "difficulty": a / 10} for a in range(6) for b in range(6)]
@@ -144,7 +144,7 @@ def test_weighted_rewards_with_row_columns_keep_periodic_equal_to_sync(tmp_path:
             },
         )  # fmt: skip
 
-    model = prepare_model(config(tmp_path / "m", "sync", None), tmp_path / "m")
+    model = build.model_dir(config(tmp_path / "m", "sync", None), tmp_path / "m")
     metrics = {}
     for mode, workers in (("periodic", 3), ("sync", 1)):
         cfg = config(tmp_path / mode, mode, model)
@@ -156,9 +156,9 @@ def test_weighted_rewards_with_row_columns_keep_periodic_equal_to_sync(tmp_path:
         assert_invariants(tmp_path / mode, epochs=2, groups=4)
         metrics[mode] = [json.loads(r) for r in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
     task_rows = {r["prompt"]: r["difficulty"] for r in rows}
-    from prl_actors.tasks import load_task
+    from prl_actors.launch import build
 
-    task = load_task(config(tmp_path / "sync", "sync", model))
+    task = build.task(config(tmp_path / "sync", "sync", model))
     for epoch, row in enumerate(metrics["sync"]):
         picked = [task_rows[p.prompt] for p in task.prompts_for_epoch(epoch, 4)]
         assert row["reward/difficulty"] == pytest.approx(sum(picked) / 4)  # the row's column, per prompt

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Prompt
 from prl_actors.sections import ConfigError
-from prl_actors.tasks import load_task
 from prl_actors.tasks.arith import add_items, add_reward
 from prl_actors.tasks.plugins import load_reward
 from tests.learning_utils import tiny_config
@@ -27,7 +27,7 @@ def test_add_items_and_reward() -> None:
 
 
 def test_load_add_task_prompts_are_deterministic() -> None:
-    task = load_task(tiny_config(task__max_operand=9, run__seed=3))
+    task = build.task(tiny_config(task__max_operand=9, run__seed=3))
     a, b = task.prompts_for_epoch(2, 5), task.prompts_for_epoch(2, 5)
     assert a == b and [p.group_id for p in a] == [0, 1, 2, 3, 4]
     for p in a:
@@ -46,7 +46,7 @@ def test_jsonl_task(tmp_path: Path) -> None:
         tmp_path / "p.jsonl",
         [json.dumps({"prompt": "2*3=", "answer": "6"}), "", json.dumps({"prompt": "1+1=", "answer": 2, "x": 1})],
     )
-    task = load_task(tiny_config(task__name="jsonl", task__prompts_file=str(f)))
+    task = build.task(tiny_config(task__name="jsonl", task__prompts_file=str(f)))
     assert task.items == [("2*3=", "6"), ("1+1=", "2")]
     assert task.score(Prompt(group_id=0, prompt="1+1=", answer="2"), " 2\n") == 1.0
 
@@ -64,22 +64,22 @@ def test_jsonl_task(tmp_path: Path) -> None:
 def test_jsonl_bad_line_names_its_line(tmp_path: Path, line: str, message: str) -> None:
     f = write_jsonl(tmp_path / "p.jsonl", [json.dumps({"prompt": "ok", "answer": "1"}), line])
     with pytest.raises(ConfigError, match=message) as info:
-        load_task(tiny_config(task__name="jsonl", task__prompts_file=str(f)))
+        build.task(tiny_config(task__name="jsonl", task__prompts_file=str(f)))
     assert f"{f}:2:" in str(info.value)
 
 
 def test_jsonl_missing_or_empty_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
-        load_task(tiny_config(task__name="jsonl", task__prompts_file=str(tmp_path / "nope.jsonl")))
+        build.task(tiny_config(task__name="jsonl", task__prompts_file=str(tmp_path / "nope.jsonl")))
     with pytest.raises(ConfigError, match="holds no prompts"):
-        load_task(tiny_config(task__name="jsonl", task__prompts_file=str(write_jsonl(tmp_path / "e.jsonl", [""]))))
+        build.task(tiny_config(task__name="jsonl", task__prompts_file=str(write_jsonl(tmp_path / "e.jsonl", [""]))))
     with pytest.raises(ConfigError, match="needs task.prompts_file"):
-        load_task(tiny_config(task__name="jsonl"))
+        build.task(tiny_config(task__name="jsonl"))
 
 
 def test_unknown_task() -> None:
     with pytest.raises(ConfigError, match="unknown task 'poetry'"):
-        load_task(tiny_config(task__name="poetry"))
+        build.task(tiny_config(task__name="poetry"))
 
 
 def test_reward_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +89,7 @@ def test_reward_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "NOT_CALLABLE = 3\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    task = load_task(tiny_config(task__reward="my_rewards:length_match"))
+    task = build.task(tiny_config(task__reward="my_rewards:length_match"))
     assert task.score(Prompt(group_id=0, prompt="1+1=", answer="2"), "7") == 0.5
     with pytest.raises(ConfigError, match="has no attribute 'missing'"):
         load_reward("my_rewards:missing")
@@ -107,4 +107,4 @@ def test_reward_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_reward_plugin_errors(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_task(tiny_config(task__reward=spec))
+        build.task(tiny_config(task__reward=spec))

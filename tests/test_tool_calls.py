@@ -115,17 +115,17 @@ def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: 
     from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.envs_llm.registry import episode_prompt_ids
+    from prl_actors.launch import build
     from prl_actors.model.tiny import build_family
     from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
     from prl_actors.protocol.messages import Group, RejectReason, Sample
-    from prl_actors.tasks.registry import load_task
 
     model = build_family("qwen2", Path(tmp_path) / "qwen2")
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs/tools.yaml", {"model.path": str(model)})
-    checker, task, tok = build_checker(cfg, model), load_task(cfg), load_tokenizer(model)
+    checker, task, tok = build_checker(cfg, model), build.task(cfg), load_tokenizer(model)
     prompt = task.prompts_for_epoch(3, cfg.coordinator.groups_per_epoch)[0]  # the coordinator's group 0
-    rendered = episode_prompt_ids(cfg, tok, task.reward)(prompt)
+    rendered = episode_prompt_ids(cfg.task, tok, task.reward)(prompt)
     sample = Sample(text="", token_ids=[], logprobs=[], reward=0.0, loss_mask=[])
 
     def group(ids: list[int]) -> Group:

@@ -31,15 +31,15 @@ def tool_caller(path: Path) -> Path:
 
     from prl_actors.config import load_config
     from prl_actors.envs_llm.registry import episode_prompt_ids
+    from prl_actors.launch import build
     from prl_actors.model.tiny import build_family
     from prl_actors.model.tokenizer import load_tokenizer
-    from prl_actors.tasks.registry import load_task
 
     build_family("qwen2", path)
     tok, model = load_tokenizer(path), AutoModelForCausalLM.from_pretrained(path)
     cfg = load_config(ROOT / "configs/tools.yaml", {"model.path": str(path)})
-    task = load_task(cfg)
-    render = episode_prompt_ids(cfg, tok, task.reward)
+    task = build.task(cfg)
+    render = episode_prompt_ids(cfg.task, tok, task.reward)
     target = tok(CALL + "<|im_end|>", add_special_tokens=False).input_ids
     rows = [render(p) for p in task.prompts_for_epoch(0, 4)]
     torch.manual_seed(0)

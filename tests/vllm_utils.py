@@ -44,7 +44,7 @@ def make_checkpoint(cfg: Config, out_dir: Path, sharpen: float = 1.0) -> Path:
     its output layer scaled by `sharpen`: a random model's next-token distribution is nearly uniform,
     a sharper one makes every weight change visible in the log-probs (and costs no warm start)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    create_builtin(cfg, out_dir)
+    create_builtin(cfg.model, cfg.task, cfg.run.seed, out_dir)
     if sharpen != 1.0:
         path = str(out_dir / "model.safetensors")
         state = load_file(path)

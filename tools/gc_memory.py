@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from prl_actors.config import load_config
-from prl_actors.model.builtin import prepare_model
+from prl_actors.launch import build
 from prl_actors.protocol.messages import Group, Sample
 from prl_actors.training.grpo import GRPOLearner
 
@@ -19,7 +19,7 @@ hidden, layers, groups, G, resp = int(sys.argv[2]), int(sys.argv[3]), int(sys.ar
 cfg = load_config(None, {"model.hidden_size": hidden, "model.layers": layers, "model.heads": 8, "model.warm_start_steps": 0,
     "trainer.gradient_checkpointing": ckpt, "trainer.micro_batch_tokens": 10**9, "trainer.micro_batch_groups": 10**6,
     "worker.sampling.max_new_tokens": resp, "run.run_dir": RUN})
-model_dir = prepare_model(cfg, Path(RUN))
+model_dir = build.model_dir(cfg, Path(RUN))
 learner = GRPOLearner(cfg, model_dir)
 V = learner.policy.config.vocab_size
 rng = random.Random(0)

@@ -142,9 +142,9 @@ class HFLoop:
     def __init__(self, cfg: Any, model_dir: Path, checkpointing: bool) -> None:
         import torch
 
+        from prl_actors.launch import build
         from prl_actors.model.builtin import load_model
         from prl_actors.model.tokenizer import load_tokenizer
-        from prl_actors.tasks import load_task
 
         self.cfg = cfg
         self.model = load_model(model_dir)
@@ -153,7 +153,7 @@ class HFLoop:
         if checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.tok = load_tokenizer(model_dir)
-        self.task = load_task(cfg)
+        self.task = build.task(cfg)
         self.B, self.G = cfg.coordinator.groups_per_epoch, cfg.worker.group_size
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.trainer.lr, weight_decay=0.0)
         eos = self.model.generation_config.eos_token_id

@@ -59,7 +59,7 @@ def make_groups(
 
 def setup(ctx: BenchContext) -> tuple[Any, Path]:
     from prl_actors.config import load_config
-    from prl_actors.model.builtin import prepare_model
+    from prl_actors.launch import build
 
     size = ctx.size((256, 4, 8), (128, 2, 4), (32, 2, 4))
     cfg = load_config(
@@ -74,7 +74,7 @@ def setup(ctx: BenchContext) -> tuple[Any, Path]:
             "trainer.max_grad_norm": 1e6,
         },
     )
-    return cfg, prepare_model(cfg, ctx.work_dir)
+    return cfg, build.model_dir(cfg, ctx.work_dir)
 
 
 def one_epoch(learner: Any, groups: list[Any], epoch: int, threads: int, per_flush: int = 0) -> float:

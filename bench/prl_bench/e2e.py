@@ -63,7 +63,7 @@ def _config(overrides: dict[str, Any]) -> Any:
 
 
 def prepare(ctx: BenchContext, shape: str) -> Path:
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     where = ctx.work_dir / f"model-{shape}"
     cfg = _config(
@@ -71,7 +71,7 @@ def prepare(ctx: BenchContext, shape: str) -> Path:
     )
     if ctx.smoke:
         cfg.model.warm_start_steps = 0
-    return prepare_model(cfg, where)
+    return build.model_dir(cfg, where)
 
 
 # --- the single-process loop -------------------------------------------------------------------
@@ -83,15 +83,15 @@ class Loop:
     def __init__(self, cfg: Any, model_dir: Path) -> None:
         from prl_actors.engines.batching import RunningBatch
         from prl_actors.engines.sampling import seed_for
+        from prl_actors.launch import build
         from prl_actors.model.tokenizer import load_tokenizer
-        from prl_actors.tasks import load_task
         from prl_actors.training.behaviour import Behaviour
         from prl_actors.training.grpo import GRPOLearner
 
         self.cfg, self.seed_for = cfg, seed_for
         self.learner = GRPOLearner(cfg, model_dir)
         self.tokenizer = load_tokenizer(model_dir)
-        self.task = load_task(cfg)
+        self.task = build.task(cfg)
         self.B, self.G = cfg.coordinator.groups_per_epoch, cfg.worker.group_size
         s = cfg.worker.sampling
         eos = {int(self.tokenizer.eos_token_id)}
@@ -258,14 +258,14 @@ def engine_vs_hf(cfg: Any, model_dir: Path, threads: int) -> dict[str, float]:
     import torch
 
     from prl_actors.engines.torch_engine import TorchEngine
-    from prl_actors.tasks import load_task
+    from prl_actors.launch import build
 
     torch.set_num_threads(threads)
     B, G, new = cfg.coordinator.groups_per_epoch, cfg.worker.group_size, cfg.worker.sampling.max_new_tokens
     cfg.worker.max_batch_rows = B * G
     engine = TorchEngine(cfg, model_dir)
     engine.version = 0
-    prompts = load_task(cfg).prompts_for_epoch(0, B)
+    prompts = build.task(cfg).prompts_for_epoch(0, B)
     calls = {"engine": lambda: _engine_tokens(engine, prompts, G), "hf": lambda: _hf_tokens(engine, prompts, G, new)}
     rates: dict[str, list[float]] = {name: [] for name in calls}
     for fn in calls.values():

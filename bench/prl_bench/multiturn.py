@@ -71,7 +71,7 @@ def settings(ctx: BenchContext) -> dict[str, Any]:
 def prepare(ctx: BenchContext) -> tuple[Path, Path]:
     """The guess-warm-started built-in model and the secrets as a JSONL dataset."""
     from prl_actors.config import load_config
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     where = ctx.work_dir / "model-guess"
     steps = ctx.size(600, 300, 0)
@@ -81,7 +81,7 @@ def prepare(ctx: BenchContext) -> tuple[Path, Path]:
     )
     rows = ctx.work_dir / "secrets.jsonl"
     rows.write_text("".join(json.dumps({"prompt": "0-9=", "answer": str(s)}) + "\n" for s in range(10)))
-    return prepare_model(cfg, where), rows
+    return build.model_dir(cfg, where), rows
 
 
 def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Path, epochs: int) -> dict[str, Any]:

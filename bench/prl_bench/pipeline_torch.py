@@ -65,11 +65,11 @@ def settings(ctx: BenchContext, workers: int, mode: str, model_dir: Path, port: 
 def prepare(ctx: BenchContext) -> Path:
     """The built-in model, built once for every run (warm start shortened: speed does not need skill)."""
     from prl_actors.config import load_config
-    from prl_actors.model import prepare_model
+    from prl_actors.launch import build
 
     where = ctx.work_dir / "model-prep"
     cfg = load_config(None, {"run.run_dir": str(where), "model.warm_start_steps": ctx.size(100, 50, 0)})
-    return prepare_model(cfg, where)
+    return build.model_dir(cfg, where)
 
 
 def run_torch(ctx: BenchContext, workers: int, mode: str, model_dir: Path) -> tuple[RunPhases, dict[str, float]]:

@@ -75,9 +75,9 @@ def code_entries(ctx: BenchContext) -> list[Entry]:
 def overhead_entry(ctx: BenchContext) -> Entry:
     from prl_actors.config import load_config
     from prl_actors.engines.base import Generated
-    from prl_actors.tasks import load_task
+    from prl_actors.launch import build
 
-    task = load_task(load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"}))
+    task = build.task(load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"}))
     prompt = task.prompts_for_epoch(0, 1)[0]
     samples = [Generated(text="3", token_ids=[1, 2], logprobs=[0.0, 0.0]) for _ in range(8)]
     n = ctx.size(2000, 500, 20)

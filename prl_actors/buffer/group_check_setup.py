@@ -55,7 +55,15 @@ def epoch_prompts(task: Task, cfg: Config) -> Callable[[int, int], Prompt | None
 def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
     from prl_actors.tasks import load_task
 
-    task = load_task(cfg)
+    w = cfg.worker
+    task = load_task(
+        cfg.task,
+        cfg.run.seed,
+        model_path=cfg.model.path,
+        max_new_tokens=w.sampling.max_new_tokens,
+        max_model_len=w.max_model_len if w.engine == "vllm" else None,
+        sim_arms=cfg.sim.arms if w.engine == "sim" else None,
+    )
     checker = GroupChecker(
         prompt_of=epoch_prompts(task, cfg),
         score=task.score if cfg.buffer.verify_rewards else None,
@@ -151,7 +159,15 @@ def _episode_prompt(
             return None
         try:
             if "ids" not in made:
-                made["ids"] = episode_prompt_ids(cfg, box["tok"], load_task(cfg).reward)
+                w = cfg.worker
+                task = load_task(
+                    cfg.task,
+                    cfg.run.seed,
+                    model_path=cfg.model.path,
+                    max_new_tokens=w.sampling.max_new_tokens,
+                    max_model_len=w.max_model_len if w.engine == "vllm" else None,
+                )
+                made["ids"] = episode_prompt_ids(cfg.task, box["tok"], task.reward)
             return made["ids"](row)
         except Exception:  # noqa: BLE001 - an environment that cannot load or reset here (its module elsewhere): unchecked
             return None

@@ -95,7 +95,7 @@ def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, s
         from prl_actors.tasks.dataset import load_items
 
         try:
-            return [(p, a, -1) for p, a in load_items(cfg, cfg.eval.prompts_file, "prompt")]
+            return [(p, a, -1) for p, a in load_items(cfg.task, cfg.model.path, cfg.eval.prompts_file, "prompt")]
         except ConfigError as exc:
             raise ConfigError(f"eval.prompts_file: {exc}") from None
     n = min(cfg.eval.num_prompts, len(task_items))

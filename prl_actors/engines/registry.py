@@ -52,8 +52,16 @@ def multi_turn_engine(cfg: Config, engine: Engine) -> Engine:
         from prl_actors.engines.vllm_turns import VllmTurns
 
         turns = VllmTurns(engine, turn_tokens)
-    renderer = Renderer(engine.tokenizer, cfg.task.chat_template, tool_schemas(cfg))  # type: ignore[attr-defined]
-    factory = env_factory(cfg, load_task(cfg).reward)
+    renderer = Renderer(engine.tokenizer, cfg.task.chat_template, tool_schemas(cfg.task))  # type: ignore[attr-defined]
+    max_model_len = cfg.worker.max_model_len if cfg.worker.engine == "vllm" else None
+    task = load_task(
+        cfg.task,
+        cfg.run.seed,
+        model_path=cfg.model.path,
+        max_new_tokens=cfg.worker.sampling.max_new_tokens,
+        max_model_len=max_model_len,
+    )
+    factory = env_factory(cfg.task, task.reward)
     return MultiTurnEngine(  # type: ignore[return-value]
         turns,
         factory,

@@ -12,8 +12,8 @@ from prl_actors.plugins import load_callable
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.envs_llm.base import EnvFactory
+    from prl_actors.tasks.config import TaskSection
 
 RESET_TIMEOUT_S = 30.0  # episode_prompt_ids: an environment's factory + reset at most
 
@@ -42,9 +42,8 @@ def load_tools(specs: list[str]) -> list[Tool]:
     return tools
 
 
-def env_factory(cfg: Config, reward: Callable[[str, str, str], float]) -> EnvFactory:
+def env_factory(t: TaskSection, reward: Callable[[str, str, str], float]) -> EnvFactory:
     """A new environment per call, for the run's kind of episode (`reward`: the task's, for tools)."""
-    t = cfg.task
     if t.name == "guess":
         return lambda: GuessEnv(t.guess_max, t.max_turns)
     if t.tools:
@@ -56,13 +55,13 @@ def env_factory(cfg: Config, reward: Callable[[str, str, str], float]) -> EnvFac
     raise ConfigError("not a multi-turn task (set task.environment or task.tools, or use the guess task)")
 
 
-def tool_schemas(cfg: Config) -> list[dict[str, Any]]:
-    """The JSON schemas the chat template shows the model (empty without tools)."""
-    return [t.schema for t in load_tools(cfg.task.tools)] if cfg.task.tools else []
+def tool_schemas(t: TaskSection) -> list[dict[str, Any]]:
+    """The JSON schemas the chat template shows the model (empty without `task.tools`)."""
+    return [x.schema for x in load_tools(t.tools)] if t.tools else []
 
 
 def episode_prompt_ids(
-    cfg: Config, tokenizer: Any, reward: Callable[[str, str, str], float], timeout_s: float = RESET_TIMEOUT_S
+    t: TaskSection, tokenizer: Any, reward: Callable[[str, str, str], float], timeout_s: float = RESET_TIMEOUT_S
 ) -> Callable[[Any], list[int]]:
     """row (a Prompt) -> the token ids of its episodes' shared initial prompt, exactly as the
     multi-turn engine renders them (a fresh environment's `reset`, then the Renderer): what the
@@ -73,8 +72,8 @@ def episode_prompt_ids(
     from prl_actors.envs_llm.pool import DaemonPool
     from prl_actors.envs_llm.render import Renderer
 
-    renderer = Renderer(tokenizer, cfg.task.chat_template, tool_schemas(cfg))
-    factory = env_factory(cfg, reward)
+    renderer = Renderer(tokenizer, t.chat_template, tool_schemas(t))
+    factory = env_factory(t, reward)
     pool = DaemonPool(1, "env-reset")
     hung: list[str] = []
 

@@ -24,6 +24,7 @@ import zmq
 
 from prl_actors.buffer.core import BufferCore
 from prl_actors.coordinator.core import CoordinatorCore, CoordinatorSettings
+from prl_actors.launch import build
 from prl_actors.protocol.messages import BINDING_ROLES, role_prefix
 from prl_actors.publisher.core import PublisherCore
 from prl_actors.records.logs import EventLog
@@ -60,9 +61,7 @@ def model_dir(cfg: Config) -> Path | None:
     """The model directory every torch actor loads (built once by `up`, reused by the others)."""
     if cfg.worker.engine == "sim":
         return None
-    from prl_actors.model import prepare_model
-
-    return prepare_model(cfg, Path(cfg.run.run_dir))
+    return build.model_dir(cfg)
 
 
 def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Core:
@@ -70,9 +69,8 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     run_dir = Path(cfg.run.run_dir)
     if role == "coordinator":
         from prl_actors.runtime.contract import contract_of
-        from prl_actors.tasks import load_task
 
-        task = load_task(cfg)
+        task = build.task(cfg)
         settings = CoordinatorSettings(
             run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
             mode=cfg.run.mode,
@@ -144,11 +142,10 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         return core
     if role == "worker":
         from prl_actors.runtime.contract import contract_of
-        from prl_actors.tasks import load_task
         from prl_actors.weights.shm import ShmReader
 
         engine = _make_engine(cfg)
-        task = load_task(cfg)
+        task = build.task(cfg)
         return WorkerCore(
             name,
             log,

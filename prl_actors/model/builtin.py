@@ -40,7 +40,8 @@ from prl_actors.model.warmstart import warm_start, warm_start_on
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.model.config import ModelSection
+    from prl_actors.tasks.config import TaskSection
 
 HF_LOAD_LOCK = threading.Lock()
 """Serialises `from_pretrained` within a process. transformers (5.x) disables weight tying during a
@@ -51,8 +52,7 @@ ATTN_IMPLEMENTATION = "sdpa"
 """Both "sdpa" and "eager" take the custom 4D float masks of training/packing.py (tests check it)."""
 
 
-def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
-    m = cfg.model
+def builtin_config(m: ModelSection, vocab_size: int) -> Qwen2Config:
     if m.hidden_size % m.heads:
         raise ConfigError(f"model.hidden_size ({m.hidden_size}) must be a multiple of model.heads ({m.heads})")
     return Qwen2Config(
@@ -70,23 +70,24 @@ def builtin_config(cfg: Config, vocab_size: int) -> Qwen2Config:
     )
 
 
-def create_builtin(cfg: Config, out_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
-    """Build, warm-start and save the built-in model into `out_dir` (deterministic in run.seed);
-    `on_step(done, total)` follows the warm start."""
+def create_builtin(
+    m: ModelSection, t: TaskSection, seed: int, out_dir: Path, on_step: Callable[[int, int], None] | None = None
+) -> Path:
+    """Build, warm-start (on task `t`) and save the built-in model of section `m` into `out_dir`
+    (deterministic in `seed`, run.seed); `on_step(done, total)` follows the warm start."""
     tok = build_tokenizer()
-    torch.manual_seed(cfg.run.seed)
-    model = Qwen2ForCausalLM(builtin_config(cfg, len(tok)))
-    m = cfg.model
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(builtin_config(m, len(tok)))
     with one_thread():  # a tiny model: OpenMP threads would mostly wait for each other (and on a busy host, far worse)
-        if cfg.task.name == "guess":
-            _warm_start_guess(cfg, model, tok, on_step)
+        if t.name == "guess":
+            _warm_start_guess(m, t, seed, model, tok, on_step)
         else:
             warm_start(
                 model,
                 tok,
-                cfg.task.max_operand,
+                t.max_operand,
                 m.warm_start_steps,
-                cfg.run.seed,
+                seed,
                 m.warm_start_smoothing,
                 on_step=on_step,
             )
@@ -94,19 +95,23 @@ def create_builtin(cfg: Config, out_dir: Path, on_step: Callable[[int, int], Non
     with quiet_progress():
         model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    (out_dir / STAMP).write_text(json.dumps({"key": builtin_key(cfg)}))
+    (out_dir / STAMP).write_text(json.dumps({"key": builtin_key(m, t, seed)}))
     return out_dir
 
 
 def _warm_start_guess(
-    cfg: Config, model: PreTrainedModel, tok: PreTrainedTokenizerBase, on_step: Callable[[int, int], None] | None
+    m: ModelSection,
+    t: TaskSection,
+    seed: int,
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    on_step: Callable[[int, int], None] | None,
 ) -> None:
     """The guess game's warm start: transcripts of a uniform-among-the-possible player (envs_llm/guess.py)."""
     from prl_actors.envs_llm.guess import warm_start_examples
 
-    t, m = cfg.task, cfg.model
-    examples = warm_start_examples(tok, t.guess_max, t.max_turns, 2048, cfg.run.seed)
-    warm_start_on(model, tok, examples, m.warm_start_steps, cfg.run.seed, m.warm_start_smoothing, on_step=on_step)
+    examples = warm_start_examples(tok, t.guess_max, t.max_turns, 2048, seed)
+    warm_start_on(model, tok, examples, m.warm_start_steps, seed, m.warm_start_smoothing, on_step=on_step)
 
 
 @contextmanager
@@ -132,15 +137,18 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None] | None = None) -> Path:
-    """The model directory to load: `model.path` validated, or the built-in model in RUN_DIR/model
-    (reused when its stamp matches `builtin_key(cfg)`, else copied from the user's cache, else
-    built there and cached). Never downloads. `on_step` follows the warm start when one runs."""
-    ready = ready_model_dir(cfg, run_dir)
+def prepare_model(
+    m: ModelSection, t: TaskSection, seed: int, run_dir: Path, on_step: Callable[[int, int], None] | None = None
+) -> Path:
+    """The model directory to load: `model.path` validated, or the built-in model of section `m`,
+    warm-started on task `t` from `seed` (run.seed), in RUN_DIR/model (reused when its stamp matches
+    `builtin_key(m, t, seed)`, else copied from the user's cache, else built there and cached). Never
+    downloads. `on_step` follows the warm start when one runs."""
+    ready = ready_model_dir(m, t, seed, run_dir)
     if ready is not None:
         return ready
     target = Path(run_dir) / "model"
-    key = builtin_key(cfg)
+    key = builtin_key(m, t, seed)
     with _file_lock(Path(run_dir) / "model.lock"):
         if _is_current(target, key):
             return target
@@ -148,22 +156,24 @@ def prepare_model(cfg: Config, run_dir: Path, on_step: Callable[[int, int], None
         shutil.rmtree(tmp, ignore_errors=True)
         cached = cache_dir()
         if cached is None:
-            create_builtin(cfg, tmp, on_step)
+            create_builtin(m, t, seed, tmp, on_step)
         else:
-            shutil.copytree(_cached_builtin(cfg, key, cached, on_step), tmp)
+            shutil.copytree(_cached_builtin(m, t, seed, key, cached, on_step), tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
 
 
-def _cached_builtin(cfg: Config, key: str, root: Path, on_step: Callable[[int, int], None] | None) -> Path:
+def _cached_builtin(
+    m: ModelSection, t: TaskSection, seed: int, key: str, root: Path, on_step: Callable[[int, int], None] | None
+) -> Path:
     """The cached build of `key` (built once, under a lock, renamed into place when complete)."""
     entry = root / f"builtin-{key}"
     with _file_lock(root / f"builtin-{key}.lock"):
         if not _is_current(entry, key):
             tmp = root / f".builtin-{key}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            create_builtin(cfg, tmp, on_step)
+            create_builtin(m, t, seed, tmp, on_step)
             shutil.rmtree(entry, ignore_errors=True)
             tmp.rename(entry)
     return entry

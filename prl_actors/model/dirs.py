@@ -19,22 +19,24 @@ from typing import TYPE_CHECKING
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.model.config import ModelSection
+    from prl_actors.tasks.config import TaskSection
 
 BUILDER_VERSION = 1  # bump when the built-in recipe (model/builtin.py) changes: cached models are then rebuilt
 STAMP = "prl_builtin.json"
 
 
-def builtin_key(cfg: Config) -> str:
-    """Hash of everything that determines the built-in model's weights."""
+def builtin_key(model: ModelSection, task: TaskSection, seed: int) -> str:
+    """Hash of everything that determines the built-in model's weights: the model section, the task
+    it is warm-started on and `seed` (run.seed)."""
     spec = {
         "builder": BUILDER_VERSION,
-        "model": cfg.model.model_dump(exclude={"path", "dtype"}),
-        "max_operand": cfg.task.max_operand,
-        "seed": cfg.run.seed,
+        "model": model.model_dump(exclude={"path", "dtype"}),
+        "max_operand": task.max_operand,
+        "seed": seed,
     }
-    if cfg.task.name == "guess":  # warm-started on the game instead (other keys unchanged: caches stay valid)
-        spec["guess"] = {"max": cfg.task.guess_max, "turns": cfg.task.max_turns}
+    if task.name == "guess":  # warm-started on the game instead (other keys unchanged: caches stay valid)
+        spec["guess"] = {"max": task.guess_max, "turns": task.max_turns}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -83,14 +85,14 @@ def cache_dir() -> Path | None:
     return root if os.access(root, os.W_OK) else None
 
 
-def ready_model_dir(cfg: Config, run_dir: Path) -> Path | None:
+def ready_model_dir(model: ModelSection, task: TaskSection, seed: int, run_dir: Path) -> Path | None:
     """The model directory to load when none must be built: `model.path` validated, the run's
     current RUN_DIR/model, or (copied into RUN_DIR/model) the user's cached build; None when the
-    built-in model must be built (model/builtin.prepare_model does that)."""
-    if cfg.model.path:
-        return validate_model_dir(cfg.model.path)
+    built-in model must be built (model/builtin.prepare_model does that). The arguments: builtin_key's."""
+    if model.path:
+        return validate_model_dir(model.path)
     target = Path(run_dir) / "model"
-    key = builtin_key(cfg)
+    key = builtin_key(model, task, seed)
     with file_lock(Path(run_dir) / "model.lock"):
         if is_current(target, key):
             return target

@@ -84,7 +84,7 @@ def model_identity(cfg: Config) -> str:
     if cfg.model.path is None:
         from prl_actors.model.dirs import builtin_key
 
-        return f"builtin:{builtin_key(cfg)}"
+        return f"builtin:{builtin_key(cfg.model, cfg.task, cfg.run.seed)}"
     return f"hf:{files_digest(Path(cfg.model.path).expanduser())}"
 
 

@@ -12,7 +12,7 @@ from prl_actors.data.builtin import add_items
 from prl_actors.tasks.base import Task
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.tasks.config import TaskSection
 
 __all__ = ["add_items", "add_reward", "add_task"]  # add_items: data/builtin.py (the warm start uses it too)
 
@@ -21,5 +21,5 @@ def add_reward(prompt: str, response: str, answer: str) -> float:
     return 1.0 if response.strip() == answer.strip() else 0.0
 
 
-def add_task(cfg: Config) -> Task:
-    return Task(items=add_items(cfg.task.max_operand), reward=add_reward, seed=cfg.run.seed, name="add")
+def add_task(task: TaskSection, seed: int) -> Task:
+    return Task(items=add_items(task.max_operand), reward=add_reward, seed=seed, name="add")

@@ -29,7 +29,7 @@ from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import template
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.tasks.config import TaskSection
 
 SAMPLE = "code_sample.jsonl"
 
@@ -38,14 +38,14 @@ def sample_path() -> str:
     return str(resources.files("prl_actors.tasks").joinpath("data", SAMPLE))
 
 
-def code_task(cfg: Config) -> Task:
-    t = cfg.task
+def code_task(t: TaskSection, seed: int, model_path: str | None) -> Task:
+    """`model_path`: model.path (its tokenizer's chat template, when task.chat_template)."""
     path = t.prompts_file or sample_path()
     prompt_field = t.prompt_field or "prompt"
     rows = read_rows(path, [prompt_field, t.tests_field], t.split, all_columns=True)
     if not rows:
         raise ConfigError(f"task.prompts_file {path!r} holds no prompts")
-    items = template(cfg, [_item(row, prompt_field, t.tests_field) for row in rows])
+    items = template(t, model_path, [_item(row, prompt_field, t.tests_field) for row in rows])
     try:
         sandbox.require(t.code_unsafe_local)
     except sandbox.SandboxUnavailable as exc:
@@ -54,7 +54,7 @@ def code_task(cfg: Config) -> Task:
         code, timeout_s=t.code_timeout_s, memory_mb=t.code_memory_mb, tests_field=t.tests_field,
         unsafe_local=t.code_unsafe_local,
     )  # fmt: skip
-    task = Task(items=items, reward=_no_legacy, seed=cfg.run.seed, name="code", rows=[r for _, r in rows])
+    task = Task(items=items, reward=_no_legacy, seed=seed, name="code", rows=[r for _, r in rows])
     task.wheres = [where for where, _ in rows]
     task.rewards = RewardSet([Reward("code", fn, source="builtin code")])
     return task

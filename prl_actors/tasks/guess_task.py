@@ -9,12 +9,12 @@ from prl_actors.envs_llm.guess import guess_items
 from prl_actors.tasks.base import Task
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.tasks.config import TaskSection
 
 
 def no_single_turn_reward(prompt: str, response: str, answer: str) -> float:
     return 0.0
 
 
-def guess_task(cfg: Config) -> Task:
-    return Task(items=guess_items(cfg.task.guess_max), reward=no_single_turn_reward, seed=cfg.run.seed, name="guess")
+def guess_task(task: TaskSection, seed: int) -> Task:
+    return Task(items=guess_items(task.guess_max), reward=no_single_turn_reward, seed=seed, name="guess")

@@ -15,13 +15,14 @@ from prl_actors.tasks.base import Task, exact_match
 from prl_actors.tasks.dataset import load_items_and_rows
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.tasks.config import TaskSection
 
 
-def jsonl_task(cfg: Config) -> Task:
-    if not cfg.task.prompts_file:
+def jsonl_task(task: TaskSection, seed: int, model_path: str | None) -> Task:
+    """`model_path`: model.path (its tokenizer's chat template, when task.chat_template)."""
+    if not task.prompts_file:
         raise ConfigError(
             "task.name 'jsonl' needs task.prompts_file (a JSONL or parquet file, or a datasets directory)"
         )
-    items, rows, wheres = load_items_and_rows(cfg, cfg.task.prompts_file, "prompt")
-    return Task(items=items, reward=exact_match, seed=cfg.run.seed, name="jsonl", rows=rows, wheres=wheres)
+    items, rows, wheres = load_items_and_rows(task, model_path, task.prompts_file, "prompt")
+    return Task(items=items, reward=exact_match, seed=seed, name="jsonl", rows=rows, wheres=wheres)

@@ -21,7 +21,7 @@ from prl_actors.tasks.base import Task
 from prl_actors.tasks.dataset import load_items_and_rows
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.tasks.config import TaskSection
 
 SAMPLE = "math_sample.jsonl"
 
@@ -48,8 +48,9 @@ def math_reward(prompt: str, response: str, answer: str, format_reward: float = 
     return float(correct) + (format_reward if has_final_answer_form(response) else 0.0)
 
 
-def math_task(cfg: Config) -> Task:
-    path = cfg.task.prompts_file or sample_path()
-    items, rows, wheres = load_items_and_rows(cfg, path, "question", reference_answer)
-    reward = partial(math_reward, format_reward=cfg.task.format_reward)
-    return Task(items=items, reward=reward, seed=cfg.run.seed, name="math", rows=rows, wheres=wheres)
+def math_task(task: TaskSection, seed: int, model_path: str | None) -> Task:
+    """`model_path`: model.path (its tokenizer's chat template, when task.chat_template)."""
+    path = task.prompts_file or sample_path()
+    items, rows, wheres = load_items_and_rows(task, model_path, path, "question", reference_answer)
+    reward = partial(math_reward, format_reward=task.format_reward)
+    return Task(items=items, reward=reward, seed=seed, name="math", rows=rows, wheres=wheres)

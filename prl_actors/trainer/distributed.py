@@ -223,7 +223,7 @@ def _model_dir(cfg: Config) -> Path | None:
         return None
     from prl_actors.model import prepare_model
 
-    return prepare_model(cfg, Path(cfg.run.run_dir))
+    return prepare_model(cfg.model, cfg.task, cfg.run.seed, Path(cfg.run.run_dir))
 
 
 def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:

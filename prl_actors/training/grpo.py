@@ -52,10 +52,11 @@ from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
 from prl_actors.sections import GREEDY_REFUSED, ConfigError
-from prl_actors.tasks.registry import data_identity
+from prl_actors.tasks.registry import check_resume, load_task
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.device_learner import DeviceFlush, DeviceStats, resolve_impl
+from prl_actors.training.dynamic_sampling import epoch_stride
 from prl_actors.training.epoch_stats import EpochStats as EpochStats  # re-exported (rank_learner)
 from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
@@ -178,7 +179,19 @@ class GRPOLearner(DeviceFlush, GuardedGRPO):
         self.batch_std: float | None = None
         self.epoch_steps = 0  # optimizer steps taken in this epoch
         self.first_pass = True
-        self.data_identity = data_identity(cfg)  # recorded with each checkpoint (data/position.py)
+        w, c = cfg.worker, cfg.coordinator
+        task = load_task(
+            cfg.task,
+            cfg.run.seed,
+            model_path=cfg.model.path,
+            max_new_tokens=w.sampling.max_new_tokens,
+            max_model_len=w.max_model_len if w.engine == "vllm" else None,
+            sim_arms=cfg.sim.arms if w.engine == "sim" else None,
+        )
+        stride = epoch_stride(c.groups_per_epoch, c.dynamic_sampling, c.max_sampling_rounds)
+        if cfg.run.resume and w.engine != "sim":
+            check_resume(task, cfg.run.run_dir, c.groups_per_epoch, stride)
+        self.data_identity = task.data_identity(c.groups_per_epoch, stride)  # recorded with each checkpoint
         self.impl = resolve_impl(cfg.trainer.impl, self.device)
         self.device_stats = DeviceStats()  # the gpu impl's metrics, on the device until _fold_stats
         self.micro_batch_tokens = self._micro_batch_tokens()
