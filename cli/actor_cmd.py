@@ -120,11 +120,11 @@ def _trainer_rank(cfg: Any) -> None:
     if env is None or env.rank == 0 or cfg.trainer.strategy == "single":
         return
     from prl_actors.launch.proctitle import set_title
-    from prl_actors.trainer.distributed import run_rank
+    from prl_actors.launch.rank import follow_rank
 
     set_title(f"trainer-rank{env.rank}", cfg.run.name)
     try:
-        code = run_rank(cfg, env)
+        code = follow_rank(cfg, env)
     except ConfigError as exc:  # WORLD_SIZE / RANK that do not fit the config
         fail(str(exc))
     exit_now(code)

@@ -62,9 +62,9 @@ def worker_contract(cfg: Config):  # type: ignore[no-untyped-def]
     """The generation contract a worker built from `cfg` registers with: a hand-driven worker must
     send it too (runtime/contract.py; the coordinator refuses a worker without the run's)."""
     from prl_actors.launch import build
-    from prl_actors.runtime.contract import contract_of
+    from prl_actors.launch.topology import generation_contract
 
-    return contract_of(cfg, build.task(cfg))
+    return generation_contract(cfg, build.task(cfg))
 
 
 def alive(pid: int) -> bool:

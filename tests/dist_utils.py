@@ -10,8 +10,9 @@ import torch
 
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings, start_trainer_group
 from prl_actors.protocol.messages import Group
-from prl_actors.trainer.distributed import DistributedLearner, start_distributed
+from prl_actors.trainer.distributed import DistributedLearner
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
 
@@ -40,11 +41,11 @@ def train_epoch(learner: Any, groups: list[Group], epoch: int = 0) -> dict[str, 
 
 
 def single(cfg: Config, model_dir: Path) -> GRPOLearner:
-    return GRPOLearner(with_trainer(cfg, world_size=1, strategy="single"), model_dir)
+    return GRPOLearner(learner_settings(with_trainer(cfg, world_size=1, strategy="single")), model_dir)
 
 
 def group_of(cfg: Config, model_dir: Path, strategy: str, world_size: int = 2, **fields: Any) -> DistributedLearner:
-    return start_distributed(with_trainer(cfg, world_size=world_size, strategy=strategy, **fields), model_dir)
+    return start_trainer_group(with_trainer(cfg, world_size=world_size, strategy=strategy, **fields), model_dir)
 
 
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

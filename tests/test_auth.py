@@ -121,7 +121,7 @@ def test_an_exception_in_the_port_thread_crashes_the_actor_loudly(run_dir: Path,
     ctx = zmq.Context()
     core = TrainerCore(
         "trainer", EventLog("trainer", "trainer", run_dir / "logs" / "trainer.jsonl"),
-        SimLearner(cfg), MemorySink(), credits=1, chunk_bytes=1 << 20, request_timeout_s=60.0,
+        SimLearner(cfg.sim, cfg.run.seed), MemorySink(), credits=1, chunk_bytes=1 << 20, request_timeout_s=60.0,
     )  # fmt: skip
 
     def broken(self: Port, now: float) -> None:

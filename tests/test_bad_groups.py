@@ -248,9 +248,10 @@ def grpo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
 
 
 def trainer(cfg, model_dir: Path, run_dir: Path) -> TrainerCore:  # type: ignore[no-untyped-def]
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.training.grpo import GRPOLearner
 
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, RunDir(run_dir), 32, 1 << 20, 5.0)
     core.handle(0.0, inbound(m.EpochOpen(epoch=0, version=0, groups=6), "buffer", "buffer"))
     return core
@@ -377,7 +378,9 @@ def sim_trainer(sink: Sink) -> TrainerCore:
     from prl_actors.training.sim import SimLearner
 
     cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0})
-    return TrainerCore("trainer", EventLog("trainer", "trainer"), SimLearner(cfg), sink, 32, 1 << 20, 5.0)
+    return TrainerCore(
+        "trainer", EventLog("trainer", "trainer"), SimLearner(cfg.sim, cfg.run.seed), sink, 32, 1 << 20, 5.0
+    )
 
 
 def test_epochs_without_learning_signal_are_said_and_k_in_a_row_once_clearly() -> None:

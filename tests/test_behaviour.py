@@ -16,6 +16,7 @@ from prl_actors.cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import behaviour_logprobs, nucleus_mask
@@ -115,7 +116,7 @@ def test_engine_logprobs_are_the_distribution_tokens_were_drawn_from(setup) -> N
 
 def test_engine_and_trainer_agree_and_the_ratio_is_one(setup) -> None:
     cfg, model_dir, groups = setup
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     with torch.no_grad():
         out = learner.tri(batch_of(groups))
     engine = flat(groups)
@@ -131,7 +132,7 @@ def test_engine_and_trainer_agree_and_the_ratio_is_one(setup) -> None:
 
 def test_reference_scores_with_the_same_transform(setup) -> None:
     cfg, model_dir, groups = setup
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     tri = TriModel(learner.policy, with_reference=True, temperature=T, top_p=TOP_P)
     with torch.no_grad():
         out = tri(batch_of(groups))
@@ -140,7 +141,7 @@ def test_reference_scores_with_the_same_transform(setup) -> None:
 
 def test_epoch_metrics_report_the_engine_trainer_mismatch(setup) -> None:
     cfg, model_dir, groups = setup
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     for g in groups:
         learner.accumulate(g)
@@ -166,7 +167,7 @@ def test_epoch_metrics_report_the_engine_trainer_mismatch(setup) -> None:
 def test_missing_engine_logprobs_are_reported_as_unmeasured(setup) -> None:
     cfg, model_dir, groups = setup
     stripped = [replace(g, samples=[replace(s, logprobs=[]) for s in g.samples]) for g in groups]
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(stripped))
     for g in stripped:
         learner.accumulate(g)
@@ -191,7 +192,7 @@ def test_temperature_zero_is_refused_for_training(setup) -> None:
         }
     )
     with pytest.raises(ConfigError, match="greedy"):
-        GRPOLearner(greedy, model_dir)
+        GRPOLearner(learner_settings(greedy), model_dir)
 
 
 def test_cli_refuses_greedy_training_in_one_line() -> None:

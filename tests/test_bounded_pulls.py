@@ -213,12 +213,13 @@ def groups_for(n: int, vocab: int = 12) -> list[m.Group]:
 
 
 def trainer_core(cfg: Config, model_dir: Path) -> Any:
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.records.logs import EventLog
     from prl_actors.records.rundir import MemorySink
     from prl_actors.trainer.core import TrainerCore
     from prl_actors.training.grpo import GRPOLearner
 
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     core = TrainerCore("trainer", EventLog("trainer", "trainer"), learner, MemorySink(), 8, 1 << 20, 5.0)
     core.drift_probe, core.max_staleness = True, 2
     core.log = CaptureLog("trainer")

@@ -17,9 +17,14 @@ pytestmark = pytest.mark.fast
 SIM = {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0}
 
 
+def sim_learner() -> SimLearner:
+    cfg = load_config(None, SIM)
+    return SimLearner(cfg.sim, cfg.run.seed)
+
+
 def three_checkpoints(root: Path) -> tuple[RunDir, SimLearner, list[np.ndarray]]:
     """v1, v2, v3 of a sim learner; returns the thetas they hold."""
-    run, learner, thetas = RunDir(root), SimLearner(load_config(None, SIM)), []
+    run, learner, thetas = RunDir(root), sim_learner(), []
     for _ in range(3):
         learner.step()
         run.save_checkpoint(learner.version, learner.save_checkpoint)
@@ -50,7 +55,7 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path, d
     assert found == tmp_path / "checkpoints" / "v2"
     assert skipped == [("v3", f"sim.npz {why}")]
     assert "warning: resuming from v2: v3 is damaged" in capsys.readouterr().err
-    learner = SimLearner(load_config(None, SIM))
+    learner = sim_learner()
     learner.load_checkpoint(found)
     assert learner.version == 2 and np.array_equal(learner.theta, thetas[1])
 
@@ -76,7 +81,7 @@ def test_the_trainer_logs_the_checkpoint_it_skipped(tmp_path: Path) -> None:
     three_checkpoints(tmp_path)
     (tmp_path / "checkpoints" / "v3" / "sim.npz").write_bytes(b"garbage")
     log = EventLog("trainer", "trainer", tmp_path / "trainer.jsonl")
-    core = TrainerCore("trainer", log, SimLearner(load_config(None, SIM)), RunDir(tmp_path), 4, 1 << 20, 5.0)
+    core = TrainerCore("trainer", log, sim_learner(), RunDir(tmp_path), 4, 1 << 20, 5.0)
     core.resume = True
     core.start(0.0)
     log.close()

@@ -159,9 +159,9 @@ def test_torchrun_style_ranks_join_a_trainer_started_with_rank_variables(tmp_pat
     saved = dict(os.environ)
     os.environ.update(env.variables())
     try:
-        from prl_actors.trainer.distributed import start_distributed
+        from prl_actors.launch.topology import start_trainer_group
 
-        two = start_distributed(cfg, model_dir)
+        two = start_trainer_group(cfg, model_dir)
         assert two.procs == []  # torchrun started the ranks, not the trainer
         train_epoch(two, groups)
         two.close()

@@ -16,6 +16,7 @@ from prl_actors.engines.base import engine_notes
 from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine, decode_impl
+from prl_actors.launch.topology import learner_settings
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
@@ -245,7 +246,7 @@ def test_the_engine_on_the_gpu_path_agrees_with_the_trainer_and_says_so_once(mod
     cpu.version = 0
     same = cpu.generate(prompts(texts), 8)
     assert [[s.token_ids for s in g.samples] for g in groups] == [[s.token_ids for s in g.samples] for g in same]
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     for g in random_rewards(groups):
         learner.accumulate(g)

@@ -12,6 +12,7 @@ import pytest
 
 from prl_actors.coordinator.core import CoordinatorCore
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch.topology import generation_contract
 from prl_actors.protocol import messages as m
 from prl_actors.records.logs import EventLog
 from prl_actors.runtime import contract
@@ -69,14 +70,14 @@ def test_a_contract_differing_in_one_field_is_refused_naming_it(field: str) -> N
 
 def test_the_contract_comes_from_the_config(tmp_path: Path) -> None:
     task = Task(items=[("ctx 1", "4")], reward=exact_match)
-    base = contract.contract_of(sim_config(tmp_path), task)
-    hot = contract.contract_of(sim_config(tmp_path, worker__sampling__temperature=0.5), task)
+    base = generation_contract(sim_config(tmp_path), task)
+    hot = generation_contract(sim_config(tmp_path, worker__sampling__temperature=0.5), task)
     assert (
         base.group_size == 4 and base.model.startswith("sim:") and base.task.endswith(f":1:{task.fingerprint()[:16]}")
     )
     assert contract.first_difference(hot, base) == ("worker.sampling.temperature", 0.5, 1.0)
     other_task = Task(items=[("ctx 2", "4")], reward=exact_match)
-    assert contract.first_difference(contract.contract_of(sim_config(tmp_path), other_task), base)[0].startswith("task")
+    assert contract.first_difference(generation_contract(sim_config(tmp_path), other_task), base)[0].startswith("task")
 
 
 def test_a_model_directory_is_known_by_its_config_and_tokenizer_files(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.dispatch_count import DispatchCount
 from prl_actors.training.grpo import GRPOLearner
@@ -82,7 +83,7 @@ def test_the_engine_on_cuda_takes_the_gpu_path_and_agrees_with_the_trainer(tmp_p
     engine.version = 0
     assert isinstance(engine.batch, StaticBatch)
     groups = engine.generate(prompts(["3+4=", "12+19=", "7+15=", "0+0="]), 8)
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     for g in random_rewards(groups):
         learner.accumulate(g)

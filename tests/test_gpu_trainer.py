@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from prl_actors.config import load_config
+from prl_actors.launch.topology import learner_settings
 from prl_actors.model.builtin import load_model
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.device_batch import allowed_mask, build
@@ -49,7 +50,7 @@ def step_gradient(model_dir: Path, device: str, impl: str, dtype: str) -> dict[s
             "worker.sampling.max_new_tokens": 48,
         },
     )
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     seen = captured_gradients(learner)
     gs = groups_of(32, prompt=124)
     learner.begin_epoch(0, len(gs))
@@ -99,7 +100,7 @@ def test_cuda_ops_stay_flat_and_syncs_per_step_constant(model_dir: Path) -> None
                 "worker.sampling.max_new_tokens": 48,
             },
         )
-        learner = GRPOLearner(cfg, model_dir)
+        learner = GRPOLearner(learner_settings(cfg), model_dir)
         assert learner.impl == "gpu" and learner.micro_batch_tokens > 2048  # auto: by device, memory budget
         gs = groups_of(n, prompt=124)
         for index in range(2):

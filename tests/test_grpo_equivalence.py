@@ -11,6 +11,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.model.builtin import load_model
 from prl_actors.protocol.messages import Group
 from prl_actors.training.grpo import GRPOLearner
@@ -35,7 +36,7 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 def train_once(cfg: Config, model_dir: Path, groups: list[Group], **trainer: object) -> GRPOLearner:
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     for g in groups:
         learner.accumulate(g)
@@ -80,7 +81,7 @@ def test_arrival_order_and_micro_batches_give_the_same_weights(rollouts, dtype: 
         others.append(train_once(cfg, model_dir, groups, micro_batch_groups=len(groups)))
         others.append(train_once(cfg, model_dir, shuffled, micro_batch_groups=4))  # 4 + a partial 2 flushed by step
         others.append(train_once(cfg, model_dir, shuffled, micro_batch_tokens=60))  # by token budget
-    initial, trained = master(GRPOLearner(cfg, model_dir)), master(in_order)
+    initial, trained = master(GRPOLearner(learner_settings(cfg), model_dir)), master(in_order)
     moved = max((trained[k].double() - initial[k].double()).abs().max().item() for k in initial)
     assert moved > 100 * atol  # it did learn, far beyond the tolerance
     for other in others:
@@ -99,7 +100,7 @@ def test_bfloat16_trains_a_float32_master_and_publishes_bfloat16(rollouts, tmp_p
     for name, t in master(learner).items():
         assert torch.equal(published[name], t.to(torch.bfloat16)), name
     learner.save_checkpoint(tmp_path / "ckpt")  # the checkpoint keeps the float32 master: exact resume
-    restored = GRPOLearner(in_dtype(cfg, "bfloat16"), model_dir)
+    restored = GRPOLearner(learner_settings(in_dtype(cfg, "bfloat16")), model_dir)
     restored.load_checkpoint(tmp_path / "ckpt")
     assert_same_weights(learner, restored, atol=0)
 
@@ -107,7 +108,7 @@ def test_bfloat16_trains_a_float32_master_and_publishes_bfloat16(rollouts, tmp_p
 def epoch_gradient(cfg: Config, model_dir: Path, groups: list[Group], **trainer: object) -> dict[str, torch.Tensor]:
     """The scaled, clipped gradient the epoch's one optimizer step receives (captured at the step)."""
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     seen: dict[str, torch.Tensor] = {}
     real_step = learner.optimizer.step
 
@@ -143,7 +144,7 @@ def test_packed_and_unpacked_layouts_give_the_same_gradient(rollouts, dtype: str
 
 def test_step_metrics_and_version(rollouts) -> None:
     cfg, model_dir, groups = rollouts
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     stats = learner.accumulate(groups[0])
     assert stats["tokens"] == sum(len(s.token_ids) for s in groups[0].samples)
@@ -179,7 +180,7 @@ def test_checkpoint_round_trip(rollouts, tmp_path: Path) -> None:
     cfg, model_dir, groups = rollouts
     learner = train_once(cfg, model_dir, groups)
     learner.save_checkpoint(tmp_path / "ckpt")
-    restored = GRPOLearner(cfg, model_dir)
+    restored = GRPOLearner(learner_settings(cfg), model_dir)
     restored.load_checkpoint(tmp_path / "ckpt")
     assert restored.version == 1
     assert_same_weights(learner, restored, atol=0)
@@ -195,7 +196,7 @@ def test_checkpoint_round_trip(rollouts, tmp_path: Path) -> None:
 def test_incomplete_checkpoint_is_refused(rollouts, tmp_path: Path) -> None:
     cfg, model_dir, _ = rollouts
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        GRPOLearner(cfg, model_dir).load_checkpoint(tmp_path)
+        GRPOLearner(learner_settings(cfg), model_dir).load_checkpoint(tmp_path)
 
 
 # --- the gradient itself, against a full-batch loss written out independently ----------------------
@@ -324,7 +325,7 @@ def test_an_all_equal_group_gives_exactly_zero_gradient(rollouts, reward: float,
     cfg, model_dir, groups = rollouts
     cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"beta": 0.0})})
     samples = [replace(groups[1].samples[i % len(groups[1].samples)], reward=reward) for i in range(size)]
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     grads = captured_gradients(learner)
     learner.begin_epoch(0, 1)
     learner.accumulate(replace(groups[1], samples=samples))
@@ -337,7 +338,10 @@ def test_the_token_budget_decides_when_queued_groups_are_trained(rollouts) -> No
     cost = [len(g.prompt_ids) + sum(len(s.token_ids) for s in g.samples) for g in groups]
     budget = cost[0] + cost[1]  # the first two groups fill one micro-batch exactly
     learner = GRPOLearner(
-        cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"micro_batch_tokens": budget})}), model_dir
+        learner_settings(
+            cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"micro_batch_tokens": budget})})
+        ),
+        model_dir,
     )
     learner.begin_epoch(0, len(groups))
     learner.accumulate(groups[0])

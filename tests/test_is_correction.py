@@ -17,6 +17,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.sections import ConfigError
 from prl_actors.training.grpo import GRPOLearner
@@ -37,7 +38,9 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
 
 
 def learner_for(cfg: Config, model_dir: Path, **trainer: object) -> GRPOLearner:
-    return GRPOLearner(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)}), model_dir)
+    return GRPOLearner(
+        learner_settings(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})), model_dir
+    )
 
 
 def shifted(groups: list[Group], shift: float, only: set[tuple[int, int]] | None = None) -> list[Group]:

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from prl_actors.config import Config, load_config
 from prl_actors.engines.base import IncompatibleWeights
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.model import memory
 from prl_actors.model.builtin import load_model
 from prl_actors.model.lora import META, parse
@@ -56,7 +57,7 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
 
 
 def train(cfg: Config, model_dir: Path, groups: list[Group], epochs: int = 1) -> GRPOLearner:
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     for epoch in range(epochs):
         learner.begin_epoch(epoch, len(groups))
         for g in groups:
@@ -154,7 +155,7 @@ def test_one_copy_of_the_model_and_only_the_adapter_in_the_optimizer(rollouts) -
 
 def test_only_the_adapter_moves_and_the_reference_is_the_base(rollouts) -> None:
     cfg, model_dir, groups = rollouts
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     base_before = {k: v.clone() for k, v in learner.policy.named_parameters() if not v.requires_grad}
     learner = train(cfg, model_dir, groups, epochs=2)
     for name, p in learner.policy.named_parameters():
@@ -262,7 +263,7 @@ def test_adapter_checkpoint_round_trip_and_resume(rollouts, tmp_path: Path) -> N
     learner.save_checkpoint(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "ckpt" / "model").exists() and not (tmp_path / "ckpt" / "merged").exists()
-    restored = GRPOLearner(cfg, model_dir)
+    restored = GRPOLearner(learner_settings(cfg), model_dir)
     restored.load_checkpoint(tmp_path / "ckpt")
     assert restored.version == 1
     a, b = adapter(learner), adapter(restored)
@@ -275,12 +276,12 @@ def test_adapter_checkpoint_round_trip_and_resume(rollouts, tmp_path: Path) -> N
     a, b = adapter(learner), adapter(restored)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
-    full = GRPOLearner(with_(cfg, "trainer", lora=None), model_dir)
+    full = GRPOLearner(learner_settings(with_(cfg, "trainer", lora=None)), model_dir)
     with pytest.raises(FileNotFoundError, match="a LoRA checkpoint"):
         full.load_checkpoint(tmp_path / "ckpt")
     full.save_checkpoint(tmp_path / "full")
     with pytest.raises(FileNotFoundError, match="holds no LoRA adapter"):
-        GRPOLearner(cfg, model_dir).load_checkpoint(tmp_path / "full")
+        GRPOLearner(learner_settings(cfg), model_dir).load_checkpoint(tmp_path / "full")
 
 
 def test_merged_export_is_a_plain_model_computing_the_policy(rollouts, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from prl_actors.envs_llm.calculator import calculator
 from prl_actors.envs_llm.guess import GuessEnv, guess_reward
 from prl_actors.envs_llm.render import Renderer
 from prl_actors.envs_llm.tools import ToolEnv, parse_tool_calls, tool
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol import codec
 from prl_actors.protocol.messages import Group, GroupResult, Prompt, Sample
 from prl_actors.sections import ConfigError
@@ -222,7 +223,7 @@ def test_environment_tokens_get_no_gradient(model_dir: Path) -> None:
     mask = torch.tensor([m for g in groups for s in g.samples for m in s.loss_mask], dtype=torch.bool)
     assert (~mask).any() and mask.any(), "the episodes need both model and environment tokens"
     assert len({s.reward for g in groups for s in g.samples}) > 1, "no advantage, no gradient at all"
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     grads, predict = _logit_grads(learner, groups)
     per_token = grads[predict].abs().sum(-1)  # [N]
     assert torch.all(per_token[~mask] == 0)
@@ -231,7 +232,7 @@ def test_environment_tokens_get_no_gradient(model_dir: Path) -> None:
         msgspec.structs.replace(g, samples=[msgspec.structs.replace(s, loss_mask=[]) for s in g.samples])
         for g in groups
     ]
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     grads, predict = _logit_grads(learner, unmasked)
     assert (grads[predict].abs().sum(-1)[~mask] > 0).any()
 
@@ -241,7 +242,7 @@ def test_the_epoch_normalises_by_model_tokens_only(model_dir: Path) -> None:
     engine = make_engine(cfg, model_dir)
     engine.load_weights(0, _weights(model_dir))
     groups = [as_group(g) for g in engine.generate(rows(2), 4)]
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, 2)
     for g in groups:
         learner.accumulate(g)

@@ -309,6 +309,7 @@ def test_lora_export_merged_and_adapter_load_with_transformers(tmp_path: Path) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.training.grpo import GRPOLearner
     from tests.learning_utils import prompts, random_rewards, tiny_model
     from tests.test_lora import with_lora
@@ -318,7 +319,7 @@ def test_lora_export_merged_and_adapter_load_with_transformers(tmp_path: Path) -
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(["3+4=", "7+15=", "9+9="]), 4))
     cfg = with_lora(cfg, dropout=0.0)
-    learner = GRPOLearner(cfg, model_dir)
+    learner = GRPOLearner(learner_settings(cfg), model_dir)
     learner.begin_epoch(0, len(groups))
     for g in groups:
         learner.accumulate(g)

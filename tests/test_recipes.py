@@ -11,6 +11,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards, tiny_model
@@ -30,7 +31,9 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
 
 
 def learner_for(cfg: Config, model_dir: Path, **trainer: object) -> GRPOLearner:
-    return GRPOLearner(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)}), model_dir)
+    return GRPOLearner(
+        learner_settings(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})), model_dir
+    )
 
 
 def epoch(learner: GRPOLearner, groups: list[Group], e: int) -> dict[str, float]:
@@ -132,7 +135,7 @@ def test_each_recipe_loads_and_trains_two_epochs(rollouts, recipe: str) -> None:
     cfg, model_dir, groups = rollouts
     shipped = load_config(RECIPES / f"{recipe}.yaml")
     trainer = shipped.trainer.model_copy(update={"num_minibatches": min(shipped.trainer.num_minibatches, len(groups))})
-    learner = GRPOLearner(cfg.model_copy(update={"trainer": trainer}), model_dir)
+    learner = GRPOLearner(learner_settings(cfg.model_copy(update={"trainer": trainer})), model_dir)
     for e in range(2):
         metrics = epoch(learner, groups, e)
         assert metrics["optimizer_steps"] == trainer.num_minibatches * trainer.num_iterations

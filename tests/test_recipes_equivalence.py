@@ -17,6 +17,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.training import minibatch
 from prl_actors.training.grpo import GRPOLearner
@@ -56,7 +57,9 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
 
 
 def learner_for(cfg: Config, model_dir: Path, **trainer: object) -> GRPOLearner:
-    return GRPOLearner(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)}), model_dir)
+    return GRPOLearner(
+        learner_settings(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})), model_dir
+    )
 
 
 def sync_epoch(learner: GRPOLearner, groups: list[Group], epoch: int = 0) -> dict[str, float]:

@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
 from prl_actors.config import load_config
 from prl_actors.engines.stops import cut_at_stop
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import (
     Behaviour,
@@ -122,14 +123,16 @@ def test_engine_and_trainer_agree_per_token(model: Path, combo: str) -> None:
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS), 8))
     assert sum(len(s.token_ids) for g in groups for s in g.samples) > len(groups) * 8
-    learner = GRPOLearner(cfg, model)
+    learner = GRPOLearner(learner_settings(cfg), model)
     learner.begin_epoch(0, len(groups))
     for g in groups:
         learner.accumulate(g)
     metrics = learner.step()
     assert metrics["logprob_diff_max"] < ATOL, combo
     plain = load_config(None, {}).worker.sampling.model_copy(update={"max_new_tokens": 8})
-    off = GRPOLearner(cfg.model_copy(update={"worker": cfg.worker.model_copy(update={"sampling": plain})}), model)
+    off = GRPOLearner(
+        learner_settings(cfg.model_copy(update={"worker": cfg.worker.model_copy(update={"sampling": plain})})), model
+    )
     off.begin_epoch(0, len(groups))
     for g in groups:
         off.accumulate(g)
@@ -215,7 +218,7 @@ def test_micro_batching_does_not_change_the_update_with_a_penalty(model: Path) -
     for micro, order in ((1, [0, 1, 2, 3]), (4, [3, 1, 0, 2])):
         c = cfg.model_copy(deep=True)
         c.trainer.micro_batch_groups = micro
-        learner = GRPOLearner(c, model)
+        learner = GRPOLearner(learner_settings(c), model)
         for epoch in range(2):
             learner.begin_epoch(epoch, 4)
             for i in order:

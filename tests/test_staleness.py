@@ -13,6 +13,7 @@ import torch
 
 from prl_actors.config import load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.versions import on_policy, staleness, within_bound
 from prl_actors.replay.checks import staleness_check
 from prl_actors.replay.events import merge
@@ -84,7 +85,9 @@ def stale(tmp_path_factory: pytest.TempPathFactory):
 
 
 def learner_at_v1(cfg, model_dir, groups, **trainer) -> GRPOLearner:
-    learner = GRPOLearner(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)}), model_dir)
+    learner = GRPOLearner(
+        learner_settings(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update=trainer)})), model_dir
+    )
     learner.begin_epoch(0, len(groups))
     for g in groups:
         learner.accumulate(g)
@@ -126,7 +129,8 @@ def test_a_fresh_group_has_ratio_one(stale) -> None:
     """The same groups at v0 (staleness 0): the ratio is 1 to float32 rounding; nothing capped."""
     cfg, model_dir, groups = stale
     learner = GRPOLearner(
-        cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"is_correction": "tis"})}), model_dir
+        learner_settings(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"is_correction": "tis"})})),
+        model_dir,
     )
     learner.begin_epoch(0, len(groups))
     for g in groups:

@@ -144,7 +144,7 @@ def test_a_second_up_on_bound_ports_cannot_touch_the_first_run(tmp_path: Path) -
 
 def test_a_trainer_that_cannot_load_its_checkpoint_ends_up_at_once(tmp_path: Path, run_dir: Path) -> None:
     cfg = sim_config(run_dir, transport="tcp", run__epochs=2)
-    run, learner = RunDir(run_dir), SimLearner(cfg)
+    run, learner = RunDir(run_dir), SimLearner(cfg.sim, cfg.run.seed)
     run_dir.mkdir()
     run.config.write_text(cfg.dump())
     for _ in range(2):  # what a 2-epoch run leaves: checkpoints v1, v2 and metrics

@@ -18,25 +18,28 @@ pytestmark = pytest.mark.fast
 )
 def test_auto_threads_split_the_cores(cores: int, workers: int, trainer: int, worker: int) -> None:
     cfg = load_config(None, {})
-    assert threads_for(cfg, "trainer", workers, cores) == trainer
+    assert threads_for(cfg.worker, cfg.trainer, "trainer", workers, cores) == trainer
     if workers:
-        assert threads_for(cfg, "worker", workers, cores) == worker
+        assert threads_for(cfg.worker, cfg.trainer, "worker", workers, cores) == worker
         assert trainer + worker * workers <= max(cores, 1 + workers)
 
 
 def test_a_standalone_actor_takes_every_core_and_numbers_win() -> None:
     cfg = load_config(None, {})
-    assert threads_for(cfg, "worker", None, cores=12) == 12
+    assert threads_for(cfg.worker, cfg.trainer, "worker", None, cores=12) == 12
     fixed = load_config(None, {"worker.threads": 3, "trainer.threads": 5})
-    assert threads_for(fixed, "worker", 2, cores=2) == 3 and threads_for(fixed, "trainer", 2, cores=2) == 5
+    assert (
+        threads_for(fixed.worker, fixed.trainer, "worker", 2, cores=2) == 3
+        and threads_for(fixed.worker, fixed.trainer, "trainer", 2, cores=2) == 5
+    )
 
 
 @pytest.mark.parametrize(("cores", "world", "threads"), [(2, 2, 1), (16, 2, 8), (16, 3, 5), (1, 4, 1)])
 def test_auto_rank_threads_split_the_cores_across_ranks(cores: int, world: int, threads: int) -> None:
     cfg = load_config(None, {"trainer.world_size": world, "trainer.strategy": "ddp"})
-    assert rank_threads(cfg, cores) == threads
+    assert rank_threads(cfg.trainer, cores) == threads
     fixed = load_config(None, {"trainer.world_size": world, "trainer.strategy": "ddp", "trainer.threads": 3})
-    assert rank_threads(fixed, cores) == 3
+    assert rank_threads(fixed.trainer, cores) == 3
 
 
 def test_threads_must_be_positive_or_auto() -> None:

@@ -26,6 +26,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from prl_actors.config import Config, load_config
+from prl_actors.launch.topology import learner_settings
 from prl_actors.model.builtin import load_model
 from prl_actors.model.memory import BUDGET_MAX, BUDGET_MIN, activation_bytes_per_token, token_budget
 from prl_actors.protocol.messages import Group, Sample
@@ -107,7 +108,7 @@ def epoch(learner: GRPOLearner, groups: list[Group], index: int = 0) -> dict[str
 def counted(model_dir: Path, impl: str, n_samples: int) -> tuple[DispatchCount, DispatchCount]:
     """(accumulate + flush, the step) of a second epoch (the first warms every lazy path up)."""
     groups = groups_of(n_samples, prompt=124)
-    learner = GRPOLearner(config(impl=impl, beta=0.02), model_dir)
+    learner = GRPOLearner(learner_settings(config(impl=impl, beta=0.02)), model_dir)
     epoch(learner, groups)
     learner.begin_epoch(1, len(groups))
     with DispatchCount() as train:
@@ -202,7 +203,7 @@ def test_gpu_impl_equals_cpu_impl(small_dir: Path, case: dict[str, object]) -> N
     within 1e-5 (float32: summation order, magnified on near-zero entries by AdamW's first step, as
     in test_grpo_equivalence), 1e-9 in float64."""
     groups = groups_of(32, max_new=12, seed=3)
-    learners = {impl: GRPOLearner(config(impl=impl, **case), small_dir) for impl in ("cpu", "gpu")}
+    learners = {impl: GRPOLearner(learner_settings(config(impl=impl, **case)), small_dir) for impl in ("cpu", "gpu")}
     atol = 1e-9 if case.get("_model__dtype") == "float64" else 1e-5
     for index in range(2):
         metrics = {impl: epoch(learner, groups, index) for impl, learner in learners.items()}
@@ -220,7 +221,7 @@ def test_the_entropy_metric_is_the_mean_token_entropy_over_trained_tokens(small_
     p = softmax(logits / T) of the epoch-start weights, computed here one sample at a time."""
     groups = groups_of(16, max_new=12, seed=2)
     cfg = config(impl=impl, mask_truncated_completions=True, _worker__sampling__temperature=0.7)
-    got = epoch(GRPOLearner(cfg, small_dir), groups)["entropy"]
+    got = epoch(GRPOLearner(learner_settings(cfg), small_dir), groups)["entropy"]
     model = load_model(small_dir, dtype="float64")
     values = []
     with torch.no_grad():
@@ -240,7 +241,7 @@ def test_gpu_impl_gradient_equals_cpu_impl_on_long_rows(chat_dir: Path) -> None:
     groups = groups_of(24, prompt=124)
     grads = {}
     for impl in ("cpu", "gpu"):
-        learner = GRPOLearner(config(impl=impl), chat_dir)
+        learner = GRPOLearner(learner_settings(config(impl=impl)), chat_dir)
         grads[impl] = captured_gradients(learner)
         epoch(learner, groups)
     scale = max(g.abs().max().item() for g in grads["cpu"].values())
@@ -256,7 +257,7 @@ def test_gpu_impl_keeps_periodic_equal_to_sync(small_dir: Path) -> None:
     random.Random(1).shuffle(shuffled)
     runs = []
     for order, extra in ((groups, {"micro_batch_groups": 1}), (shuffled, {"micro_batch_tokens": 150}), (shuffled, {})):
-        learner = GRPOLearner(config(impl="gpu", num_minibatches=2, **extra), small_dir)
+        learner = GRPOLearner(learner_settings(config(impl="gpu", num_minibatches=2, **extra)), small_dir)
         learner.begin_epoch(0, len(order))
         for g in order:
             learner.accumulate(g)
@@ -439,7 +440,7 @@ def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_al
     the gradient and AdamW's m and v are set aside, after it only the gradient; a number set is kept."""
     import prl_actors.training.device_learner as device_learner
 
-    learner = GRPOLearner(config(impl="gpu", micro_batch_tokens="auto"), small_dir)
+    learner = GRPOLearner(learner_settings(config(impl="gpu", micro_batch_tokens="auto")), small_dir)
     assert learner.micro_batch_tokens == 2048  # on the CPU: auto's fixed budget
     trained = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
     monkeypatch.setattr(device_learner, "free_memory", lambda device: 2**30)
@@ -450,7 +451,7 @@ def test_the_memory_budget_is_read_from_the_device_and_sets_aside_what_is_not_al
     per_token = activation_bytes_per_token(c.hidden_size, c.intermediate_size, c.num_hidden_layers, 4)
     assert before == token_budget(2**30, 3 * trained, per_token) and after == token_budget(2**30, trained, per_token)
     assert BUDGET_MIN < before < after
-    fixed = GRPOLearner(config(impl="gpu", micro_batch_tokens=4096), small_dir)
+    fixed = GRPOLearner(learner_settings(config(impl="gpu", micro_batch_tokens=4096)), small_dir)
     assert fixed._micro_batch_tokens() == 4096
 
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.fast
 
 def sim_learner() -> SimLearner:
     cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.train_s_per_sample": 0.0})
-    return SimLearner(cfg)
+    return SimLearner(cfg.sim, cfg.run.seed)
 
 
 def trainer(sink: MemorySink | RunDir, resume: bool = False) -> TrainerCore:
@@ -144,7 +144,8 @@ class QueueingLearner(SimLearner):
     """A learner that queues like GRPO's: accumulate defers the work to flush (or step)."""
 
     def __init__(self) -> None:
-        super().__init__(load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"}))
+        cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim"})
+        super().__init__(cfg.sim, cfg.run.seed)
         self.queue: list[m.Group] = []
         self.flushes: list[int] = []
 

@@ -13,6 +13,7 @@ import torch
 from prl_actors.engines.base import IncompatibleWeights
 from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import VllmEngine
+from prl_actors.launch.topology import learner_settings
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards
 from tests.vllm_utils import make_checkpoint, max_logprob_diff, needs_vllm, vllm_config
@@ -35,7 +36,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:  # type:
 
 def test_adapters_are_served_through_the_lora_api(setup) -> None:  # type: ignore[no-untyped-def]
     cfg, ckpt, engine = setup
-    learner = GRPOLearner(cfg, ckpt)
+    learner = GRPOLearner(learner_settings(cfg), ckpt)
     engine.load_weights(0, learner.weights())
     texts = ["3+4=", "12+9=", "7+7="]
     groups = random_rewards(engine.generate(prompts(texts), 4))
@@ -61,7 +62,7 @@ def test_an_adapter_of_another_base_is_refused(setup, tmp_path: Path) -> None:  
     other = make_checkpoint(vllm_config(tmp_path, run__seed=5), tmp_path / "other", sharpen=20.0)
     before = engine.lora_request
     with pytest.raises(IncompatibleWeights, match="another base model"):
-        engine.load_weights(99, GRPOLearner(cfg, other).weights())
+        engine.load_weights(99, GRPOLearner(learner_settings(cfg), other).weights())
     assert engine.lora_request is before
 
 

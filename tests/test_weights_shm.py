@@ -285,7 +285,14 @@ def trainer_with(tmp_path: Path, shm: bool = True) -> TrainerCore:
     cfg = load_config(None, {"worker.engine": "sim", "trainer.learner": "sim", "sim.param_count": 3000})
     reader = ShmReader(tmp_path) if shm else None
     core = TrainerCore(
-        "trainer", EventLog("trainer", "trainer"), SimLearner(cfg), MemorySink(), 4, 1024, 5.0, shm=reader
+        "trainer",
+        EventLog("trainer", "trainer"),
+        SimLearner(cfg.sim, cfg.run.seed),
+        MemorySink(),
+        4,
+        1024,
+        5.0,
+        shm=reader,
     )
     core.run_id = RUN
     return core

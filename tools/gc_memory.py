@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from prl_actors.config import load_config
+from prl_actors.launch.topology import learner_settings
 from prl_actors.launch import build
 from prl_actors.protocol.messages import Group, Sample
 from prl_actors.training.grpo import GRPOLearner
@@ -20,7 +21,7 @@ cfg = load_config(None, {"model.hidden_size": hidden, "model.layers": layers, "m
     "trainer.gradient_checkpointing": ckpt, "trainer.micro_batch_tokens": 10**9, "trainer.micro_batch_groups": 10**6,
     "worker.sampling.max_new_tokens": resp, "run.run_dir": RUN})
 model_dir = build.model_dir(cfg, Path(RUN))
-learner = GRPOLearner(cfg, model_dir)
+learner = GRPOLearner(learner_settings(cfg), model_dir)
 V = learner.policy.config.vocab_size
 rng = random.Random(0)
 gs = [Group(group_id=i, prompt="x", prompt_ids=[rng.randrange(3, V) for _ in range(32)], worker="w",

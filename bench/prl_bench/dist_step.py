@@ -101,18 +101,19 @@ def paired(
     load then hits both alike); after one warm-up pair, the median time of each and of their ratio."""
     import torch
 
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.training.grpo import GRPOLearner
 
     before = torch.get_num_threads()
     trainer = cfg.trainer.model_copy(update={"world_size": 2 if strategy != "single" else 1, "strategy": strategy})
     other_cfg = cfg.model_copy(update={"trainer": trainer})
-    base = GRPOLearner(cfg, model_dir)
+    base = GRPOLearner(learner_settings(cfg), model_dir)
     if strategy == "single":
-        other: Any = GRPOLearner(other_cfg, model_dir)
+        other: Any = GRPOLearner(learner_settings(other_cfg), model_dir)
     else:
-        from prl_actors.trainer.distributed import start_distributed
+        from prl_actors.launch.topology import start_trainer_group
 
-        other = start_distributed(other_cfg, model_dir)
+        other = start_trainer_group(other_cfg, model_dir)
     pairs = []
     try:
         for e in range(epochs + 1):

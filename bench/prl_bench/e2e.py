@@ -84,12 +84,13 @@ class Loop:
         from prl_actors.engines.batching import RunningBatch
         from prl_actors.engines.sampling import seed_for
         from prl_actors.launch import build
+        from prl_actors.launch.topology import learner_settings
         from prl_actors.model.tokenizer import load_tokenizer
         from prl_actors.training.behaviour import Behaviour
         from prl_actors.training.grpo import GRPOLearner
 
         self.cfg, self.seed_for = cfg, seed_for
-        self.learner = GRPOLearner(cfg, model_dir)
+        self.learner = GRPOLearner(learner_settings(cfg), model_dir)
         self.tokenizer = load_tokenizer(model_dir)
         self.task = build.task(cfg)
         self.B, self.G = cfg.coordinator.groups_per_epoch, cfg.worker.group_size

@@ -173,6 +173,7 @@ def measure(model_dir: Path, device: str, impl: str, gs: list[Any], steps: int, 
     import torch
 
     from prl_actors.config import load_config
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.training.dispatch_count import DispatchCount
     from prl_actors.training.grpo import GRPOLearner
 
@@ -186,7 +187,7 @@ def measure(model_dir: Path, device: str, impl: str, gs: list[Any], steps: int, 
         "worker.group_size": len(gs[0].samples),
         "worker.sampling.max_new_tokens": CAP,
     }
-    learner = GRPOLearner(load_config(None, overrides), model_dir)
+    learner = GRPOLearner(learner_settings(load_config(None, overrides)), model_dir)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def one_step(i: int) -> None:

@@ -146,10 +146,11 @@ class Worker:
 def one_setup(model_dir: Path, targets: list[str] | None, repeats: int, pub: Any, worker: Worker, v0: int) -> dict:  # type: ignore[type-arg]
     """Snapshot, upload, fetch and apply times (best of `repeats`, after one warm-up) and the bytes
     of one setup; its versions are v0, v0 + 1, ... (the publisher only takes newer ones)."""
+    from prl_actors.launch.topology import learner_settings
     from prl_actors.training.grpo import GRPOLearner
     from prl_actors.weights.transfer import Snapshot
 
-    learner = GRPOLearner(setup_config(model_dir, targets), model_dir)
+    learner = GRPOLearner(learner_settings(setup_config(model_dir, targets)), model_dir)
     snaps, snapshot_s = [], []
     for v in range(v0, v0 + repeats + 1):
         t0 = time.monotonic()

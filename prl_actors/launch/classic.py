@@ -39,7 +39,7 @@ ENV_STOP_GRACE_S = 5.0  # an env actor's clean stop (Leave), the learner's after
 def run_learner(cfg: Config, quiet: bool = False) -> int:
     """The learner process: PPO against remote env actors until solved or out of steps."""
     assert cfg.env is not None
-    set_torch_threads(env_threads(cfg))
+    set_torch_threads(env_threads(cfg.env))
     watch_supervisor(lambda: os.kill(os.getpid(), signal.SIGINT))  # `up` killed outright: stop as on Ctrl-C
     rd = RunDir(Path(cfg.run.run_dir))
     emit = _emitter(rd, quiet)
@@ -97,7 +97,7 @@ def run_env_actor(name: str, cfg: Config) -> int:
     from prl_actors.launch.process import serve_until_stopped
 
     if cfg.env is not None and cfg.env.mode == "acting":
-        set_torch_threads(env_threads(cfg))
+        set_torch_threads(env_threads(cfg.env))
     ctx = zmq.Context()
     host = start_env_actor(name, cfg, ctx, RunDir(Path(cfg.run.run_dir)).logs)
     try:

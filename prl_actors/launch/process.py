@@ -47,7 +47,7 @@ def run_actor_process(name: str, cfg: Config, quiet: bool = False) -> int:
     needed (`await_standby`), titled `spare-NAME` till then (`ps`: docs/DEBUGGING.md)."""
     if await_standby():
         set_title(name, cfg.run.name)  # a spare no more: the actor it stood in for
-    limit_actor_threads(role_of(name), cfg)
+    limit_actor_threads(role_of(name), cfg.worker, cfg.trainer)
     starting = exit_if_orphaned_while_starting(name)
     ctx = zmq.Context()
     try:
@@ -206,7 +206,7 @@ class LocalCluster:
     def add_worker(self) -> str:
         name = f"worker-{self._next_worker}"
         self._next_worker += 1
-        ensure_key(name, self.cfg)
+        ensure_key(name, self.cfg.keys_path(), self.cfg.authenticated())
         self.hosts[name] = start_actor(name, self.cfg, self.ctx, self.log_dir, quiet=True)
         return name
 

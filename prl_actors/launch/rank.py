@@ -1,6 +1,7 @@
 """A trainer rank other than 0, as a process: `python -m prl_actors.launch.rank` (rank 0 starts ranks
 1..N-1 so, trainer/rank_group.py, with its resolved config in PRL_RANK_CONFIG; or `--config FILE`).
-The rank itself is trainer/distributed.py's `run_rank`; this module only reads its config and exits.
+The rank itself is trainer/distributed.py's `run_rank`; this module only reads its config, hands the
+rank its sections (`follow_rank`, also `actor trainer`'s under torchrun) and exits.
 """
 
 from __future__ import annotations
@@ -26,9 +27,23 @@ def main() -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    code = run_rank(cfg, env)
+    code = follow_rank(cfg, env)
     sys.stdout.flush()
     os._exit(code)
+
+
+def follow_rank(cfg: Config, env: RankEnv) -> int:
+    """Run rank `env.rank` (not 0) of the trainer group under `cfg`: trainer/distributed.py's run_rank,
+    with the model directory rank 0's `up` built (read once the rank has joined)."""
+    from prl_actors.launch.topology import learner_settings, model_dir
+
+    return run_rank(
+        learner_settings(cfg),
+        lambda: model_dir(cfg),
+        env,
+        join_timeout_s=cfg.transport.join_timeout_s,
+        run_dir=cfg.run.run_dir,
+    )
 
 
 def load_config_text(text: str) -> Config:

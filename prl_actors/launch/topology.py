@@ -33,6 +33,7 @@ from prl_actors.runtime.core import ActorHost, Core, StartFailed, one_line
 from prl_actors.runtime.threads import ThreadPlan, local_workers, set_torch_threads, threads_for
 from prl_actors.trainer.core import TrainerCore
 from prl_actors.training.base import FatalReporting
+from prl_actors.training.settings import LearnerSettings
 from prl_actors.transport.auth import KeyStore, Security
 from prl_actors.transport.port import ROUTER, Limits
 from prl_actors.worker.core import WorkerCore
@@ -40,6 +41,9 @@ from prl_actors.worker.core import WorkerCore
 if TYPE_CHECKING:
     from prl_actors.config import Config
     from prl_actors.engines.base import Engine
+    from prl_actors.protocol.messages import GenerationContract
+    from prl_actors.tasks.base import Task
+    from prl_actors.trainer.distributed import DistributedLearner
     from prl_actors.training.base import Learner
 
 PEERS = {
@@ -68,8 +72,6 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
     role = role_of(name)
     run_dir = Path(cfg.run.run_dir)
     if role == "coordinator":
-        from prl_actors.runtime.contract import contract_of
-
         task = build.task(cfg)
         settings = CoordinatorSettings(
             run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
@@ -93,7 +95,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             max_sampling_rounds=cfg.coordinator.max_sampling_rounds,
             max_staleness=cfg.run.staleness_bound(),
             expelled_wait_s=cfg.transport.join_timeout_s,
-            contract=contract_of(cfg, task),
+            contract=generation_contract(cfg, task),
         )
         return CoordinatorCore(name, log, settings, task, *_eval_parts(cfg, task, run_dir, quiet))
     if role == "publisher":
@@ -141,7 +143,6 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             learner.on_fatal = core.fail
         return core
     if role == "worker":
-        from prl_actors.runtime.contract import contract_of
         from prl_actors.weights.shm import ShmReader
 
         engine = _make_engine(cfg)
@@ -161,7 +162,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
             eval_sampling=(cfg.eval.sampling or cfg.worker.sampling) if cfg.eval.every_epochs > 0 else None,
             max_staleness=cfg.run.staleness_bound(),
             sync_kl_threshold=cfg.worker.sync_kl_threshold,
-            contract=contract_of(cfg, task),
+            contract=generation_contract(cfg, task),
         )
     raise ValueError(f"unknown role {role!r} (expected one of {', '.join(PEERS)})")
 
@@ -181,14 +182,48 @@ def _make_learner(cfg: Config) -> Learner:
     if cfg.trainer.learner == "sim":
         from prl_actors.training.sim import SimLearner
 
-        return SimLearner(cfg)
+        return SimLearner(cfg.sim, cfg.run.seed)
     if cfg.trainer.strategy != "single":  # rank 0 of a torch.distributed group (docs/DISTRIBUTED.md)
-        from prl_actors.trainer.distributed import start_distributed
-
-        return start_distributed(cfg, model_dir(cfg))
+        return start_trainer_group(cfg, model_dir(cfg))
     from prl_actors.training.grpo import GRPOLearner
 
-    return GRPOLearner(cfg, model_dir(cfg))
+    return GRPOLearner(learner_settings(cfg), model_dir(cfg))
+
+
+def start_trainer_group(cfg: Config, directory: Path | None) -> DistributedLearner:
+    """Rank 0 of the trainer's torch.distributed group under `cfg` (trainer/distributed.py): the ranks
+    it starts read `cfg`, dumped."""
+    from prl_actors.trainer.distributed import start_distributed
+
+    return start_distributed(
+        learner_settings(cfg),
+        directory,
+        join_timeout_s=cfg.transport.join_timeout_s,
+        run_dir=cfg.run.run_dir,
+        config_text=cfg.dump(),
+    )
+
+
+def learner_settings(cfg: Config) -> LearnerSettings:
+    """What a GRPO learner reads of `cfg` (training/settings.py); the task's data identity is read
+    when the learner is built."""
+    return LearnerSettings(
+        trainer=cfg.trainer,
+        sampling=cfg.worker.sampling,
+        dtype=cfg.model.dtype,
+        seed=cfg.run.seed,
+        epochs=cfg.run.epochs,
+        data_identity=lambda: build.data_identity(cfg),
+    )
+
+
+def generation_contract(cfg: Config, task: Task) -> GenerationContract:
+    """The contract a worker built from `cfg` (with `task` loaded from it) generates under
+    (runtime/contract.py)."""
+    from prl_actors.runtime.contract import contract_of, model_identity
+
+    model = model_identity(cfg.worker.engine, cfg.sim, cfg.model, lambda: build.model_key(cfg))
+    return contract_of(cfg.worker, cfg.task, model, cfg.model.dtype, task)
 
 
 def _make_engine(cfg: Config) -> Engine:
@@ -291,6 +326,6 @@ def _params(model: object) -> int:
 
 
 def _plan(cfg: Config, role: str, local: int) -> ThreadPlan:
-    full = threads_for(cfg, role, None)
-    share = full if cfg.run.mode == "sync" else threads_for(cfg, role, local)
+    full = threads_for(cfg.worker, cfg.trainer, role, None)
+    share = full if cfg.run.mode == "sync" else threads_for(cfg.worker, cfg.trainer, role, local)
     return ThreadPlan(share, full, set_torch_threads)

@@ -422,7 +422,7 @@ class Launcher:
     def _add_worker(self, restarts: int = 0) -> str:
         name = f"worker-{self.next_worker}"
         self.next_worker += 1
-        ensure_key(name, self.cfg)  # its own key: no other worker can speak as it
+        ensure_key(name, self.cfg.keys_path(), self.cfg.authenticated())  # its own key: no other worker can speak as it
         self._spawn(name, restarts)
         return name
 

@@ -1,6 +1,7 @@
 """The run's generation contract: what every worker must generate under, and the one comparison.
 
-A worker registers with its own contract (`Register.contract`, built from its config by `contract_of`);
+A worker registers with its own contract (`Register.contract`, built from its config by `contract_of`,
+which launch/topology.py's `generation_contract` calls with the config's sections);
 the coordinator refuses it (one line naming the first differing field and both values) unless it equals
 the run's, and sends the run's in `Welcome`. A member built under other settings may also hold
 another model or other data, so it is refused, never adapted (docs/PROTOCOL.md, docs/DEPLOY.md).
@@ -21,8 +22,13 @@ from typing import TYPE_CHECKING, Any
 from prl_actors.protocol.messages import GenerationContract
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from collections.abc import Callable
+
+    from prl_actors.engines.config import SimSection
+    from prl_actors.model.config import ModelSection
     from prl_actors.tasks.base import Task
+    from prl_actors.tasks.config import TaskSection
+    from prl_actors.worker.config import WorkerSection
 
 # contract field -> the config setting it comes from (what a refusal names), in comparison order
 FIELDS: dict[str, str] = {
@@ -55,9 +61,12 @@ MODEL_FILES = (
 )
 
 
-def contract_of(cfg: Config, task: Task) -> GenerationContract:
-    """The contract a worker built from `cfg` (with `task` loaded from it) generates under."""
-    s = cfg.worker.sampling
+def contract_of(
+    worker: WorkerSection, task_cfg: TaskSection, model: str, model_dtype: str, task: Task
+) -> GenerationContract:
+    """The contract a worker generates under: its sampling settings, the task section (with `task`
+    loaded from it), `model` (model_identity) and model.dtype."""
+    s = worker.sampling
     return GenerationContract(
         temperature=s.temperature,
         top_p=s.top_p,
@@ -66,26 +75,25 @@ def contract_of(cfg: Config, task: Task) -> GenerationContract:
         repetition_penalty=s.repetition_penalty,
         stop=list(s.stop),
         max_new_tokens=s.max_new_tokens,
-        group_size=cfg.worker.group_size,
-        max_turns=cfg.task.max_turns,
-        max_turn_tokens=cfg.task.max_turn_tokens or s.max_new_tokens,
-        model=model_identity(cfg),
-        model_dtype=cfg.model.dtype,
-        task=task_identity(cfg.task.name, task),
+        group_size=worker.group_size,
+        max_turns=task_cfg.max_turns,
+        max_turn_tokens=task_cfg.max_turn_tokens or s.max_new_tokens,
+        model=model,
+        model_dtype=model_dtype,
+        task=task_identity(task_cfg.name, task),
     )
 
 
-def model_identity(cfg: Config) -> str:
-    """Which model generates: see the module docstring. A model directory that cannot be read gets an
-    identity no readable one has (its worker fails loading it anyway)."""
-    if cfg.worker.engine == "sim":
-        sim = cfg.sim
+def model_identity(engine: str, sim: SimSection, model: ModelSection, builtin_key: Callable[[], str]) -> str:
+    """Which model generates (worker.engine, the sim and model sections): see the module docstring.
+    `builtin_key` gives the built-in model's cache key (model/dirs.py), asked only without model.path.
+    A model directory that cannot be read gets an identity no readable one has (its worker fails
+    loading it anyway)."""
+    if engine == "sim":
         return f"sim:arms={sim.arms},tokens={sim.tokens_per_sample},params={sim.param_count}"
-    if cfg.model.path is None:
-        from prl_actors.model.dirs import builtin_key
-
-        return f"builtin:{builtin_key(cfg.model, cfg.task, cfg.run.seed)}"
-    return f"hf:{files_digest(Path(cfg.model.path).expanduser())}"
+    if model.path is None:
+        return f"builtin:{builtin_key()}"
+    return f"hf:{files_digest(Path(model.path).expanduser())}"
 
 
 def files_digest(root: Path) -> str:

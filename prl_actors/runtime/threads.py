@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.classic.envkit.settings import EnvSection
+    from prl_actors.trainer.config import TrainerSection
+    from prl_actors.worker.config import WorkerSection
 
 LOCAL_WORKERS_ENV = "PRL_LOCAL_WORKERS"  # set by `up` for the actors it starts on this host
 THREADED_ROLES = ("worker", "trainer")  # the roles that run torch (an actor process limits only these)
@@ -37,33 +39,35 @@ def local_workers() -> int | None:
     return int(local) if local.isdigit() else None
 
 
-def threads_for(cfg: Config, role: str, local_workers: int | None, cores: int | None = None) -> int:
-    """The torch threads of `role`: the configured number, or `auto`: with `up` on this host the
-    trainer takes half the cores and the local workers share the rest (at least 1 each); an actor
-    started on its own (local_workers None) takes every core."""
-    setting = cfg.worker.threads if role == "worker" else cfg.trainer.threads
+def threads_for(
+    worker: WorkerSection, trainer: TrainerSection, role: str, local_workers: int | None, cores: int | None = None
+) -> int:
+    """The torch threads of `role`: the configured number (worker.threads or trainer.threads), or
+    `auto`: with `up` on this host the trainer takes half the cores and the local workers share the
+    rest (at least 1 each); an actor started on its own (local_workers None) takes every core."""
+    setting = worker.threads if role == "worker" else trainer.threads
     if setting != "auto":
         return int(setting)
     cores = cores or usable_cores()
     if local_workers is None:
         return cores
-    trainer = max(1, cores // 2) if local_workers else cores
-    return trainer if role == "trainer" else max(1, (cores - trainer) // max(1, local_workers))
+    half = max(1, cores // 2) if local_workers else cores
+    return half if role == "trainer" else max(1, (cores - half) // max(1, local_workers))
 
 
-def rank_threads(cfg: Config, cores: int | None = None) -> int:
+def rank_threads(trainer: TrainerSection, cores: int | None = None) -> int:
     """A trainer rank's torch threads: trainer.threads, or auto: the host's cores split across the
     ranks (at least 1 each)."""
-    setting = cfg.trainer.threads
+    setting = trainer.threads
     if setting != "auto":
         return int(setting)
-    return max(1, (cores or usable_cores()) // cfg.trainer.world_size)
+    return max(1, (cores or usable_cores()) // trainer.world_size)
 
 
-def env_threads(cfg: Config) -> int:
+def env_threads(env: EnvSection | None) -> int:
     """An env actor's or the learner's torch threads (classic RL): env.threads."""
-    assert cfg.env is not None
-    return cfg.env.threads
+    assert env is not None
+    return env.threads
 
 
 def set_torch_threads(n: int) -> None:
@@ -73,12 +77,12 @@ def set_torch_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def limit_actor_threads(role: str, cfg: Config) -> None:
+def limit_actor_threads(role: str, worker: WorkerSection, trainer: TrainerSection) -> None:
     """One process per actor: give torch the configured threads, not every core (oversubscription).
     Only the torch roles, and not with the `sim` engine (no torch work)."""
-    if cfg.worker.engine == "sim" or role not in THREADED_ROLES:
+    if worker.engine == "sim" or role not in THREADED_ROLES:
         return
-    set_torch_threads(threads_for(cfg, role, local_workers()))
+    set_torch_threads(threads_for(worker, trainer, role, local_workers()))
 
 
 # --- the hand-over between a trainer and its one local worker -------------------------------------

@@ -48,8 +48,8 @@ from prl_actors.trainer.rank_group import (
 from prl_actors.trainer.rank_learner import RankLearner, group_cost, partition
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
+    from prl_actors.training.settings import LearnerSettings
 
 
 def _no_fatal(reason: str) -> None:
@@ -59,14 +59,16 @@ def _no_fatal(reason: str) -> None:
 class DistributedLearner:
     """Learner protocol on rank 0 of the trainer group (strategy ddp or fsdp2)."""
 
-    def __init__(self, cfg: Config, model_dir: Path | None, joined: Joined, procs: list[Child]) -> None:
+    def __init__(
+        self, settings: LearnerSettings, model_dir: Path | None, joined: Joined, procs: list[Child], logs: Path
+    ) -> None:
         self.env, self.procs, self.channel = joined.env, procs, joined.channel
-        self.logs = rank_log_dir(cfg)
+        self.logs = logs  # rank_log_dir(run_dir): the ranks' own logs, read when one fails
         self.closed = False
         self.on_fatal: Callable[[str], None] = _no_fatal  # set to the TrainerCore's `fail` (topology)
-        self.round_size = self.env.world_size * cfg.trainer.micro_batch_groups
-        self.round_tokens = self.env.world_size * cfg.trainer.fixed_micro_batch_tokens()
-        self.local = self._guard(lambda: RankLearner(cfg, model_dir, joined), "start rank 0")
+        self.round_size = self.env.world_size * settings.trainer.micro_batch_groups
+        self.round_tokens = self.env.world_size * settings.trainer.fixed_micro_batch_tokens()
+        self.local = self._guard(lambda: RankLearner(settings, model_dir, joined), "start rank 0")
         self.pending_groups: list[Group] = []
         self.pending_tokens = 0
 
@@ -175,19 +177,23 @@ class DistributedLearner:
         _destroy_group()
 
 
-def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner:
-    """Rank 0: join the torchrun launch this process is part of, or start ranks 1..N-1 here."""
+def start_distributed(
+    settings: LearnerSettings, model_dir: Path | None, *, join_timeout_s: float, run_dir: Path | str, config_text: str
+) -> DistributedLearner:
+    """Rank 0: join the torchrun launch this process is part of, or start ranks 1..N-1 here (each
+    reads `config_text`, the run's resolved config). `join_timeout_s` is transport.join_timeout_s."""
     env = RankEnv.from_environ()
     procs: list[Child] = []
+    trainer, logs = settings.trainer, rank_log_dir(run_dir)
     if env is None:
-        joined, procs = start_local_group(cfg)
+        joined, procs = start_local_group(trainer, join_timeout_s, logs, config_text)
     else:
-        check_world(cfg, env)
+        check_world(trainer.world_size, env)
         if env.rank != 0:
             raise ConfigError(f"the trainer actor is rank 0; RANK={env.rank} runs as a follower (`actor trainer`)")
-        joined = join_group(cfg, env)
+        joined = join_group(trainer, join_timeout_s, env, logs)
     try:
-        return DistributedLearner(cfg, model_dir, joined, procs)
+        return DistributedLearner(settings, model_dir, joined, procs, logs)
     except BaseException:
         stop_children(procs, 0.0)
         _destroy_group()
@@ -197,11 +203,19 @@ def start_distributed(cfg: Config, model_dir: Path | None) -> DistributedLearner
 # --- ranks other than 0 -----------------------------------------------------------------------
 
 
-def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
+def follow(
+    settings: LearnerSettings,
+    model_dir: Callable[[], Path | None],
+    env: RankEnv,
+    log: EventLog,
+    join_timeout_s: float,
+    logs: Path,
+) -> int:
     """A rank other than 0: join the group, then do what rank 0 says until `close`. Returns 0, or
-    raises with the cause (the caller logs it and exits 1)."""
-    joined = join_group(cfg, env)
-    learner = RankLearner(cfg, _model_dir(cfg), joined)
+    raises with the cause (the caller logs it and exits 1). `model_dir` gives the model directory
+    rank 0's `up` built (called once the group is joined)."""
+    joined = join_group(settings.trainer, join_timeout_s, env, logs)
+    learner = RankLearner(settings, model_dir(), joined)
     channel = joined.channel
     log("rank_ready", rank=env.rank, world_size=env.world_size, pid=os.getpid())
     while True:
@@ -214,16 +228,6 @@ def follow(cfg: Config, env: RankEnv, log: EventLog) -> int:
         log("rank_command", op=cmd.op, rank=env.rank, seconds=seconds, new_version=learner.version)
     _destroy_group()
     return 0
-
-
-def _model_dir(cfg: Config) -> Path | None:
-    """The model directory rank 0's `up` built (topology.model_dir's rule, read here so a rank needs
-    nothing above the training layer: a rank runs no actor)."""
-    if cfg.worker.engine == "sim":
-        return None
-    from prl_actors.model import prepare_model
-
-    return prepare_model(cfg.model, cfg.task, cfg.run.seed, Path(cfg.run.run_dir))
 
 
 def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:
@@ -243,14 +247,22 @@ def _apply(learner: RankLearner, cmd: Command, rank: int) -> None:
         raise RankGroupError(f"unknown command {cmd.op!r} from rank 0")
 
 
-def run_rank(cfg: Config, env: RankEnv) -> int:
+def run_rank(
+    settings: LearnerSettings,
+    model_dir: Callable[[], Path | None],
+    env: RankEnv,
+    *,
+    join_timeout_s: float,
+    run_dir: Path | str,
+) -> int:
     """Process body of a rank other than 0: log to RUN_DIR/logs/ranks/trainer-rank<r>.jsonl."""
-    check_world(cfg, env)
-    set_torch_threads(rank_threads(cfg))
+    check_world(settings.trainer.world_size, env)
+    set_torch_threads(rank_threads(settings.trainer))
     _exit_with_parent()
-    log = EventLog(f"trainer-rank{env.rank}", "trainer", rank_log_dir(cfg) / f"trainer-rank{env.rank}.jsonl")
+    logs = rank_log_dir(run_dir)
+    log = EventLog(f"trainer-rank{env.rank}", "trainer", logs / f"trainer-rank{env.rank}.jsonl")
     try:
-        return follow(cfg, env, log)
+        return follow(settings, model_dir, env, log, join_timeout_s, logs)
     except Exception as exc:
         log("rank_failed", rank=env.rank, error=_short(exc))
         print(f"error: trainer rank {env.rank}: {_short(exc)}", file=sys.stderr, flush=True)

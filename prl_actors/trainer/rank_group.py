@@ -36,7 +36,7 @@ from prl_actors.runtime.processes import Child, spawn, stop_children
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.trainer.config import TrainerSection
 
 RANK_CONFIG_ENV = "PRL_RANK_CONFIG"  # the resolved config (YAML) for ranks rank 0 starts itself
 RANK_PARENT_ENV = "PRL_RANK_PARENT"  # rank 0's pid: a rank it started exits when that process is gone
@@ -82,17 +82,16 @@ class RankEnv:
         }
 
 
-def check_world(cfg: Config, env: RankEnv) -> None:
-    if env.world_size != cfg.trainer.world_size:
-        raise ConfigError(
-            f"trainer.world_size is {cfg.trainer.world_size} but the launch says WORLD_SIZE={env.world_size}"
-        )
+def check_world(world_size: int, env: RankEnv) -> None:
+    """The launch's WORLD_SIZE and RANK fit `world_size` (trainer.world_size)."""
+    if env.world_size != world_size:
+        raise ConfigError(f"trainer.world_size is {world_size} but the launch says WORLD_SIZE={env.world_size}")
     if not 0 <= env.rank < env.world_size:
         raise ConfigError(f"RANK={env.rank} is outside 0..{env.world_size - 1}")
 
 
-def rank_log_dir(cfg: Config) -> Path:
-    return Path(cfg.run.run_dir) / "logs" / "ranks"
+def rank_log_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / "logs" / "ranks"
 
 
 @dataclass
@@ -104,18 +103,22 @@ class Joined:
     compute: Any  # torch.distributed ProcessGroup (timeout trainer.dist_timeout_s)
 
 
-def start_local_group(cfg: Config) -> tuple[Joined, list[Child]]:
+def start_local_group(
+    trainer: TrainerSection, join_timeout_s: float, logs: Path, config_text: str
+) -> tuple[Joined, list[Child]]:
     """Rank 0 of a group on this host: serve the rendezvous store (a loopback port the OS picks), start
     ranks 1..N-1 (stdout and stderr to RUN_DIR/logs/ranks/rank<r>.log; they exit when this process is
     gone), wait until each has joined (one that exits first is reported at once), join. Everything
-    listens on loopback only: the store (its own socket) and gloo (GLOO_SOCKET_IFNAME=lo, unless set)."""
-    n = cfg.trainer.world_size
+    listens on loopback only: the store (its own socket) and gloo (GLOO_SOCKET_IFNAME=lo, unless set).
+    `logs` is rank_log_dir(run_dir); `config_text` the run's resolved config (Config.dump), which every
+    rank started here reads (RANK_CONFIG_ENV)."""
+    n = trainer.world_size
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # this process and the ranks it starts
-    store, port = serve_store(n, _startup(cfg))
+    store, port = serve_store(n, _startup(join_timeout_s))
     env0 = RankEnv(0, n, 0, "127.0.0.1", port)
-    procs = [_spawn_rank(cfg, RankEnv(r, n, r, env0.master_addr, env0.master_port)) for r in range(1, n)]
+    procs = [_spawn_rank(RankEnv(r, n, r, env0.master_addr, env0.master_port), logs, config_text) for r in range(1, n)]
     try:
-        return _join(cfg, env0, store, procs, rank_log_dir(cfg)), procs
+        return _join(trainer, join_timeout_s, env0, store, procs, logs), procs
     except BaseException:
         stop_children(procs, 0.0)
         raise
@@ -139,18 +142,17 @@ def serve_store(world_size: int, timeout: datetime.timedelta) -> tuple[Any, int]
         raise
 
 
-def _spawn_rank(cfg: Config, env: RankEnv) -> Child:
+def _spawn_rank(env: RankEnv, logs: Path, config_text: str) -> Child:
     """Rank `env.rank`, supervised by this process (launch/supervisor.py) and in its process group: `up`'s
     stop of the trainer's group reaches every rank too."""
-    logs = rank_log_dir(cfg)
     logs.mkdir(parents=True, exist_ok=True)
-    variables = {**env.variables(), RANK_CONFIG_ENV: cfg.dump(), RANK_PARENT_ENV: str(os.getpid())}
+    variables = {**env.variables(), RANK_CONFIG_ENV: config_text, RANK_PARENT_ENV: str(os.getpid())}
     with open(logs / f"rank{env.rank}.log", "ab") as out:
         cmd = [sys.executable, "-m", "prl_actors.launch.rank"]
         return spawn(f"rank{env.rank}", cmd, variables, output=out, own_group=False)
 
 
-def join_group(cfg: Config, env: RankEnv) -> Joined:
+def join_group(trainer: TrainerSection, join_timeout_s: float, env: RankEnv, logs: Path) -> Joined:
     """Any rank of a launch made elsewhere (torchrun, or rank 0 for the ranks it started). Rank 0
     serves the store unless torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE)."""
     import torch.distributed as dist
@@ -158,15 +160,17 @@ def join_group(cfg: Config, env: RankEnv) -> Joined:
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     master = env.rank == 0 and not agent
     host, port, n = env.master_addr, env.master_port, env.world_size
-    store = dist.TCPStore(host, port, n, master, _startup(cfg), wait_for_workers=False)
-    return _join(cfg, env, store, [], rank_log_dir(cfg))
+    store = dist.TCPStore(host, port, n, master, _startup(join_timeout_s), wait_for_workers=False)
+    return _join(trainer, join_timeout_s, env, store, [], logs)
 
 
-def _startup(cfg: Config) -> datetime.timedelta:
-    return datetime.timedelta(seconds=cfg.transport.join_timeout_s)
+def _startup(join_timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=join_timeout_s)
 
 
-def _join(cfg: Config, env: RankEnv, store: Any, procs: list[Child], logs: Path) -> Joined:
+def _join(
+    trainer: TrainerSection, join_timeout_s: float, env: RankEnv, store: Any, procs: list[Child], logs: Path
+) -> Joined:
     """Count in through the store (rank 0 waits for the others, watching the ones it started), then
     form the command group (the default one, gloo) and the compute group."""
     import torch.distributed as dist
@@ -174,13 +178,13 @@ def _join(cfg: Config, env: RankEnv, store: Any, procs: list[Child], logs: Path)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"prl-trainer-{restart}/", store)  # a torchrun restart starts a new count
     if env.rank == 0:
-        _wait_joined(store, env.world_size - 1, procs, cfg.transport.join_timeout_s, logs)
+        _wait_joined(store, env.world_size - 1, procs, join_timeout_s, logs)
     else:
         store.add("joined", 1)
     dist.init_process_group("gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=IDLE_TIMEOUT)
-    timeout = datetime.timedelta(seconds=cfg.trainer.dist_timeout_s)
-    compute = dist.new_group(backend=backend_for(cfg.trainer.device), timeout=timeout)
-    return Joined(env, Channel(dist.group.WORLD, cfg.trainer.dist_timeout_s), compute)
+    timeout = datetime.timedelta(seconds=trainer.dist_timeout_s)
+    compute = dist.new_group(backend=backend_for(trainer.device), timeout=timeout)
+    return Joined(env, Channel(dist.group.WORLD, trainer.dist_timeout_s), compute)
 
 
 def _wait_joined(store: Any, others: int, procs: list[Child], timeout_s: float, logs: Path) -> None:

@@ -40,8 +40,8 @@ from prl_actors.training.grpo import EpochStats, GRPOLearner, Norm, published
 from prl_actors.training.lora import TOKENIZER_FILES
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
+    from prl_actors.training.settings import LearnerSettings
 
 SUMS = (
     *("groups", "samples", "tokens", "reward_sum", "correct"),
@@ -120,12 +120,11 @@ def _cut(piece: Piece, keep: int) -> tuple[Piece, Piece]:
     )
 
 
-def on_rank_device(cfg: Config, env: RankEnv) -> Config:
+def on_rank_device(settings: LearnerSettings, env: RankEnv) -> LearnerSettings:
     """trainer.device `cuda` means cuda:LOCAL_RANK on a rank (one device per rank)."""
-    if cfg.trainer.device != "cuda":
-        return cfg
-    trainer = cfg.trainer.model_copy(update={"device": f"cuda:{env.local_rank}"})
-    return cfg.model_copy(update={"trainer": trainer})
+    if settings.trainer.device != "cuda":
+        return settings
+    return settings.with_trainer(device=f"cuda:{env.local_rank}")
 
 
 def all_reduce_stats(stats: EpochStats, group: Any = None) -> None:
@@ -184,10 +183,10 @@ class RankLearner(GRPOLearner):
     """GRPOLearner on one rank of the trainer's group (`strategy` ddp or fsdp2); rank 0's commands
     drive it (trainer/distributed.py)."""
 
-    def __init__(self, cfg: Config, model_dir: Path | str | None, joined: Joined) -> None:
-        super().__init__(on_rank_device(cfg, joined.env), model_dir)
+    def __init__(self, settings: LearnerSettings, model_dir: Path | str | None, joined: Joined) -> None:
+        super().__init__(on_rank_device(settings, joined.env), model_dir)
         self.rank, self.world_size, self.group = joined.env.rank, joined.env.world_size, joined.compute
-        self.strategy = cfg.trainer.strategy
+        self.strategy = settings.trainer.strategy
         self._pieces: dict[int, Piece] = {}  # id(piece.group) -> piece, during run_round
         if self.strategy not in ("ddp", "fsdp2"):
             raise ConfigError(f"a trainer rank needs strategy ddp or fsdp2, not {self.strategy}")

@@ -52,11 +52,9 @@ from prl_actors.model.builtin import load_model
 from prl_actors.model.device import resolve_device, resolve_dtype
 from prl_actors.model.lora import base_fingerprint
 from prl_actors.sections import GREEDY_REFUSED, ConfigError
-from prl_actors.tasks.registry import check_resume, load_task
 from prl_actors.training import checkpoint, lora
 from prl_actors.training.behaviour import Behaviour, response_contexts
 from prl_actors.training.device_learner import DeviceFlush, DeviceStats, resolve_impl
-from prl_actors.training.dynamic_sampling import epoch_stride
 from prl_actors.training.epoch_stats import EpochStats as EpochStats  # re-exported (rank_learner)
 from prl_actors.training.guard import GuardedGRPO
 from prl_actors.training.losses import (
@@ -77,9 +75,9 @@ from prl_actors.training.packing import ModelBatch, collate, response_logprobs
 from prl_actors.training.trimodel import TriLogprobs, TriModel
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.protocol.messages import Group
     from prl_actors.trainer.config import TrainerSection
+    from prl_actors.training.settings import LearnerSettings
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -141,58 +139,46 @@ def loss_mask(groups: list[Group]) -> torch.Tensor:
 class GRPOLearner(DeviceFlush, GuardedGRPO):
     """Learner protocol on a local HF model directory (the initial weights are also the reference)."""
 
-    def __init__(self, cfg: Config, model_dir: Path | str | None) -> None:
+    def __init__(self, settings: LearnerSettings, model_dir: Path | str | None) -> None:
         if model_dir is None:
             raise ConfigError("the grpo learner needs a model directory (prepare_model)")
-        self.cfg = cfg.trainer
+        self.cfg = trainer = settings.trainer
         self.model_dir = Path(model_dir)
-        sampling = cfg.worker.sampling
+        sampling = settings.sampling
         if sampling.temperature == 0:
             raise ConfigError(GREEDY_REFUSED)
-        self.device = resolve_device(cfg.trainer.device)
-        self.dtype = resolve_dtype(cfg.model.dtype)  # compute dtype, and the dtype workers get
+        self.device = resolve_device(trainer.device)
+        self.dtype = resolve_dtype(settings.dtype)  # compute dtype, and the dtype workers get
         master = torch.promote_types(self.dtype, torch.float32)
-        self.lora = cfg.trainer.lora
+        self.lora = trainer.lora
         if self.lora is None:
             policy = load_model(model_dir, self.device, master)
         else:  # the frozen base in the compute dtype, the adapter in the master dtype
             policy = lora.wrap(
-                load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, cfg.run.seed
+                load_model(model_dir, self.device, self.dtype), self.lora, master, self.model_dir, settings.seed
             )
         self.base_fingerprint = base_fingerprint(self.model_dir) if self.lora is not None else ""
-        if cfg.trainer.gradient_checkpointing:
+        if trainer.gradient_checkpointing:
             enable_checkpointing(policy)
-        self.tri = TriModel(policy, cfg.trainer.beta > 0, Behaviour.of(sampling))
+        self.tri = TriModel(policy, trainer.beta > 0, Behaviour.of(sampling))
         trained = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = adamw(trained, cfg.trainer.lr, cfg.trainer.weight_decay)
+        self.optimizer = adamw(trained, trainer.lr, trainer.weight_decay)
         self.version = 0
         self.epoch = -1
         self.stats = EpochStats()
         self._pending: list[Group] = []
         self._pending_tokens = 0
         self.max_new_tokens = sampling.max_new_tokens
-        self.horizon = cfg.run.epochs  # of the lr schedule; a checkpoint's own wins on resume
-        multi_step = cfg.trainer.num_minibatches * cfg.trainer.num_iterations > 1
+        self.horizon = settings.epochs  # of the lr schedule; a checkpoint's own wins on resume
+        multi_step = trainer.num_minibatches * trainer.num_iterations > 1
         self.frozen = copy.deepcopy(policy).requires_grad_(False) if multi_step else None  # epoch-start policy
         self.norm = Norm()
         self.run: EpochRun[Group] = EpochRun(MinibatchPlan(0, 1))
         self.batch_std: float | None = None
         self.epoch_steps = 0  # optimizer steps taken in this epoch
         self.first_pass = True
-        w, c = cfg.worker, cfg.coordinator
-        task = load_task(
-            cfg.task,
-            cfg.run.seed,
-            model_path=cfg.model.path,
-            max_new_tokens=w.sampling.max_new_tokens,
-            max_model_len=w.max_model_len if w.engine == "vllm" else None,
-            sim_arms=cfg.sim.arms if w.engine == "sim" else None,
-        )
-        stride = epoch_stride(c.groups_per_epoch, c.dynamic_sampling, c.max_sampling_rounds)
-        if cfg.run.resume and w.engine != "sim":
-            check_resume(task, cfg.run.run_dir, c.groups_per_epoch, stride)
-        self.data_identity = task.data_identity(c.groups_per_epoch, stride)  # recorded with each checkpoint
-        self.impl = resolve_impl(cfg.trainer.impl, self.device)
+        self.data_identity = settings.data_identity()  # recorded with each checkpoint (data/position.py)
+        self.impl = resolve_impl(trainer.impl, self.device)
         self.device_stats = DeviceStats()  # the gpu impl's metrics, on the device until _fold_stats
         self.micro_batch_tokens = self._micro_batch_tokens()
 

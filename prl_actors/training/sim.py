@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.engines.config import SimSection
     from prl_actors.protocol.messages import Group
 
 
@@ -27,11 +27,11 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 class SimLearner:
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg.sim
+    def __init__(self, sim: SimSection, seed: int) -> None:
+        self.cfg = sim
         self.version = 0
         self.theta = np.zeros((self.cfg.arms, self.cfg.arms), dtype=np.float32)
-        rng = np.random.default_rng(cfg.run.seed)
+        rng = np.random.default_rng(seed)
         self.extra = rng.standard_normal(self.cfg.param_count).astype(np.float32)
         self._reset()
 

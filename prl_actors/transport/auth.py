@@ -31,7 +31,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import zmq
 import zmq.auth
@@ -40,9 +39,6 @@ from zmq.utils import z85
 
 from prl_actors.protocol.messages import Role, role_prefix
 from prl_actors.records.files import write_private
-
-if TYPE_CHECKING:
-    from prl_actors.config import Config
 
 PUBLIC, SECRET = ".key", ".key_secret"
 ZAP_DOMAIN = "prl-actors"
@@ -103,11 +99,12 @@ def create_keys(directory: Path, names: Iterable[str], overwrite: bool = False) 
     return made
 
 
-def ensure_key(name: str, cfg: Config) -> None:
-    """Give `name` its own key before it starts (a worker `up` or LocalCluster starts), so that it is
-    the only holder of its name: the servers admit it at its first handshake (KeyStore)."""
-    if cfg.authenticated():
-        create_keys(cfg.keys_path(), [name])
+def ensure_key(name: str, keys: Path, authenticated: bool) -> None:
+    """Give `name` its own key in `keys` (Config.keys_path) before it starts (a worker `up` or
+    LocalCluster starts), so that it is the only holder of its name: the servers admit it at its first
+    handshake (KeyStore). Nothing unless the run is `authenticated` (Config.authenticated)."""
+    if authenticated:
+        create_keys(keys, [name])
 
 
 # roles with many members: their role key (`worker`) may speak as every member (worker-0, worker-1 ...)
