@@ -3,16 +3,23 @@ processes by tests/test_reward_guards.py."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 
 from prl_actors.rewards.record import RewardInput
 
 RELEASE = threading.Event()  # set by an in-process test to let the hanging plugins return
+HANG_DIR_ENV = "PRL_TEST_HANG_DIR"
 
 
 def hangs(prompt: str, response: str, answer: str) -> float:
-    """A sync task.reward that never returns (until RELEASE, in-process)."""
+    """A sync task.reward that never returns (until RELEASE, in-process); with HANG_DIR_ENV set, it
+    first leaves a file there named by its process id, so a test knows the worker is inside it."""
+    where = os.environ.get(HANG_DIR_ENV)
+    if where:
+        (Path(where) / f"in-plugin-{os.getpid()}").touch()
     RELEASE.wait()
     return 1.0
 

@@ -5,6 +5,7 @@ plugin that raises puts its file:line on the console and its traceback in the wo
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import sim_config, wait_for
+from tests.conftest import sim_config
+from tests.guard_plugins import HANG_DIR_ENV
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "prl_actors.cli.main"]
@@ -28,10 +30,15 @@ def config(tmp_path: Path, reward: str, **extra: object) -> Path:
 
 def test_a_hanging_sync_reward_does_not_keep_a_stopped_run_alive(tmp_path: Path) -> None:
     path = config(tmp_path, "tests.guard_plugins:hangs", run__stop_grace_s=2.0)
-    up = subprocess.Popen([*CLI, "up", "--config", str(path)], stderr=subprocess.PIPE, text=True)
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    env = {**os.environ, HANG_DIR_ENV: str(inside)}
+    up = subprocess.Popen([*CLI, "up", "--config", str(path)], stderr=subprocess.PIPE, text=True, env=env)
     try:
-        wait_for(tmp_path / "run", lambda e: e.get("type") == "work_assign", timeout=60)
-        time.sleep(1.0)  # the workers are inside the plugin now
+        deadline = time.monotonic() + 60
+        while len(list(inside.iterdir())) < 2:  # both workers are inside the plugin (not merely assigned)
+            assert time.monotonic() < deadline and up.poll() is None, "the workers never reached the plugin"
+            time.sleep(0.05)
         t0 = time.monotonic()
         up.send_signal(signal.SIGTERM)
         _, err = up.communicate(timeout=30)
