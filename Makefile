@@ -43,8 +43,11 @@ lint: $(STAMP)
 # Test tiers: a module names its tier at its top (`pytestmark = pytest.mark.fast`); one that names
 # none is integration (tests/conftest.py). `make test` = lint + fast + integration (~10 min on 2 cores
 # with its install); `make test-fast` = fast only; `make test-e2e` = the e2e tier; the rest are opt-in.
+# `make test` runs the tests on TEST_WORKERS processes (pytest-xdist, a module's tests stay together;
+# most of them wait on real processes and sockets); TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
 test: lint sandbox-tools
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: the unit and socket-free core tests (the `fast` tier), < 90 s on 2 cores.
 test-fast: $(STAMP)

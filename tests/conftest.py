@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,26 @@ from prl_actors.config import Config, load_config  # noqa: E402
 from prl_actors.protocol.versions import on_policy  # noqa: E402
 from prl_actors.transport.auth import KeyStore, Security, create_keys, run_key_names  # noqa: E402
 
-# Below Linux's ephemeral range (32768-60999), where a bind can collide with any outgoing connection.
-_ports = itertools.count(20000 + (os.getpid() % 400) * 20, 10)
+
+def _port_bases() -> Iterator[int]:
+    """Base ports in steps of 10 within this process's band of 20000-31999 (below Linux's ephemeral
+    range, 32768-60999, where a bind can collide with any outgoing connection). Under pytest-xdist
+    each worker has a band of its own, so two tests running at once never share a port; a band is
+    reused from its start once used up (its first runs ended long before)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    band = 12000 // max(workers, 1) // 10 * 10
+    low, k = 20000 + worker * band, (os.getpid() % 200) * 20 % band  # apart from another session's
+    while True:
+        yield low + k
+        k = (k + 10) % band
+
+
+_ports = _port_bases()
 
 
 def port_base() -> int:
-    """A fresh tcp base port for one run (its four actors bind base .. base + 3)."""
+    """A fresh tcp base port for one run (its actors bind base .. base + 5)."""
     return next(_ports)
 
 
