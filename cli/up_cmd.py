@@ -302,7 +302,6 @@ def _prepare_model(cfg: Any) -> None:
     progress display; a bad model is one error line."""
     if cfg.worker.engine == "sim":
         return
-    from prl_actors.engines.registry import check_engine
     from prl_actors.launch import build
     from prl_actors.runtime.core import one_line
     from prl_actors.sections import ConfigError
@@ -321,7 +320,7 @@ def _prepare_model(cfg: Any) -> None:
 
             check_targets(cfg.trainer.lora, directory)
         if cfg.run.workers:  # the workers `up` starts here need a working engine here
-            check_engine(cfg, directory, cfg.run.workers)
+            build.check_engine(cfg, directory, cfg.run.workers)
     except ConfigError as exc:
         fail(str(exc))
     except Exception as exc:  # a broken model directory is the user's to fix: one line, no traceback

@@ -17,6 +17,7 @@ import torch
 
 from prl_actors.buffer.core import BufferCore
 from prl_actors.buffer.group_check import GroupChecker
+from prl_actors.launch import build
 from prl_actors.protocol import messages as m
 from prl_actors.protocol import tickets
 from prl_actors.records.logs import EventLog
@@ -241,7 +242,7 @@ def grpo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
     from tests.learning_utils import prompts, random_rewards, tiny_model
 
     cfg, model_dir = tiny_model(tmp_path_factory.mktemp("guard"), trainer__micro_batch_groups=4)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(["1+2=", "3+4=", "5+6=", "7+8=", "2+2=", "9+1="]), 4))
     return cfg, model_dir, groups
@@ -430,7 +431,6 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
     never refused, let alone expelled), and a spoiled copy does not. With stop strings the text is
     cut before the stop while the tokens keep it (as vLLM does): still honest (a buffer that compared
     the text with the whole decoding refused every such group, and the run never finished)."""
-    from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.engines.torch_engine import TorchEngine
     from prl_actors.launch import build
@@ -448,9 +448,9 @@ def test_honest_torch_groups_pass_the_buffers_checks_for_every_model_family(
         },
     )
     prompts = build.task(cfg).prompts_for_epoch(0, 3)
-    engine = TorchEngine(cfg, path)
+    engine = TorchEngine(build.engine_settings(cfg), path)
     engine.version = 0
-    checker = build_checker(cfg, path)
+    checker = build.group_checker(cfg, path)
     for gen in engine.generate(prompts, 4):
         group = to_group(gen, lambda text: 0.0)
         assert checker.check(0, group) is None, (family, checker.check(0, group), checker.note)

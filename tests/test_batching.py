@@ -31,7 +31,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(model_dir: Path, max_rows: int, **sampling: float) -> TorchEngine:
     overrides = {"worker.max_batch_rows": max_rows, "worker.sampling.max_new_tokens": 6}
     overrides.update({f"worker.sampling.{k}": v for k, v in sampling.items()})
-    e = TorchEngine(load_config(None, overrides), model_dir)
+    e = TorchEngine(build.engine_settings(load_config(None, overrides)), model_dir)
     e.version = 3
     return e
 

@@ -16,6 +16,7 @@ from prl_actors.cli.main import app
 from prl_actors.config import Config, load_config
 from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.sections import ConfigError
@@ -38,7 +39,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, list[
     cfg, model_dir = tiny_model(
         tmp_path_factory.mktemp("behaviour"), worker__sampling__temperature=T, worker__sampling__top_p=TOP_P
     )
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     return cfg, model_dir, random_rewards(engine.generate(prompts(TEXTS), 8))
 
@@ -97,7 +98,7 @@ def test_engine_logprobs_are_the_distribution_tokens_were_drawn_from(setup) -> N
     within 4 standard errors. The raw (0.344) and the tempered-but-untruncated (0.791) probabilities
     of "3+4="'s top token are far from its share (0.873)."""
     cfg, model_dir, _ = setup
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     engine.sampling = cfg.worker.sampling.model_copy(update={"max_new_tokens": 1})
     n = 2000

@@ -28,6 +28,7 @@ import pytest
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch import build
 from prl_actors.protocol import messages as m
 from prl_actors.replay import load_run
 from prl_actors.replay.checks import run_checks
@@ -113,7 +114,7 @@ def test_a_resumed_run_announces_at_most_k_plus_one_steps() -> None:
 
 
 def loaded_worker(threshold: float | None, k: int = 2):  # type: ignore[no-untyped-def]
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(1, {"theta": np.zeros((8, 8), dtype=np.float32)})
     core = worker(engine)
     core.max_staleness, core.sync_kl_threshold = k, threshold

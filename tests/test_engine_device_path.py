@@ -16,6 +16,7 @@ from prl_actors.engines.base import engine_notes
 from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine, decode_impl
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.dispatch_count import DispatchCount
@@ -235,14 +236,17 @@ def test_the_engine_on_the_gpu_path_agrees_with_the_trainer_and_says_so_once(mod
     and the same samples as the cpu path."""
     controls = dict(temperature=0.7, top_p=0.9, top_k=20, min_p=0.02, repetition_penalty=1.2, max_new_tokens=8)
     cfg = tiny_config(**{f"worker__sampling__{k}": v for k, v in controls.items()}, worker__impl="gpu")
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     texts = ["3+4=", "12+19=", "7+15=", "0+0="]
     groups = engine.generate(prompts(texts), 8)
     assert isinstance(engine.batch, StaticBatch)
     ((event, fields),) = engine_notes(engine)
     assert event == "decode_path" and fields["impl"] == "gpu"
-    cpu = TorchEngine(cfg.model_copy(update={"worker": cfg.worker.model_copy(update={"impl": "cpu"})}), model_dir)
+    cpu = TorchEngine(
+        build.engine_settings(cfg.model_copy(update={"worker": cfg.worker.model_copy(update={"impl": "cpu"})})),
+        model_dir,
+    )
     cpu.version = 0
     same = cpu.generate(prompts(texts), 8)
     assert [[s.token_ids for s in g.samples] for g in groups] == [[s.token_ids for s in g.samples] for g in same]
@@ -279,7 +283,6 @@ def test_multi_turn_episodes_play_the_same_on_the_gpu_path(tmp_path: Path) -> No
     """engines/multiturn.py drives the batch through TorchTurns (later turns re-enter as one-row
     entries with their counters' offset): the same episodes, rewards and masks on either path."""
     from prl_actors.config import Config
-    from prl_actors.engines.registry import make_engine
     from prl_actors.launch import build
     from prl_actors.model.builtin import load_model
     from tests.test_multiturn import GUESS, rows
@@ -288,7 +291,7 @@ def test_multi_turn_episodes_play_the_same_on_the_gpu_path(tmp_path: Path) -> No
     for impl in ("cpu", "gpu"):
         cfg = Config.model_validate({**GUESS, "worker": {**GUESS["worker"], "impl": impl}})
         model_dir = build.model_dir(cfg, tmp_path)
-        engine: Any = make_engine(cfg, model_dir)
+        engine: Any = build.engine(cfg, model_dir)
         engine.load_weights(0, load_model(model_dir).state_dict())
         assert type(engine.turns.engine.batch) is (StaticBatch if impl == "gpu" else RunningBatch)
         out[impl] = [
@@ -305,12 +308,12 @@ def test_a_lora_adapter_from_the_trainer_generates_on_the_gpu_path_as_on_the_cpu
 
     cfg = with_lora(tiny_config(trainer__beta=0.1, trainer__lr=0.05))
     texts = ["3+4=", "12+19=", "7+15=", "0+0="]
-    base = TorchEngine(cfg, model_dir)
+    base = TorchEngine(build.engine_settings(cfg), model_dir)
     base.version = 0
     learner = train(cfg, model_dir, random_rewards(base.generate(prompts(texts), 4)), epochs=2)
     out = {}
     for impl in ("cpu", "gpu"):
-        engine = TorchEngine(with_(cfg, "worker", impl=impl), model_dir)
+        engine = TorchEngine(build.engine_settings(with_(cfg, "worker", impl=impl)), model_dir)
         sync(learner, engine)  # the adapter alone, as a worker receives it
         out[impl] = [(s.token_ids, s.logprobs) for g in engine.generate(prompts(texts), 4) for s in g.samples]
     assert [t for t, _ in out["gpu"]] == [t for t, _ in out["cpu"]]

@@ -8,6 +8,7 @@ import pytest
 from prl_actors.buffer.core import BufferCore
 from prl_actors.coordinator.core import CoordinatorCore, CoordinatorSettings
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch import build
 from prl_actors.protocol import messages as m
 from prl_actors.protocol import tickets
 from prl_actors.records.logs import EventLog
@@ -253,7 +254,7 @@ def assign(core: WorkerCore, now: float = 0.0) -> list[m.Msg]:
 
 
 def test_worker_resends_a_group_whose_ack_is_lost() -> None:
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
     core = worker(engine)
     first = [x for x in assign(core) if isinstance(x, m.GroupResult)]
@@ -295,7 +296,7 @@ def test_a_stalled_epoch_says_why() -> None:
 
 
 def test_worker_asks_for_the_next_group_before_generating() -> None:
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
     core = worker(engine)
     core.now = 0.0
@@ -311,7 +312,7 @@ def test_worker_sends_one_fetch_and_a_late_snapshot_drops_nothing() -> None:
     running batch alone (dropping it would strand groups the coordinator believes are generating)."""
     from prl_actors.weights.transfer import Snapshot, transfer_messages
 
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
     core = worker(engine)
     core.now = 0.0
@@ -343,7 +344,7 @@ def test_worker_takes_every_core_for_a_new_epoch_until_its_first_group_is_sent()
     from prl_actors.runtime.threads import ThreadPlan
     from prl_actors.weights.transfer import Snapshot, transfer_messages
 
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     calls: list[int] = []
     core = worker(engine)
     core.threads = ThreadPlan(1, 2, calls.append)

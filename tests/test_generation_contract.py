@@ -12,6 +12,7 @@ import pytest
 
 from prl_actors.coordinator.core import CoordinatorCore
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import generation_contract
 from prl_actors.protocol import messages as m
 from prl_actors.records.logs import EventLog
@@ -126,7 +127,7 @@ def test_the_coordinator_refuses_a_worker_with_another_temperature_and_welcomes_
 
 def test_a_worker_sends_its_contract_and_will_not_join_a_run_under_another() -> None:
     task = Task(items=[("ctx 1", "4")], reward=exact_match)
-    engine = SimEngine(sim_config(Path("/nonexistent")))
+    engine = SimEngine(build.engine_settings(sim_config(Path("/nonexistent"))))
     core = WorkerCore("worker-x", EventLog("worker-x", "worker"), engine, task, 4, 5.0, 1.0, contract=RUN)
     core.start(0.0)
     (register_msg,) = [msg for _, msg, _ in core.outbox]

@@ -13,6 +13,7 @@ import torch
 from prl_actors.engines.batching import RunningBatch
 from prl_actors.engines.static_batch import StaticBatch
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.training.behaviour import Behaviour
 from prl_actors.training.dispatch_count import DispatchCount
@@ -79,7 +80,7 @@ def test_weights_loaded_in_place_reach_the_captured_graphs() -> None:
 def test_the_engine_on_cuda_takes_the_gpu_path_and_agrees_with_the_trainer(tmp_path: Path) -> None:
     _, model_dir = tiny_model(tmp_path)
     cfg = tiny_config(worker__device="cuda", trainer__device="cuda", worker__sampling__temperature=0.7)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     assert isinstance(engine.batch, StaticBatch)
     groups = engine.generate(prompts(["3+4=", "12+19=", "7+15=", "0+0="]), 8)

@@ -11,6 +11,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.model.builtin import load_model
 from prl_actors.protocol.messages import Group
@@ -25,7 +26,7 @@ TEXTS = ["3+4=", "12+19=", "7+15=", "0+0=", "20+1=", "9+9="]
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, list[Group]]:
     cfg, model_dir = tiny_model(tmp_path_factory.mktemp("grpo"), trainer__beta=0.05)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     return cfg, model_dir, random_rewards(engine.generate(prompts(TEXTS), 4))
 
@@ -290,7 +291,7 @@ def test_epoch_gradient_equals_a_full_batch_token_mean_loss(tmp_path: Path) -> N
         worker__sampling__temperature=temperature,
         worker__sampling__top_p=top_p,
     )
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS), 4))
     groups[0].samples = [replace(s, reward=0.9) for s in groups[0].samples]  # an all-equal group counts too

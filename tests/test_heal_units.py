@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch import build
 from prl_actors.launch.supervisor import RESTART_BACKOFF_S, Healing
 from prl_actors.launch.up import Launcher
 from prl_actors.protocol import messages as m
@@ -44,7 +45,7 @@ def test_a_worker_that_joins_a_restarted_core_drops_its_old_work_and_refetches_o
     """It held v3 of the old core and was generating a group of it; the new core went back to its
     checkpoint v2: the group is dropped (its ticket died with the old core), no retry of its send
     survives, and v2 is fetched and installed although it is older than v3 (another line's v3)."""
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(0, {"theta": np.zeros(THETA, dtype=np.float32)})
     core = worker(engine)
     welcome(core, "run-old", epoch=0, version=0)
@@ -71,7 +72,7 @@ def test_a_worker_that_joins_a_restarted_core_drops_its_old_work_and_refetches_o
 
 def test_a_worker_welcomed_again_by_the_same_core_keeps_its_weights() -> None:
     """A re-register at the same core (it timed us out) is no restart: the weights stay."""
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(1, {"theta": np.ones(THETA, dtype=np.float32)})
     core = worker(engine)
     assert [m.tag_of(x) for x in welcome(core, "run-a", epoch=1, version=1)] == ["work_request"]

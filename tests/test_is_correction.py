@@ -17,6 +17,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.sections import ConfigError
@@ -32,7 +33,7 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
     cfg, model_dir = tiny_model(
         tmp_path_factory.mktemp("is"), trainer__lr=1e-2, coordinator__groups_per_epoch=len(TEXTS)
     )
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     return cfg, model_dir, random_rewards(engine.generate(prompts(TEXTS), 4))
 

@@ -35,7 +35,11 @@ def test_grpo_raises_the_reward_on_add(tmp_path: Path) -> None:
     started = time.monotonic()
     model_dir = build.model_dir(cfg, tmp_path)
     print(f"\nmodel prepared in {time.monotonic() - started:.1f}s")
-    engine, learner, task = TorchEngine(cfg, model_dir), GRPOLearner(learner_settings(cfg), model_dir), build.task(cfg)
+    engine, learner, task = (
+        TorchEngine(build.engine_settings(cfg), model_dir),
+        GRPOLearner(learner_settings(cfg), model_dir),
+        build.task(cfg),
+    )
     curve = []
     for epoch in range(EPOCHS):
         t0 = time.monotonic()
@@ -66,7 +70,11 @@ def test_each_recipe_raises_the_reward_on_add(tmp_path: Path, recipe: str) -> No
     learning in one process: the reward of the last 3 epochs clearly exceeds that of the first 3."""
     cfg = load_config(RECIPES / f"{recipe}.yaml")
     model_dir = build.model_dir(cfg, tmp_path)
-    engine, learner, task = TorchEngine(cfg, model_dir), GRPOLearner(learner_settings(cfg), model_dir), build.task(cfg)
+    engine, learner, task = (
+        TorchEngine(build.engine_settings(cfg), model_dir),
+        GRPOLearner(learner_settings(cfg), model_dir),
+        build.task(cfg),
+    )
     curve = []
     for epoch in range(EPOCHS):
         engine.load_weights(learner.version, learner.weights())

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from prl_actors.config import Config, load_config
 from prl_actors.engines.base import IncompatibleWeights
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.model import memory
 from prl_actors.model.builtin import load_model
@@ -51,7 +52,7 @@ def with_(cfg: Config, section: str, **fields: object) -> Config:
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, list[Group]]:
     cfg, model_dir = tiny_model(tmp_path_factory.mktemp("lora"), trainer__beta=0.1, trainer__lr=0.05)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     return with_lora(cfg), model_dir, random_rewards(engine.generate(prompts(TEXTS), 4))
 
@@ -203,7 +204,7 @@ def test_dropout_is_applied_while_training(rollouts) -> None:
 def test_only_the_adapter_travels_and_the_engine_computes_the_trainers_policy(rollouts) -> None:
     cfg, model_dir, groups = rollouts
     learner = train(cfg, model_dir, groups, epochs=2)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     base_lp = scored(engine.model, groups)
     snap = sync(learner, engine)
     names = {m.name for m in snap.metas}
@@ -225,12 +226,12 @@ def test_an_adapter_for_another_base_model_is_refused(rollouts, tmp_path: Path) 
     learner = train(cfg, model_dir, groups[:2])
     tensors = learner.weights()
     other_cfg, other_dir = tiny_model(tmp_path, run__seed=7)  # same architecture, other weights
-    engine = TorchEngine(other_cfg, other_dir)
+    engine = TorchEngine(build.engine_settings(other_cfg), other_dir)
     before = scored(engine.model, groups)
     with pytest.raises(IncompatibleWeights, match="trained on another base model .* every worker needs the trainer's"):
         engine.load_weights(1, tensors)
     assert engine.version == -1 and engine.lora.adapter is None and torch.equal(scored(engine.model, groups), before)
-    mine = TorchEngine(cfg, model_dir)
+    mine = TorchEngine(build.engine_settings(cfg), model_dir)
     wrong_rank = {k: (v[:2] if "lora_A" in k else v) for k, v in tensors.items()}
     with pytest.raises(IncompatibleWeights, match=r"has A \(2, 32\) .* wants A \(4, 32\)"):
         mine.load_weights(1, wrong_rank)
@@ -245,7 +246,15 @@ def test_a_worker_stops_with_one_line_on_weights_it_cannot_load(rollouts, tmp_pa
     tensors = train(cfg, model_dir, groups[:1]).weights()
     other_cfg, other_dir = tiny_model(tmp_path, run__seed=7)
     task = Task(items=[("1+1=", "2")], reward=exact_match)
-    core = WorkerCore("worker-x", EventLog("worker-x", "worker"), TorchEngine(other_cfg, other_dir), task, 4, 5.0, 1.0)
+    core = WorkerCore(
+        "worker-x",
+        EventLog("worker-x", "worker"),
+        TorchEngine(build.engine_settings(other_cfg), other_dir),
+        task,
+        4,
+        5.0,
+        1.0,
+    )
     core.registered, core.now = True, 0.0
     for msg, payloads in transfer_messages(Snapshot.from_tensors(1, tensors), 1 << 12, reply_to="f"):
         msg.sender = "publisher"
@@ -313,7 +322,7 @@ def test_families_train_and_apply_adapters(family: str, tmp_path: Path) -> None:
             "trainer.lora": {"r": 4, "alpha": 4.0, "target_modules": targets},
         },
     )
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(["a b", "c d e"]), 4))
     learner = train(cfg, model_dir, groups, epochs=2)
@@ -350,8 +359,8 @@ def test_vllm_adapter_dir_is_a_peft_adapter_of_the_policy(rollouts, tmp_path: Pa
         shutil.rmtree(path)
     with pytest.raises(IncompatibleWeights, match="another base model"):
         check_adapter(adapter_, hf_shapes(model_dir), "0" * 16, model_dir)
-    assert lora_options(cfg) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1}  # r = 4 -> 8
-    assert lora_options(with_(cfg, "trainer", lora=None)) == {}
+    assert lora_options(cfg.trainer.lora) == {"enable_lora": True, "max_lora_rank": 8, "max_loras": 1}  # r = 4 -> 8
+    assert lora_options(None) == {}
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ def rollouts(model_dir: Path, dtype: str) -> tuple[list[tuple[list[int], list[li
     """Three groups of the math sample (prompts of different lengths: left padding) sampled by the
     torch engine; returns (prompt ids, responses) per group and the engine's log-probs, flat."""
     cfg = family_config(model_dir, dtype)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     prompts = build.task(cfg).prompts_for_epoch(0, 3)
     groups = engine.generate(prompts, cfg.worker.group_size)
     pairs = [(g.prompt_ids, [s.token_ids for s in g.samples]) for g in groups]
@@ -103,7 +103,7 @@ def test_mixed_full_and_sliding_layers() -> None:
 def test_eos_and_pad_quirks(family: str, eos: set[str], pad: str, family_dirs: dict[str, Path]) -> None:
     """The engine stops on the tokenizer's eos and every eos of the generation config (Llama's chat
     turn ends with <|eot_id|>, which only the generation config names)."""
-    engine = TorchEngine(family_config(family_dirs[family]), family_dirs[family])
+    engine = TorchEngine(build.engine_settings(family_config(family_dirs[family])), family_dirs[family])
     tok = load_tokenizer(family_dirs[family])
     assert engine.eos_ids == {tok.convert_tokens_to_ids(t) for t in eos}
     assert engine.pad_id == tok.convert_tokens_to_ids(pad)

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from prl_actors.config import Config
-from prl_actors.engines.registry import make_engine
 from prl_actors.envs_llm.base import EnvError
 from prl_actors.envs_llm.calculator import calculator
 from prl_actors.envs_llm.guess import GuessEnv, guess_reward
 from prl_actors.envs_llm.render import Renderer
 from prl_actors.envs_llm.tools import ToolEnv, parse_tool_calls, tool
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol import codec
 from prl_actors.protocol.messages import Group, GroupResult, Prompt, Sample
@@ -109,7 +109,7 @@ def test_async_environments_and_broken_ones(model_dir: Path) -> None:
         def step(self, text: str) -> Any:
             return "not a tuple"
 
-    engine = make_engine(guess_config(), model_dir)
+    engine = build.engine(guess_config(), model_dir)
     engine.load_weights(0, _weights(model_dir))
     engine.factory = lambda: AsyncGuess(9, 4)  # type: ignore[attr-defined]
     groups = engine.generate(rows(2), 4)
@@ -217,7 +217,7 @@ def test_environment_tokens_get_no_gradient(model_dir: Path) -> None:
     zero gradient, those predicting model tokens do not. Without the mask (all 1) the same positions
     do get gradient, so the check can fail."""
     cfg = guess_config()
-    engine = make_engine(cfg, model_dir)
+    engine = build.engine(cfg, model_dir)
     engine.load_weights(0, _weights(model_dir))
     groups = [as_group(g) for g in engine.generate(rows(4), 4)]
     mask = torch.tensor([m for g in groups for s in g.samples for m in s.loss_mask], dtype=torch.bool)
@@ -239,7 +239,7 @@ def test_environment_tokens_get_no_gradient(model_dir: Path) -> None:
 
 def test_the_epoch_normalises_by_model_tokens_only(model_dir: Path) -> None:
     cfg = guess_config()
-    engine = make_engine(cfg, model_dir)
+    engine = build.engine(cfg, model_dir)
     engine.load_weights(0, _weights(model_dir))
     groups = [as_group(g) for g in engine.generate(rows(2), 4)]
     learner = GRPOLearner(learner_settings(cfg), model_dir)
@@ -257,7 +257,7 @@ def test_the_epoch_normalises_by_model_tokens_only(model_dir: Path) -> None:
 def test_episodes_regenerate_identically_alone_or_in_a_crowd(model_dir: Path) -> None:
     """Counter-based sampling per (group, episode, position): a requeued group (alone, later, with
     other groups around it, its tools answering at other times) replays the same episodes."""
-    engine = make_engine(guess_config(), model_dir)
+    engine = build.engine(guess_config(), model_dir)
     engine.load_weights(0, _weights(model_dir))
     crowd = {g.group_id: g for g in engine.generate(rows(4), 4)}
     alone = engine.generate(rows(4)[2:3], 4)[0]
@@ -277,7 +277,7 @@ def test_a_slow_tool_does_not_block_the_batch(model_dir: Path) -> None:
                 release.wait(10)
             return super().step(text)
 
-    engine = make_engine(guess_config(), model_dir)
+    engine = build.engine(guess_config(), model_dir)
     engine.load_weights(0, _weights(model_dir))
     engine.factory = lambda: Slow(9, 4)  # type: ignore[attr-defined]
     engine.admit(rows(2), 4)
@@ -362,11 +362,10 @@ def test_tools_config_plays_templated_tool_turns_on_a_chat_model(tmp_path: Path)
         def step(self, text: str) -> tuple[list[dict[str, Any]], float, bool]:
             return super().step(text + call)
 
-    engine = make_engine(cfg, model)
+    engine = build.engine(cfg, model)
     own = engine.turns.engine.model.state_dict()  # type: ignore[attr-defined]  # tied: no lm_head in the file
     engine.load_weights(0, {k: v.clone() for k, v in own.items()})
     engine.factory = lambda: Calling([BUILTIN_TOOLS["calculator"]], lambda p, r, a: 1.0)  # type: ignore[attr-defined]
-    from prl_actors.launch import build
 
     (group,) = engine.generate(build.task(cfg).prompts_for_epoch(0, 1), 2)
     assert "<|im_start|>user" in engine.renderer.tok.decode(group.prompt_ids)  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from prl_actors.cli.main import app
 from prl_actors.coordinator.evaluation import EVAL_ID_BASE, EvalPlan, MemoryEvalSink, summarize
+from prl_actors.launch import build
 from prl_actors.launch.process import LocalCluster
 from prl_actors.protocol import messages as m
 from prl_actors.records.rundir import RunDir
@@ -315,7 +316,7 @@ def test_lora_export_merged_and_adapter_load_with_transformers(tmp_path: Path) -
     from tests.test_lora import with_lora
 
     cfg, model_dir = tiny_model(tmp_path / "m")
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(["3+4=", "7+15=", "9+9="]), 4))
     cfg = with_lora(cfg, dropout=0.0)
@@ -387,7 +388,7 @@ def test_a_worker_runs_eval_alone_and_returns_every_prompt_even_when_the_engine_
     from prl_actors.engines.sim import SimEngine
     from tests.test_epoch_protocol import FailingEngine, sim_config_for_cores, worker
 
-    engine = SimEngine(sim_config_for_cores())
+    engine = SimEngine(build.engine_settings(sim_config_for_cores()))
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
     core = worker(engine)
     core.eval_sampling = object()  # this run evaluates

@@ -11,6 +11,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config, load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.training.grpo import GRPOLearner
@@ -25,7 +26,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "configs" / "recipes"
 @pytest.fixture(scope="module")
 def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, list[Group]]:
     cfg, model_dir = tiny_model(tmp_path_factory.mktemp("recipes"), trainer__beta=0.05, trainer__lr=1e-2)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     return cfg, model_dir, random_rewards(engine.generate(prompts(TEXTS), 4))
 

@@ -17,6 +17,7 @@ from msgspec.structs import replace
 
 from prl_actors.config import Config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.messages import Group
 from prl_actors.training import minibatch
@@ -48,7 +49,7 @@ def rollouts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Path, li
         coordinator__groups_per_epoch=len(TEXTS),
         worker__sampling__max_new_tokens=4,
     )
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS), 4))
     groups[0].samples = [replace(s, reward=0.5 + 0.1 * i) for i, s in enumerate(groups[0].samples)]

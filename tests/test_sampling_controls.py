@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
 from prl_actors.config import load_config
 from prl_actors.engines.stops import cut_at_stop
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.sections import ConfigError
 from prl_actors.training.behaviour import (
@@ -119,7 +120,7 @@ def test_engine_and_trainer_agree_per_token(model: Path, combo: str) -> None:
     cfg = tiny_config(**{f"worker__sampling__{k}": v for k, v in COMBOS[combo].items()})
     cfg = cfg.model_copy(deep=True)
     cfg.worker.sampling.max_new_tokens = 8
-    engine = TorchEngine(cfg, model)
+    engine = TorchEngine(build.engine_settings(cfg), model)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS), 8))
     assert sum(len(s.token_ids) for g in groups for s in g.samples) > len(groups) * 8
@@ -145,7 +146,7 @@ def test_repetition_penalty_changes_what_is_sampled(model: Path) -> None:
     for penalty in (1.0, 5.0):
         cfg = tiny_config(worker__sampling__repetition_penalty=penalty)
         cfg.worker.sampling.max_new_tokens = 8
-        engine = TorchEngine(cfg, model)
+        engine = TorchEngine(build.engine_settings(cfg), model)
         engine.version = 0
         samples = [s for g in engine.generate(prompts(TEXTS), 16) for s in g.samples]
         repeats = sum(s.token_ids[j] in s.token_ids[:j] for s in samples for j in range(1, len(s.token_ids)))
@@ -165,13 +166,13 @@ def test_cut_at_stop() -> None:
 def test_stop_strings_end_the_response_at_the_first_one(model: Path) -> None:
     cfg = tiny_config()
     cfg.worker.sampling.max_new_tokens = 8
-    plain = TorchEngine(cfg, model)
+    plain = TorchEngine(build.engine_settings(cfg), model)
     plain.version = 0
     before = [s for g in plain.generate(prompts(TEXTS), 8) for s in g.samples]
     stop = ["1", "+"]
     assert any(any(x in s.text for x in stop) for s in before)  # the stop strings do occur without stop
     cfg.worker.sampling.stop = stop
-    engine = TorchEngine(cfg, model)
+    engine = TorchEngine(build.engine_settings(cfg), model)
     engine.version = 0
     after = [s for g in engine.generate(prompts(TEXTS), 8) for s in g.samples]
     stopped = 0
@@ -211,7 +212,7 @@ def test_micro_batching_does_not_change_the_update_with_a_penalty(model: Path) -
     """float64: one group per micro-batch in one order == all groups at once in another."""
     cfg = tiny_config(worker__sampling__repetition_penalty=1.5, model__dtype="float64")
     cfg.worker.sampling.max_new_tokens = 6
-    engine = TorchEngine(cfg, model)
+    engine = TorchEngine(build.engine_settings(cfg), model)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS[:4]), 4))
     weights = []

@@ -13,6 +13,7 @@ import torch
 
 from prl_actors.config import load_config
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.protocol.versions import on_policy, staleness, within_bound
 from prl_actors.replay.checks import staleness_check
@@ -78,7 +79,7 @@ def test_bounded_mode_config() -> None:
 def stale(tmp_path_factory: pytest.TempPathFactory):
     """Groups generated with v0 and the learner that made v1 from them (epoch 0 trained)."""
     cfg, model_dir = tiny_model(tmp_path_factory.mktemp("stale"), trainer__lr=3e-2)
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     groups = random_rewards(engine.generate(prompts(TEXTS), 4))
     return cfg, model_dir, groups

@@ -112,7 +112,6 @@ def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: 
     row's plain text (every honest tools.yaml group was refused as wrong_prompt)."""
     from pathlib import Path
 
-    from prl_actors.buffer.group_check_setup import build_checker
     from prl_actors.config import load_config
     from prl_actors.envs_llm.registry import episode_prompt_ids
     from prl_actors.launch import build
@@ -123,7 +122,7 @@ def test_the_buffer_checks_a_tool_episode_against_its_rendered_prompt(tmp_path: 
     model = build_family("qwen2", Path(tmp_path) / "qwen2")
     root = Path(__file__).resolve().parent.parent
     cfg = load_config(root / "configs/tools.yaml", {"model.path": str(model)})
-    checker, task, tok = build_checker(cfg, model), build.task(cfg), load_tokenizer(model)
+    checker, task, tok = build.group_checker(cfg, model), build.task(cfg), load_tokenizer(model)
     prompt = task.prompts_for_epoch(3, cfg.coordinator.groups_per_epoch)[0]  # the coordinator's group 0
     rendered = episode_prompt_ids(cfg.task, tok, task.reward)(prompt)
     sample = Sample(text="", token_ids=[], logprobs=[], reward=0.0, loss_mask=[])

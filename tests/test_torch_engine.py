@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from prl_actors.engines.batching import RunningBatch
-from prl_actors.engines.registry import make_engine
 from prl_actors.engines.sampling import top_p_filter
 from prl_actors.engines.torch_engine import TorchEngine
+from prl_actors.launch import build
 from prl_actors.model.builtin import load_model
 from prl_actors.model.tokenizer import EOS_ID
 from prl_actors.sections import ConfigError
@@ -33,7 +33,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def engine(setup) -> TorchEngine:
     cfg, model_dir = setup
-    eng = TorchEngine(cfg, model_dir)
+    eng = TorchEngine(build.engine_settings(cfg), model_dir)
     eng.load_weights(0, load_model(model_dir).state_dict())
     return eng
 
@@ -107,7 +107,7 @@ def test_a_snapshot_becomes_the_parameters_without_a_copy_and_generates_as_a_cop
     base = np.frombuffer(snap.data, dtype=np.uint8).ctypes.data
     inside = [base <= p.data_ptr() < base + snap.nbytes for p in engine.model.parameters()]
     assert all(inside), "a parameter was copied"
-    copied = TorchEngine(cfg, model_dir)
+    copied = TorchEngine(build.engine_settings(cfg), model_dir)
     copied.model.load_state_dict(noisy)  # the copying path
     copied.version = 3
     a, b = engine.generate(prompts(TEXTS), 4), copied.generate(prompts(TEXTS), 4)
@@ -204,6 +204,6 @@ def test_rows_are_cut_at_max_new_tokens() -> None:
 
 def test_make_engine_dispatch(setup) -> None:
     cfg, model_dir = setup
-    assert isinstance(make_engine(cfg, model_dir), TorchEngine)
+    assert isinstance(build.engine(cfg, model_dir), TorchEngine)
     with pytest.raises(ConfigError, match="model directory"):
-        make_engine(cfg, None)
+        build.engine(cfg, None)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from prl_actors.config import load_config
-from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import MISSING
+from prl_actors.launch import build
 from prl_actors.sections import ConfigError
 from tests.learning_utils import tiny_model
 from tests.test_cli import run_cli
@@ -48,7 +48,7 @@ def test_the_engine_module_imports_without_vllm() -> None:
 def test_missing_vllm_is_a_clear_error(tmp_path: Path) -> None:
     cfg, model_dir = tiny_model(tmp_path, worker__engine="vllm")
     with pytest.raises(ConfigError, match=r"vLLM is not installed; pip install prl-actors\[vllm\]"):
-        make_engine(cfg, model_dir)
+        build.engine(cfg, model_dir)
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed")

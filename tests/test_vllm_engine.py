@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from prl_actors.engines.config import SamplingSection
-from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import VllmEngine, check_vllm_setup
+from prl_actors.launch import build
 from prl_actors.model.builtin import load_model
 from prl_actors.sections import ConfigError
 from tests.learning_utils import prompts
@@ -39,7 +39,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(ckpt: Path) -> Iterator[VllmEngine]:
-    eng = make_engine(vllm_config(ckpt.parent), ckpt)
+    eng = build.engine(vllm_config(ckpt.parent), ckpt)
     assert isinstance(eng, VllmEngine)
     yield eng
     eng.close()
@@ -158,8 +158,8 @@ def test_unsupported_setups_are_refused_in_one_line(tmp_path: Path, ckpt: Path) 
     cfg = vllm_config(tmp_path, model__hidden_size=64, model__heads=4, model__warm_start_steps=0)
     small = make_checkpoint(cfg, tmp_path / "hd16")
     with pytest.raises(ConfigError, match=r"vLLM's CPU attention supports head sizes \[32, 64.*the model has 16"):
-        check_vllm_setup(cfg, small)
+        check_vllm_setup(cfg.worker, small)
     with pytest.raises(ConfigError, match="worker.device is 'cuda' but the installed vLLM build runs on 'cpu'"):
-        check_vllm_setup(vllm_config(tmp_path, worker__device="cuda"), small)
+        check_vllm_setup(vllm_config(tmp_path, worker__device="cuda").worker, small)
     with pytest.raises(ConfigError, match=r"worker.gpu_memory_utilization 0.6 x 2 worker\(s\) reserves .* lower it"):
-        check_vllm_setup(vllm_config(tmp_path, worker__gpu_memory_utilization=0.6), ckpt, workers=2)
+        check_vllm_setup(vllm_config(tmp_path, worker__gpu_memory_utilization=0.6).worker, ckpt, workers=2)

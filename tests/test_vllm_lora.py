@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from prl_actors.engines.base import IncompatibleWeights
-from prl_actors.engines.registry import make_engine
 from prl_actors.engines.vllm_engine import VllmEngine
+from prl_actors.launch import build
 from prl_actors.launch.topology import learner_settings
 from prl_actors.training.grpo import GRPOLearner
 from tests.learning_utils import prompts, random_rewards
@@ -28,7 +28,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:  # type:
     root = tmp_path_factory.mktemp("vllm-lora")
     cfg = vllm_config(root, trainer__lora=LORA, trainer__lr=0.05)
     ckpt = make_checkpoint(cfg, root / "ckpt", sharpen=20.0)
-    engine = make_engine(cfg, ckpt)
+    engine = build.engine(cfg, ckpt)
     assert isinstance(engine, VllmEngine)
     yield cfg, ckpt, engine
     engine.close()

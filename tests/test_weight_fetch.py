@@ -11,6 +11,7 @@ from prl_actors.classic.env_actor import EnvActorSettings, EnvCore
 from prl_actors.classic.envkit.local import SlotEnvs
 from prl_actors.config import load_config
 from prl_actors.engines.sim import SimEngine
+from prl_actors.launch import build
 from prl_actors.protocol import messages as m
 from prl_actors.protocol.codec import Frame
 from prl_actors.records.logs import EventLog
@@ -143,7 +144,7 @@ def test_a_newer_begin_replaces_the_transfer_still_arriving() -> None:
 
 def worker() -> WorkerCore:
     settings = {"worker.engine": "sim", "trainer.learner": "sim", "sim.gen_s_per_token": 0.0}
-    engine = SimEngine(load_config(None, settings))
+    engine = SimEngine(build.engine_settings(load_config(None, settings)))
     engine.load_weights(0, {"theta": np.zeros((8, 8), dtype=np.float32)})
     task = Task(items=[("ctx 1", "4")], reward=exact_match)
     core = WorkerCore("worker-x", EventLog("worker-x", "worker"), engine, task, 2, TIMEOUT, request_timeout_s=1.0)

@@ -264,7 +264,7 @@ def engine_vs_hf(cfg: Any, model_dir: Path, threads: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     B, G, new = cfg.coordinator.groups_per_epoch, cfg.worker.group_size, cfg.worker.sampling.max_new_tokens
     cfg.worker.max_batch_rows = B * G
-    engine = TorchEngine(cfg, model_dir)
+    engine = TorchEngine(build.engine_settings(cfg), model_dir)
     engine.version = 0
     prompts = build.task(cfg).prompts_for_epoch(0, B)
     calls = {"engine": lambda: _engine_tokens(engine, prompts, G), "hf": lambda: _hf_tokens(engine, prompts, G, new)}

@@ -113,9 +113,10 @@ def engine(model_dir: Path, device: str, shape: dict[str, int], impl: str) -> di
     """Seconds per batch, tokens/s, ms per step, graph launches per step, peak memory of TorchEngine."""
 
     from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.launch import build
     from prl_actors.protocol.messages import Prompt
 
-    eng = TorchEngine(engine_config(model_dir, device, shape, impl), model_dir)
+    eng = TorchEngine(build.engine_settings(engine_config(model_dir, device, shape, impl)), model_dir)
     eng.version = 0
     ps = [Prompt(group_id=i, prompt=q) for i, q in enumerate(questions(shape["prompts"]))]
     eng.generate(ps, shape["group"])  # warm-up: graphs captured here
@@ -150,10 +151,11 @@ def _counts(eng: Any) -> tuple[int, int]:
 def eager_counts(model_dir: Path, device: str, shape: dict[str, int]) -> dict[str, Any]:
     """aten ops and host syncs per decode step of the gpu path with its graphs off (training/dispatch_count.py)."""
     from prl_actors.engines.torch_engine import TorchEngine
+    from prl_actors.launch import build
     from prl_actors.protocol.messages import Prompt
     from prl_actors.training.dispatch_count import DispatchCount
 
-    eng = TorchEngine(engine_config(model_dir, device, shape, "gpu"), model_dir)
+    eng = TorchEngine(build.engine_settings(engine_config(model_dir, device, shape, "gpu")), model_dir)
     eng.version = 0
     eng.batch.runner.capture = False  # type: ignore[union-attr]
     eng.admit([Prompt(group_id=i, prompt=q) for i, q in enumerate(questions(shape["prompts"]))], shape["group"])

@@ -74,8 +74,9 @@ class TimedEngine(IdleEngine):
 
     def __init__(self, cfg: Any, model_dir: Path) -> None:
         from prl_actors.engines.torch_engine import TorchEngine
+        from prl_actors.launch import build
 
-        self.inner = TorchEngine(cfg, model_dir)
+        self.inner = TorchEngine(build.engine_settings(cfg), model_dir)
         self.version = -1
         self.loaded = threading.Event()
         self.t_called = self.t_end = 0.0

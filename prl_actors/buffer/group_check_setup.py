@@ -1,4 +1,5 @@
-"""The buffer's GroupChecker for a run's config: what the engines produce, so honest groups pass.
+"""The buffer's GroupChecker set up for what the engines produce, so honest groups pass (launch/build.py's
+`group_checker` composes it from the run's config):
 
 - sim: vocabulary = sim.arms, a response is sim.tokens_per_sample ids, its text the first id, the
   prompt ids the context index;
@@ -17,24 +18,24 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prl_actors.buffer.group_check import GroupChecker
 from prl_actors.engines.stops import cut_at_stop
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.buffer.group_check import GroupChecker
+    from prl_actors.coordinator.config import CoordinatorSection
+    from prl_actors.engines.config import SimSection
     from prl_actors.protocol.messages import Prompt
     from prl_actors.tasks.base import Task
 
 
-def epoch_prompts(task: Task, cfg: Config) -> Callable[[int, int], Prompt | None]:
+def epoch_prompts(task: Task, c: CoordinatorSection) -> Callable[[int, int], Prompt | None]:
     """(epoch, group id) -> the prompt the coordinator assigns, by the coordinator's own rule
     (CoordinatorCore._epoch_prompts: the epoch's B prompts, or with dynamic sampling stream position
     epoch x stride + id); the last epoch's prompts are cached."""
     from prl_actors.training.dynamic_sampling import epoch_stride
 
-    c = cfg.coordinator
     stride = epoch_stride(c.groups_per_epoch, c.dynamic_sampling, c.max_sampling_rounds)
     cache: dict[int, dict[int, Prompt]] = {}
 
@@ -52,40 +53,30 @@ def epoch_prompts(task: Task, cfg: Config) -> Callable[[int, int], Prompt | None
     return prompt_of
 
 
-def build_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
-    from prl_actors.tasks import load_task
+def simulated(checker: GroupChecker, sim: SimSection) -> GroupChecker:
+    """`checker` for the sim engine's groups."""
+    from prl_actors.training.sim import context_of
 
-    w = cfg.worker
-    task = load_task(
-        cfg.task,
-        cfg.run.seed,
-        model_path=cfg.model.path,
-        max_new_tokens=w.sampling.max_new_tokens,
-        max_model_len=w.max_model_len if w.engine == "vllm" else None,
-        sim_arms=cfg.sim.arms if w.engine == "sim" else None,
-    )
-    checker = GroupChecker(
-        prompt_of=epoch_prompts(task, cfg),
-        score=task.score if cfg.buffer.verify_rewards else None,
-        length_penalty=task.length_penalty,
-        reward_tolerance=cfg.buffer.reward_tolerance,
-    )
-    if cfg.worker.engine == "sim":
-        from prl_actors.training.sim import context_of
-
-        checker.vocab_size, checker.max_response_tokens = cfg.sim.arms, cfg.sim.tokens_per_sample
-        checker.encode = lambda text: [context_of(text)]
-        checker.decode = lambda ids: str(ids[0]) if ids else ""
-        return checker
-    checker.max_response_tokens = cfg.worker.sampling.max_new_tokens
-    if cfg.task.multi_turn:  # every model turn bounded, max_turns of them
-        checker.max_response_tokens = cfg.task.max_turns * (
-            cfg.task.max_turn_tokens or cfg.worker.sampling.max_new_tokens
-        )
-    if model_dir is not None:
-        checker.vocab_size = _vocab_size(model_dir)
-        _with_tokenizer(checker, cfg, model_dir)
+    checker.vocab_size, checker.max_response_tokens = sim.arms, sim.tokens_per_sample
+    checker.encode = lambda text: [context_of(text)]
+    checker.decode = lambda ids: str(ids[0]) if ids else ""
     return checker
+
+
+def with_model(
+    checker: GroupChecker,
+    model_dir: Path,
+    *,
+    templated: bool,
+    stop: list[str],
+    decode: bool,
+    episode_prompt_ids: Callable[[Any], Callable[[Prompt], list[int]]] | None = None,
+) -> None:
+    """The checks of `model_dir`'s vocabulary and tokenizer (prompt ids encoded with the chat template
+    when `templated`; with `decode`, texts as the tokenizer decodes the ids, cut at the `stop`
+    strings; `episode_prompt_ids`: tokenizer -> a multi-turn group's prompt ids)."""
+    checker.vocab_size = _vocab_size(model_dir)
+    _with_tokenizer(checker, model_dir, templated, stop, decode, episode_prompt_ids)
 
 
 def _vocab_size(model_dir: Path) -> int:
@@ -95,13 +86,14 @@ def _vocab_size(model_dir: Path) -> int:
         return 0
 
 
-def model_path(cfg: Config) -> Path | None:
-    """Where `up` prepared the run's model (never built here: that is `up`'s job), if it is on this host."""
-    path = Path(cfg.model.path) if cfg.model.path else Path(cfg.run.run_dir) / "model"
-    return path if (path / "config.json").is_file() else None
-
-
-def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None:
+def _with_tokenizer(
+    checker: GroupChecker,
+    model_dir: Path,
+    templated: bool,
+    stop: list[str],
+    with_decode: bool,
+    episode_prompt_ids: Callable[[Any], Callable[[Prompt], list[int]]] | None,
+) -> None:
     loaded = threading.Event()
     box: dict[str, object] = {}
 
@@ -118,8 +110,6 @@ def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None
             loaded.set()
 
     threading.Thread(target=load, name="buffer-tokenizer", daemon=True).start()
-    templated = cfg.task.chat_template
-    stop = list(cfg.worker.sampling.stop)
 
     def encode(text: str) -> list[int] | None:
         from prl_actors.model.tokenizer import encode_prompt
@@ -137,37 +127,26 @@ def _with_tokenizer(checker: GroupChecker, cfg: Config, model_dir: Path) -> None
         return cut_at_stop(text, stop)  # the engines cut the text at a stop string, not the tokens
 
     checker.encode = encode
-    if cfg.task.multi_turn:  # prompt ids are the environment's reset rendered (envs_llm/registry.py)
-        checker.encode_row = _episode_prompt(cfg, loaded, box)
-    if cfg.worker.engine == "torch":
+    if episode_prompt_ids is not None:  # prompt ids are the environment's reset rendered (envs_llm/registry.py)
+        checker.encode_row = _episode_prompt(episode_prompt_ids, loaded, box)
+    if with_decode:
         checker.decode = decode
 
 
 def _episode_prompt(
-    cfg: Config, loaded: threading.Event, box: dict[str, object]
+    episode_prompt_ids: Callable[[Any], Callable[[Prompt], list[int]]], loaded: threading.Event, box: dict[str, object]
 ) -> Callable[[Prompt], list[int] | None]:
     """A multi-turn group's prompt ids as its engine renders them; None (unchecked) without a
     tokenizer or when the environment cannot be reset here."""
     made: dict[str, Callable[[Prompt], list[int]]] = {}
 
     def encode_row(row: Prompt) -> list[int] | None:
-        from prl_actors.envs_llm.registry import episode_prompt_ids
-        from prl_actors.tasks import load_task
-
         loaded.wait()
         if box.get("tok") is None:
             return None
         try:
             if "ids" not in made:
-                w = cfg.worker
-                task = load_task(
-                    cfg.task,
-                    cfg.run.seed,
-                    model_path=cfg.model.path,
-                    max_new_tokens=w.sampling.max_new_tokens,
-                    max_model_len=w.max_model_len if w.engine == "vllm" else None,
-                )
-                made["ids"] = episode_prompt_ids(cfg.task, box["tok"], task.reward)
+                made["ids"] = episode_prompt_ids(box["tok"])
             return made["ids"](row)
         except Exception:  # noqa: BLE001 - an environment that cannot load or reset here (its module elsewhere): unchecked
             return None

@@ -23,7 +23,7 @@ from prl_actors.engines.base import EngineBusy, Generated, GeneratedGroup, gener
 from prl_actors.training.sim import context_of, softmax  # the sim learner's policy: one definition
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
+    from prl_actors.engines.settings import EngineSettings
     from prl_actors.protocol.messages import Prompt
 
 
@@ -36,12 +36,12 @@ class _SimGroup:
 
 
 class SimEngine:
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg.sim
-        self.seed = cfg.run.seed
+    def __init__(self, settings: EngineSettings) -> None:
+        self.cfg = settings.sim
+        self.seed = settings.seed
         self.version = -1
         self.theta = np.zeros((self.cfg.arms, self.cfg.arms), dtype=np.float32)
-        self.max_rows = max(cfg.worker.max_batch_rows, cfg.worker.group_size)
+        self.max_rows = max(settings.worker.max_batch_rows, settings.worker.group_size)
         self.pending: deque[_SimGroup] = deque()
         self.running: list[_SimGroup] = []
 

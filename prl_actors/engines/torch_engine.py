@@ -34,8 +34,8 @@ from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.training.behaviour import Behaviour
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.engines.config import SamplingSection
+    from prl_actors.engines.settings import EngineSettings
     from prl_actors.protocol.messages import Prompt
 
 
@@ -72,18 +72,19 @@ def decode_impl(asked: str, device: torch.device, model: torch.nn.Module) -> tup
 class TorchEngine:
     """Engine protocol on a local HF model directory; holds exactly one weight version."""
 
-    def __init__(self, cfg: Config, model_dir: Path | str) -> None:
-        self.device = resolve_device(cfg.worker.device)
-        self.model = load_model(model_dir, self.device, cfg.model.dtype)
+    def __init__(self, settings: EngineSettings, model_dir: Path | str) -> None:
+        w = settings.worker
+        self.device = resolve_device(w.device)
+        self.model = load_model(model_dir, self.device, settings.dtype)
         self.tokenizer = load_tokenizer(model_dir)
-        self.templated = cfg.task.chat_template
-        self.seed = cfg.run.seed
+        self.templated = settings.chat_template
+        self.seed = settings.seed
         self.version = -1
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.eos_ids = self._eos_ids()
-        self.max_rows = max(cfg.worker.max_batch_rows, cfg.worker.group_size)
-        s = cfg.worker.sampling
-        self.impl, why = decode_impl(cfg.worker.impl, self.device, self.model)
+        self.max_rows = max(w.max_batch_rows, w.group_size)
+        s = w.sampling
+        self.impl, why = decode_impl(w.impl, self.device, self.model)
         kind = StaticBatch if self.impl == "gpu" else RunningBatch
         self.batch: RunningBatch | StaticBatch = kind(
             self.model,
@@ -94,8 +95,8 @@ class TorchEngine:
             max_new_tokens=s.max_new_tokens,
             stopper=self._stopper(s.stop),
         )
-        if "gpu" in (self.impl, cfg.worker.impl):  # the default CPU path says nothing new
-            self.batch.notes.append(("decode_path", {"impl": self.impl, "asked": cfg.worker.impl, "why": why}))
+        if "gpu" in (self.impl, w.impl):  # the default CPU path says nothing new
+            self.batch.notes.append(("decode_path", {"impl": self.impl, "asked": w.impl, "why": why}))
         self._sampling = s
         self.lora = AdapterHooks(self.model, model_dir)  # LoRA runs: adapters on the base (model/lora.py)
 

@@ -68,9 +68,11 @@ from prl_actors.model.tokenizer import encode_prompt, load_tokenizer
 from prl_actors.sections import ConfigError
 
 if TYPE_CHECKING:
-    from prl_actors.config import Config
     from prl_actors.engines.config import SamplingSection
+    from prl_actors.engines.settings import EngineSettings
     from prl_actors.protocol.messages import Prompt
+    from prl_actors.trainer.config import LoraSection
+    from prl_actors.worker.config import WorkerSection
 
 MISSING = "vLLM is not installed; pip install prl-actors[vllm] (CUDA) or run `make venv-vllm` (CPU build)"
 SHM = Path("/dev/shm")
@@ -98,19 +100,19 @@ def vllm_device() -> str:
     return str(current_platform.device_type)
 
 
-def check_vllm_setup(cfg: Config, model_dir: Path | str, workers: int = 1) -> None:
+def check_vllm_setup(worker: WorkerSection, model_dir: Path | str, workers: int = 1) -> None:
     """One-line ConfigErrors, before vLLM starts, for setups it would refuse with a long traceback:
     vLLM missing, `worker.device` of another kind than the installed build; on the CPU build, a head
     size its attention kernel lacks (it supports 32, 64, 80, ...; the built-in model's default
     64/4 = 16 is not among them) or `workers` x gpu_memory_utilization of the RAM not available."""
-    check_tensor_parallel(cfg.worker.tensor_parallel_size, model_dir)
+    check_tensor_parallel(worker.tensor_parallel_size, model_dir)
     import_vllm()
     kind = vllm_device()
-    if cfg.worker.device.split(":")[0] != kind:
-        raise ConfigError(f"worker.device is {cfg.worker.device!r} but the installed vLLM build runs on {kind!r}")
+    if worker.device.split(":")[0] != kind:
+        raise ConfigError(f"worker.device is {worker.device!r} but the installed vLLM build runs on {kind!r}")
     if kind == "cpu":
         _check_cpu_head_dim(model_dir)
-        _check_cpu_memory(cfg.worker.gpu_memory_utilization, workers)
+        _check_cpu_memory(worker.gpu_memory_utilization, workers)
 
 
 def check_tensor_parallel(tp: int, model_dir: Path | str) -> None:
@@ -182,11 +184,11 @@ def write_weights(state: Mapping[str, torch.Tensor], dtype: torch.dtype, version
     return path
 
 
-def lora_options(cfg: Config) -> dict[str, Any]:
+def lora_options(lora: LoraSection | None) -> dict[str, Any]:
     """The LLM(...) arguments of a LoRA run (none without trainer.lora): one adapter at a time."""
-    if cfg.trainer.lora is None:
+    if lora is None:
         return {}
-    r = cfg.trainer.lora.r
+    r = lora.r
     rank = next((x for x in VLLM_LORA_RANKS if x >= r), None)
     if rank is None:
         raise ConfigError(f"trainer.lora.r {r} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
@@ -262,33 +264,33 @@ def sampling_kwargs(s: SamplingSection, group_size: int) -> dict[str, Any]:
 class VllmEngine(OneCallStreaming):
     """Engine protocol on vLLM; holds exactly one weight version at a time."""
 
-    def __init__(self, cfg: Config, model_dir: Path | str) -> None:
+    def __init__(self, settings: EngineSettings, model_dir: Path | str) -> None:
         super().__init__()
-        check_vllm_setup(cfg, model_dir)
+        w = settings.worker
+        check_vllm_setup(w, model_dir)
         self._vllm = import_vllm()
-        w = cfg.worker
         self.llm = self._vllm.LLM(
             model=str(model_dir),
-            dtype=cfg.model.dtype,
-            seed=cfg.run.seed,
+            dtype=settings.dtype,
+            seed=settings.seed,
             gpu_memory_utilization=w.gpu_memory_utilization,
             enforce_eager=w.enforce_eager,
             max_model_len=w.max_model_len,
             tensor_parallel_size=w.tensor_parallel_size,  # unverified beyond 1 (no GPU): docs/DISTRIBUTED.md
             logprobs_mode="processed_logprobs",
             worker_extension_cls=EXTENSION,
-            **lora_options(cfg),
+            **lora_options(settings.lora),
         )
         self.model_dir = Path(model_dir)
-        self.lora_enabled = cfg.trainer.lora is not None
+        self.lora_enabled = settings.lora is not None
         self.lora_request: Any = None  # the LoRARequest of the loaded adapter (LoRA runs)
         self._fingerprint = ""
         self.tokenizer = load_tokenizer(model_dir)
-        self.templated = cfg.task.chat_template
+        self.templated = settings.chat_template
         self.expected = hf_shapes(model_dir)
-        self.dtype = resolve_dtype(cfg.model.dtype)
+        self.dtype = resolve_dtype(settings.dtype)
         self.sampling = w.sampling
-        self.seed = cfg.run.seed
+        self.seed = settings.seed
         self.version = -1
 
     def load_weights(self, version: int, tensors: Mapping[str, Any]) -> None:

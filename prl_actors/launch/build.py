@@ -1,8 +1,8 @@
 """From the run's Config to the parts the libraries build: the one place that unpacks the root config for them.
 
-The libraries (tasks/, model/, envs_llm/) take their own sections and plain values; launch/, cli/,
-the benchmarks and the tests hold a whole `Config` and come here. Imports are lazy: `up` reaches the
-task and the model directory without importing torch unless a model must be built.
+The libraries (tasks/, model/, envs_llm/, engines/, buffer/) take their own sections and plain
+values; launch/, cli/, the benchmarks and the tests hold a whole `Config` and come here. Imports are
+lazy: `up` reaches the task and the model directory without importing torch unless a model must be built.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from prl_actors.buffer.group_check import GroupChecker
     from prl_actors.config import Config
+    from prl_actors.engines.base import Engine
+    from prl_actors.engines.settings import EngineSettings
+    from prl_actors.protocol.messages import Prompt
     from prl_actors.tasks.base import Task
 
 
@@ -70,3 +74,120 @@ def model_key(cfg: Config) -> str:
     from prl_actors.model.dirs import builtin_key
 
     return builtin_key(cfg.model, cfg.task, cfg.run.seed)
+
+
+def engine_settings(cfg: Config) -> EngineSettings:
+    """What the engines read of the run's config (engines/settings.py)."""
+    from prl_actors.engines.settings import EngineSettings
+
+    return EngineSettings(
+        worker=cfg.worker,
+        dtype=cfg.model.dtype,
+        chat_template=cfg.task.chat_template,
+        seed=cfg.run.seed,
+        lora=cfg.trainer.lora,
+        sim=cfg.sim,
+    )
+
+
+def engine(cfg: Config, model_dir: Path | None) -> Engine:
+    """The run's engine (engines/registry.make_engine: torch / vllm need the model directory, sim
+    none), playing the task's episodes for a multi-turn task (engines/registry.multi_turn_engine)."""
+    from prl_actors.engines.registry import make_engine, multi_turn_engine
+
+    settings = engine_settings(cfg)
+    made = make_engine(settings, model_dir)
+    if not cfg.task.multi_turn or cfg.worker.engine == "sim":
+        return made
+    from prl_actors.tasks.registry import load_task
+
+    w = cfg.worker
+    loaded = load_task(
+        cfg.task,
+        cfg.run.seed,
+        model_path=cfg.model.path,
+        max_new_tokens=w.sampling.max_new_tokens,
+        max_model_len=w.max_model_len if w.engine == "vllm" else None,
+    )
+    return multi_turn_engine(made, settings, cfg.task, loaded.reward)
+
+
+def check_engine(cfg: Config, model_dir: Path | None, workers: int = 1) -> None:
+    """Refuse, with one ConfigError line, an engine setup that would only fail inside the start-up
+    of `workers` workers on this host (`up` calls it before it starts any): vLLM missing, on another
+    device kind, unable to run the model's attention on CPU, or short of RAM on CPU."""
+    from prl_actors.sections import ConfigError
+
+    if cfg.task.multi_turn and cfg.worker.engine == "sim":
+        raise ConfigError("multi-turn tasks (task.environment, task.tools, guess) need worker.engine torch or vllm")
+    if cfg.worker.engine == "vllm" and model_dir is not None:
+        from prl_actors.engines.vllm_engine import check_vllm_setup
+
+        check_vllm_setup(cfg.worker, model_dir, workers)
+
+
+def checker_model_dir(cfg: Config) -> Path | None:
+    """Where `up` prepared the run's model (never built here: that is `up`'s job), if it is on this host."""
+    path = Path(cfg.model.path) if cfg.model.path else Path(cfg.run.run_dir) / "model"
+    return path if (path / "config.json").is_file() else None
+
+
+def group_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
+    """The buffer's GroupChecker for the run (buffer/group_check_setup.py): what its engine produces,
+    so honest groups pass; the model's checks only with `model_dir` (see `checker_model_dir`)."""
+    from prl_actors.buffer.group_check import GroupChecker
+    from prl_actors.buffer.group_check_setup import epoch_prompts, simulated, with_model
+    from prl_actors.tasks import load_task
+
+    w = cfg.worker
+    loaded = load_task(
+        cfg.task,
+        cfg.run.seed,
+        model_path=cfg.model.path,
+        max_new_tokens=w.sampling.max_new_tokens,
+        max_model_len=w.max_model_len if w.engine == "vllm" else None,
+        sim_arms=cfg.sim.arms if w.engine == "sim" else None,
+    )
+    checker = GroupChecker(
+        prompt_of=epoch_prompts(loaded, cfg.coordinator),
+        score=loaded.score if cfg.buffer.verify_rewards else None,
+        length_penalty=loaded.length_penalty,
+        reward_tolerance=cfg.buffer.reward_tolerance,
+    )
+    if w.engine == "sim":
+        return simulated(checker, cfg.sim)
+    checker.max_response_tokens = w.sampling.max_new_tokens
+    if cfg.task.multi_turn:  # every model turn bounded, max_turns of them
+        checker.max_response_tokens = cfg.task.max_turns * (cfg.task.max_turn_tokens or w.sampling.max_new_tokens)
+    if model_dir is not None:
+        episode = _episode_prompt_ids(cfg) if cfg.task.multi_turn else None
+        with_model(
+            checker,
+            model_dir,
+            templated=cfg.task.chat_template,
+            stop=list(w.sampling.stop),
+            decode=w.engine == "torch",
+            episode_prompt_ids=episode,
+        )
+    return checker
+
+
+def _episode_prompt_ids(cfg: Config) -> Callable[[Any], Callable[[Prompt], list[int]]]:
+    """tokenizer -> (row -> the prompt ids of a multi-turn group, as its engine renders them:
+    the environment's reset, envs_llm/registry.episode_prompt_ids)."""
+
+    def make(tokenizer: Any) -> Callable[[Prompt], list[int]]:
+        from prl_actors.envs_llm.registry import episode_prompt_ids
+        from prl_actors.tasks import load_task
+
+        w = cfg.worker
+        loaded = load_task(
+            cfg.task,
+            cfg.run.seed,
+            model_path=cfg.model.path,
+            max_new_tokens=w.sampling.max_new_tokens,
+            max_model_len=w.max_model_len if w.engine == "vllm" else None,
+        )
+        return episode_prompt_ids(cfg.task, tokenizer, loaded.reward)
+
+    return make

@@ -104,9 +104,7 @@ def build_core(name: str, cfg: Config, log: EventLog, quiet: bool = False) -> Co
         shm = ShmPublisher() if cfg.publisher.shm else None
         return PublisherCore(name, log, cfg.publisher.chunk_bytes, cfg.publisher.transfer_timeout_s, shm)
     if role == "buffer":
-        from prl_actors.buffer.group_check_setup import build_checker, model_path
-
-        checker = build_checker(cfg, model_path(cfg))
+        checker = build.group_checker(cfg, build.checker_model_dir(cfg))
         return BufferCore(
             name,
             log,
@@ -230,10 +228,8 @@ def _make_engine(cfg: Config) -> Engine:
     if cfg.worker.engine == "sim":
         from prl_actors.engines.sim import SimEngine
 
-        return SimEngine(cfg)
-    from prl_actors.engines.registry import make_engine
-
-    return make_engine(cfg, model_dir(cfg))
+        return SimEngine(build.engine_settings(cfg))
+    return build.engine(cfg, model_dir(cfg))
 
 
 def socket_limits(role: str, cfg: Config) -> Limits:
