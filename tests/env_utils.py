@@ -7,8 +7,8 @@ from typing import Any
 
 import zmq
 
-from prl_actors.classic.envs.hub import start_env_actor
 from prl_actors.config import Config, load_config
+from prl_actors.launch.classic import start_env
 from prl_actors.runtime.core import ActorHost
 from tests.conftest import port_base
 
@@ -43,7 +43,7 @@ class EnvActors:
             self.add(f"env-{i}")
 
     def add(self, name: str) -> None:
-        self.hosts[name] = start_env_actor(name, self.cfg, self.ctx, self.log_dir)
+        self.hosts[name] = start_env(name, self.cfg, self.ctx, self.log_dir)
 
     def kill(self, name: str) -> None:
         """Like SIGKILL: no Leave; the learner must notice the silence."""

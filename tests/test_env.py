@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from prl_actors.classic.envs.client import EnvClient
+from prl_actors.launch.classic import env_client
 from prl_actors.replay.checks import env_checks
 from prl_actors.replay.events import load_run
 from tests.env_utils import EnvActors, env_config
@@ -27,7 +27,7 @@ def _reference(n: int) -> gym.vector.SyncVectorEnv:
 def remote(run_dir: Path):  # type: ignore[no-untyped-def]
     cfg = env_config(run_dir)
     ctx = zmq.Context()
-    envs = EnvClient.from_config(cfg, ctx=ctx, log_dir=run_dir / "logs")
+    envs = env_client(cfg, ctx=ctx, log_dir=run_dir / "logs")
     actors = EnvActors(cfg, ctx, 2)
     yield envs, actors
     envs.close()
@@ -97,7 +97,8 @@ def test_killed_env_actor_loses_no_step(remote, run_dir: Path) -> None:  # type:
 
 def _acting_run(run_dir: Path, threshold: float, updates: int = 5) -> list[dict]:
     from prl_actors.classic.envs.detach import train_acting
-    from prl_actors.classic.envs.hub import Hub, learner_settings
+    from prl_actors.classic.envs.hub import Hub
+    from prl_actors.launch.classic import env_section, learner_settings
 
     ppo = {"num_steps": 8, "total_timesteps": 4 * 8 * updates, "update_epochs": 2, "stop_when_solved": False}
     cfg = env_config(run_dir, mode="acting", num_envs=4, sync_kl_threshold=threshold, ppo=ppo)
@@ -108,7 +109,7 @@ def _acting_run(run_dir: Path, threshold: float, updates: int = 5) -> list[dict]
     actors = EnvActors(cfg, ctx, 2)
     rows: list[dict] = []
     try:
-        result = train_acting(hub, cfg, rows.append)
+        result = train_acting(hub, env_section(cfg), cfg.run.seed, rows.append)
     finally:
         hub.close()
         actors.close()

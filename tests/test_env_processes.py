@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from prl_actors.classic.envs.client import EnvClient
+from prl_actors.launch.classic import env_client
 from prl_actors.transport.auth import close_context, create_keys, run_key_names
 from tests.env_utils import env_config
 
@@ -36,7 +36,7 @@ def test_killed_env_process_loses_no_step_and_a_joiner_takes_slots(run_dir: Path
     (run_dir / "config.yaml").write_text(cfg.dump())
     create_keys(cfg.keys_path(), [*run_key_names(), "env-0", "env-1", "env-2"])  # as `up` does (CurveZMQ on tcp)
     ctx = zmq.Context()
-    envs = EnvClient.from_config(cfg, ctx=ctx, log_dir=run_dir / "logs")
+    envs = env_client(cfg, ctx=ctx, log_dir=run_dir / "logs")
     procs = {n: _spawn(run_dir / "config.yaml", n) for n in ("env-0", "env-1")}
     lost = np.zeros(6, dtype=int)
     try:

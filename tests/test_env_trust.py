@@ -12,6 +12,7 @@ import numpy as np
 import zmq
 
 from prl_actors.classic.envs.client import EnvClient
+from prl_actors.launch.classic import env_client
 from prl_actors.protocol import decode, encode
 from prl_actors.protocol import messages as m
 from prl_actors.transport.auth import close_context, create_keys, run_key_names
@@ -39,7 +40,7 @@ def test_the_learner_refuses_strangers_and_impostors_and_keeps_stepping(run_dir:
     assert cfg.authenticated()
     create_keys(cfg.keys_path(), [*run_key_names(), "env-0", "env-1", "env-evil"])  # as `up` (+ a leaked key)
     ctx, attack = zmq.Context(), zmq.Context()
-    envs = EnvClient.from_config(cfg, ctx=ctx, log_dir=run_dir / "logs")
+    envs = env_client(cfg, ctx=ctx, log_dir=run_dir / "logs")
     actors = EnvActors(cfg, ctx, 2)
     try:
         envs.reset(seed=0)

@@ -295,7 +295,8 @@ def test_env_cli_mistakes_get_one_clear_line(args: list[str], needle: str) -> No
 def test_a_busy_learner_port_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import zmq
 
-    from prl_actors.classic.envs.hub import EnvUnavailable, Hub, learner_settings
+    from prl_actors.classic.envs.hub import EnvUnavailable, Hub
+    from prl_actors.launch.classic import learner_settings
     from tests.env_utils import env_config
 
     cfg = env_config(tmp_path, transport="tcp")
@@ -314,7 +315,8 @@ def test_a_hub_closed_under_a_busy_core_keeps_its_context(tmp_path) -> None:  # 
     process); a core that has not stopped in time keeps it, and a later close ends both."""
     import threading
 
-    from prl_actors.classic.envs.hub import Hub, learner_settings
+    from prl_actors.classic.envs.hub import Hub
+    from prl_actors.launch.classic import learner_settings
     from tests.env_utils import env_config
 
     hub = Hub(learner_settings(env_config(tmp_path)))

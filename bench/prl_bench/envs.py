@@ -100,10 +100,10 @@ def local_rate(n: int, steps: int, repeats: int) -> float:
 
 
 def remote_rate(work: Path, n: int, steps: int, repeats: int, port: int, auth: str) -> float:
-    from prl_actors.classic.envs.client import EnvClient
+    from prl_actors.launch.classic import env_client
 
     cfg, path = _env_config(work, n, port, auth)
-    envs = EnvClient.from_config(cfg)
+    envs = env_client(cfg)
     procs = [_spawn_env(path, f"env-{i}") for i in range(ACTORS)]
     try:
         return _rate(envs, n, steps, repeats)
@@ -191,8 +191,9 @@ def _aaps_inproc(run_dir: Path, threshold: float) -> list[dict[str, Any]]:
     import zmq
 
     from prl_actors.classic.envs.detach import train_acting
-    from prl_actors.classic.envs.hub import Hub, learner_settings, start_env_actor
+    from prl_actors.classic.envs.hub import Hub
     from prl_actors.config import load_config
+    from prl_actors.launch.classic import env_section, learner_settings, start_env
 
     env = {"actors": 2, "num_envs": 4, "sync_kl_threshold": threshold, "ppo": {"num_steps": 8, "total_timesteps": 64}}
     cfg = load_config(
@@ -200,10 +201,10 @@ def _aaps_inproc(run_dir: Path, threshold: float) -> list[dict[str, Any]]:
     )
     ctx = zmq.Context()
     hub = Hub(learner_settings(cfg), ctx)
-    hosts = [start_env_actor(f"env-{i}", cfg, ctx) for i in range(2)]
+    hosts = [start_env(f"env-{i}", cfg, ctx) for i in range(2)]
     rows: list[dict[str, Any]] = []
     try:
-        train_acting(hub, cfg, rows.append)
+        train_acting(hub, env_section(cfg), cfg.run.seed, rows.append)
     finally:
         hub.close()
         for h in hosts:

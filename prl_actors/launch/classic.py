@@ -30,10 +30,87 @@ from prl_actors.runtime.threads import env_threads, set_torch_threads
 from prl_actors.transport.auth import close_context, create_keys
 
 if TYPE_CHECKING:
+    from prl_actors.classic.envkit.settings import EnvSection
+    from prl_actors.classic.envs.client import EnvClient
+    from prl_actors.classic.learner_acting import LearnerSettings
     from prl_actors.config import Config
+    from prl_actors.runtime.core import ActorHost
+    from prl_actors.transport.auth import Security
+    from prl_actors.transport.port import Limits
 
 ENV_ROLES = ("learner", "env")
 ENV_STOP_GRACE_S = 5.0  # an env actor's clean stop (Leave), the learner's after a stop signal
+
+
+def env_section(cfg: Config) -> EnvSection:
+    if cfg.env is None:
+        raise ValueError("the config has no `env` section (see configs/cartpole.yaml)")
+    return cfg.env
+
+
+def env_transport(cfg: Config, name: str) -> tuple[Security | None, Limits]:
+    """The CurveZMQ settings (None: transport.auth none, or inproc) and frame bounds of the env-plane
+    actor `name` (the learner, or an env actor)."""
+    from prl_actors.classic.envs import hub
+
+    _, bulk = cfg.message_limits()
+    return hub.env_transport(name, bulk, cfg.keys_path() if cfg.authenticated() else None)
+
+
+def learner_settings(cfg: Config, mode: str | None = None) -> LearnerSettings:
+    """The learner core's settings from the config (the spaces from one local env instance)."""
+    import uuid
+
+    from prl_actors.classic.envs.hub import obs_space
+    from prl_actors.classic.learner_acting import LearnerSettings
+
+    env = env_section(cfg)
+    shape, dtype = obs_space(env.env_id)
+    return LearnerSettings(
+        run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
+        mode=mode or env.mode,
+        env_id=env.env_id,
+        num_envs=env.num_envs,
+        obs_shape=shape,
+        obs_dtype=dtype,
+        address=cfg.address("learner"),
+        seed=cfg.run.seed,
+        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
+        heartbeat_timeout_s=cfg.coordinator.heartbeat_timeout_s,
+        step_timeout_s=env.step_timeout_s,
+        wait_actors=max(1, env.actors),
+        wait_actors_s=env.wait_actors_s,
+        steps_per_segment=env.ppo.num_steps,
+        chunk_bytes=cfg.publisher.chunk_bytes,
+        round_timeout_s=env.round_timeout_s,
+    )
+
+
+def env_client(cfg: Config, ctx: zmq.SyncContext | None = None, log_dir: Path | None = None) -> EnvClient:
+    """The learner's `EnvClient` (remote mode): binds the learner address; env actors connect to it."""
+    from prl_actors.classic.envs.client import EnvClient
+
+    assert cfg.env is not None
+    security, limits = env_transport(cfg, "learner")
+    return EnvClient(learner_settings(cfg, mode="remote"), ctx, log_dir, cfg.env.call_timeout_s, security, limits)
+
+
+def start_env(name: str, cfg: Config, ctx: zmq.SyncContext, log_dir: Path | None = None) -> ActorHost:
+    """Build and start one env actor of the run (connects to the learner); returns its host."""
+    from prl_actors.classic.env_actor import EnvActorSettings
+    from prl_actors.classic.envs.hub import start_env_actor
+
+    env = env_section(cfg)
+    settings = EnvActorSettings(
+        seed=cfg.run.seed,
+        sync_kl_threshold=env.sync_kl_threshold,
+        kl_obs_per_env=env.kl_obs_per_env,
+        fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
+        learner_timeout_s=env.learner_timeout_s,
+    )
+    security, limits = env_transport(cfg, name)
+    heartbeat_s = cfg.coordinator.heartbeat_interval_s
+    return start_env_actor(name, settings, ctx, cfg.address("learner"), heartbeat_s, security, limits, log_dir)
 
 
 def run_learner(cfg: Config, quiet: bool = False) -> int:
@@ -45,20 +122,19 @@ def run_learner(cfg: Config, quiet: bool = False) -> int:
     emit = _emitter(rd, quiet)
     if cfg.env.mode == "remote":
         from prl_actors.classic.envkit.ppo import train_vector
-        from prl_actors.classic.envs.client import EnvClient
 
-        envs = EnvClient.from_config(cfg, log_dir=rd.logs)
+        envs = env_client(cfg, log_dir=rd.logs)
         try:
             result = train_vector(envs, cfg.env.ppo, cfg.run.seed, emit)
         finally:
             envs.close()
     else:
         from prl_actors.classic.envs.detach import train_acting
-        from prl_actors.classic.envs.hub import Hub, env_transport, learner_settings
+        from prl_actors.classic.envs.hub import Hub
 
         hub = Hub(learner_settings(cfg), None, rd.logs, *env_transport(cfg, "learner"))
         try:
-            result = train_acting(hub, cfg, emit)
+            result = train_acting(hub, cfg.env, cfg.run.seed, emit)
         finally:
             hub.close("completed")
     console(final_line(result))
@@ -93,13 +169,12 @@ def _emitter(rd: RunDir, quiet: bool) -> Any:
 
 def run_env_actor(name: str, cfg: Config) -> int:
     """One env actor until the learner shuts it down; SIGTERM/SIGINT: leave gracefully first."""
-    from prl_actors.classic.envs.hub import start_env_actor
     from prl_actors.launch.process import serve_until_stopped
 
     if cfg.env is not None and cfg.env.mode == "acting":
         set_torch_threads(env_threads(cfg.env))
     ctx = zmq.Context()
-    host = start_env_actor(name, cfg, ctx, RunDir(Path(cfg.run.run_dir)).logs)
+    host = start_env(name, cfg, ctx, RunDir(Path(cfg.run.run_dir)).logs)
     try:
         stuck = serve_until_stopped(host, ENV_STOP_GRACE_S)
     finally:

@@ -7,9 +7,11 @@ local vector env cannot do, it reports instead of hiding: when an env actor is l
 slot's step returns `truncated=True` at its last observation with `infos["env_lost"]` set, and the next
 step resets it on another env actor (exactly the NEXT_STEP contract after a truncation).
 
-    envs = EnvClient.from_config(cfg)        # binds the learner address; env actors connect to it
+    envs = EnvClient(settings)               # binds the learner address; env actors connect to it
     obs, infos = envs.reset(seed=1)
     obs, rewards, terminated, truncated, infos = envs.step(actions)
+
+launch/classic.py's `env_client(cfg)` builds one from the run's config (settings, keys, frame bounds).
 
 Per-env `info` dicts of the sub-environments are not carried (CartPole has none); `options` and
 `reset_mask` are refused, as are the SAME_STEP and DISABLED autoreset modes.
@@ -27,12 +29,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from prl_actors.classic.envkit.local import UNSEEDED
-from prl_actors.classic.envs.hub import Hub, env_transport, learner_settings
+from prl_actors.classic.envs.hub import Hub
 from prl_actors.transport.port import Limits
 
 if TYPE_CHECKING:
     from prl_actors.classic.learner_acting import LearnerSettings
-    from prl_actors.config import Config
     from prl_actors.transport.auth import Security
 
 
@@ -60,12 +61,6 @@ class EnvClient(VectorEnv):  # type: ignore[misc]
         self.call_timeout_s = call_timeout_s
         self.hub = Hub(settings, ctx, log_dir, security, limits)
         self._was_reset = False
-
-    @classmethod
-    def from_config(cls, cfg: Config, ctx: zmq.SyncContext | None = None, log_dir: Path | None = None) -> EnvClient:
-        assert cfg.env is not None
-        security, limits = env_transport(cfg, "learner")
-        return cls(learner_settings(cfg, mode="remote"), ctx, log_dir, cfg.env.call_timeout_s, security, limits)
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None) -> Any:
         if options:

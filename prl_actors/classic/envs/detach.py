@@ -24,8 +24,8 @@ from prl_actors.weights.transfer import Snapshot
 
 if TYPE_CHECKING:
     from prl_actors.classic.envkit.rounds import RoundBatch
+    from prl_actors.classic.envkit.settings import EnvSection
     from prl_actors.classic.envs.hub import Hub
-    from prl_actors.config import Config
 
 
 class _Spaces:
@@ -45,16 +45,16 @@ def publish(hub: Hub, agent: Agent, version: int) -> None:
     hub.tell(lambda now: hub.core.publish(now, version, snap, lambda obs: logits_of(frozen, obs)))
 
 
-def train_acting(hub: Hub, cfg: Config, emit: Row) -> dict[str, Any]:
-    assert cfg.env is not None
-    p, seed = cfg.env.ppo, cfg.run.seed
-    agent, opt = make_agent(_Spaces(cfg.env.env_id), p, seed)
+def train_acting(hub: Hub, env: EnvSection, seed: int, emit: Row) -> dict[str, Any]:
+    """PPO under DETACH: the env section's `ppo` settings, run seed `seed`; returns the run's result."""
+    p = env.ppo
+    agent, opt = make_agent(_Spaces(env.env_id), p, seed)
     gen = torch.Generator().manual_seed(seed)
     returns = Returns(p)
     version, steps, updates, t0 = INITIAL_VERSION, 0, 0, time.monotonic()
     publish(hub, agent, version)
     while steps < p.total_timesteps and not (p.stop_when_solved and returns.solved):
-        batch: RoundBatch = hub.call(lambda now, done: hub.core.next_round(now, done), cfg.env.call_timeout_s, "round")
+        batch: RoundBatch = hub.call(lambda now, done: hub.core.next_round(now, done), env.call_timeout_s, "round")
         ro = Rollout.concat([s.arrays for s in batch.segments])
         for seg in batch.segments:
             returns.add(seg.returns)

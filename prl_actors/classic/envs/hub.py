@@ -3,7 +3,8 @@
 The main thread (a PPO loop) never touches the core's state: `Hub.call(fn)` queues `fn(now, done)` as
 a `Deferred` item in the actor's inbox and blocks until the core calls `done(result)` (or the timeout
 passes, which is an `EnvUnavailable` error with the reason). Env actors are started here too
-(`start_env_actor`), in this process over inproc:// for tests, or one per OS process (launch/classic.py).
+(`start_env_actor`), in this process over inproc:// for tests, or one per OS process; launch/classic.py
+composes their settings, addresses and keys from the run's config.
 
 Trust (docs/SECURITY.md): on tcp/ipc the learner's ROUTER is a CurveZMQ server with the `learner` key
 and every env actor a client with its own key (`env-N`, else the `env` role key) from the run's key
@@ -17,12 +18,11 @@ import contextlib
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pykka
 import zmq
@@ -36,20 +36,16 @@ from prl_actors.runtime.core import ActorHost, Deferred
 from prl_actors.transport.auth import KeyStore, Security, close_context
 from prl_actors.transport.port import Limits
 
-if TYPE_CHECKING:
-    from prl_actors.config import Config
-
 ENV_FRAME_BYTES = 64 << 20  # largest frame on the env plane (a segment's obs array, a policy chunk)
 
 
-def env_transport(cfg: Config, name: str) -> tuple[Security | None, Limits]:
-    """The CurveZMQ settings (None: transport.auth none, or inproc) and frame bounds of the env-plane
-    actor `name` (the learner, or an env actor)."""
-    _, bulk = cfg.message_limits()
-    limits = Limits(max_msg_bytes=max(bulk, ENV_FRAME_BYTES))
-    if not cfg.authenticated():
+def env_transport(name: str, bulk_bytes: int, keys_dir: Path | None) -> tuple[Security | None, Limits]:
+    """The CurveZMQ settings (None: no key directory, i.e. transport.auth none, or inproc) and frame bounds
+    of the env-plane actor `name` (the learner, or an env actor); `bulk_bytes`: the run's bulk frame bound."""
+    limits = Limits(max_msg_bytes=max(bulk_bytes, ENV_FRAME_BYTES))
+    if keys_dir is None:
         return None, limits
-    security = Security(KeyStore(cfg.keys_path()), name)
+    security = Security(KeyStore(keys_dir), name)
     security.store.public("learner")  # a missing key file is a clear error here, not in the port thread
     return security, limits
 
@@ -58,39 +54,14 @@ class EnvUnavailable(RuntimeError):
     """A vector call could not finish (no env actor, or the learner core stopped)."""
 
 
-def learner_settings(cfg: Config, mode: str | None = None) -> LearnerSettings:
-    """The learner core's settings from the config (the spaces from one local env instance)."""
-    env = _env_section(cfg)
-    probe = make_env(env.env_id)
+def obs_space(env_id: str) -> tuple[tuple[int, ...], str]:
+    """The observation shape and dtype of `env_id` (from one local env instance)."""
+    probe = make_env(env_id)
     try:
         space = probe.observation_space
-        shape, dtype = tuple(int(d) for d in space.shape), str(space.dtype)
+        return tuple(int(d) for d in space.shape), str(space.dtype)
     finally:
         probe.close()
-    return LearnerSettings(
-        run_id=f"{cfg.run.name}-{uuid.uuid4().hex[:8]}",
-        mode=mode or env.mode,
-        env_id=env.env_id,
-        num_envs=env.num_envs,
-        obs_shape=shape,
-        obs_dtype=dtype,
-        address=cfg.address("learner"),
-        seed=cfg.run.seed,
-        heartbeat_interval_s=cfg.coordinator.heartbeat_interval_s,
-        heartbeat_timeout_s=cfg.coordinator.heartbeat_timeout_s,
-        step_timeout_s=env.step_timeout_s,
-        wait_actors=max(1, env.actors),
-        wait_actors_s=env.wait_actors_s,
-        steps_per_segment=env.ppo.num_steps,
-        chunk_bytes=cfg.publisher.chunk_bytes,
-        round_timeout_s=env.round_timeout_s,
-    )
-
-
-def _env_section(cfg: Config) -> Any:
-    if cfg.env is None:
-        raise ValueError("the config has no `env` section (see configs/cartpole.yaml)")
-    return cfg.env
 
 
 class Hub:
@@ -164,22 +135,21 @@ def _ipc_dir(address: str) -> None:
         Path(address.removeprefix("ipc://")).parent.mkdir(parents=True, exist_ok=True)
 
 
-def start_env_actor(name: str, cfg: Config, ctx: zmq.SyncContext, log_dir: Path | None = None) -> ActorHost:
-    """Build and start one env actor (connects to the learner); returns its host."""
-    env = _env_section(cfg)
+def start_env_actor(
+    name: str,
+    settings: EnvActorSettings,
+    ctx: zmq.SyncContext,
+    learner_address: str,
+    heartbeat_s: float,
+    security: Security | None = None,
+    limits: Limits = Limits(),
+    log_dir: Path | None = None,
+) -> ActorHost:
+    """Build and start one env actor (connects to the learner at `learner_address`); returns its host."""
     log = EventLog(name, "env", (log_dir / f"{name}.jsonl") if log_dir else None)
     log("actor_start", pid=os.getpid(), host=socket.gethostname(), address="")
-    settings = EnvActorSettings(
-        seed=cfg.run.seed,
-        sync_kl_threshold=env.sync_kl_threshold,
-        kl_obs_per_env=env.kl_obs_per_env,
-        fetch_timeout_s=cfg.worker.weight_fetch_timeout_s,
-        learner_timeout_s=env.learner_timeout_s,
-    )
     core = EnvCore(name, log, SlotEnvs(), settings)
-    peers = {"learner": cfg.address("learner")}
-    security, limits = env_transport(cfg, name)
-    heartbeat_s = cfg.coordinator.heartbeat_interval_s
+    peers = {"learner": learner_address}
     ref = ActorHost.start(core, ctx, None, peers, heartbeat_s=heartbeat_s, limits=limits, security=security)
     host = ref._actor_weakref()
     assert host is not None
