@@ -248,7 +248,7 @@ def _check_task(cfg: Any) -> Any:
         if cfg.eval.every_epochs > 0:  # a bad eval.prompts_file is refused here too, not in the coordinator
             from prl_actors.coordinator.evaluation import eval_items
 
-            if not eval_items(cfg, task.items):
+            if not eval_items(cfg.eval, cfg.task, cfg.model.path, cfg.run.seed, task.items):
                 raise ConfigError("eval: no eval prompts (eval.prompts_file is empty)")
     except ConfigError as exc:
         fail(str(exc))

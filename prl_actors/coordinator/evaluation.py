@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,10 @@ from prl_actors.protocol.messages import EvalGroup, Prompt
 from prl_actors.records.rundir import EVAL, eval_path
 
 PASS_REWARD = 1.0  # a sample "passes" when its reward reaches this (the built-in tasks' exact match)
+
+if TYPE_CHECKING:
+    from prl_actors.coordinator.config import EvalSection
+    from prl_actors.tasks.config import TaskSection
 
 
 @dataclass
@@ -85,21 +89,23 @@ def summarize(groups: Sequence[EvalGroup], k: int) -> dict[str, float]:
     return out
 
 
-def eval_items(cfg: Any, task_items: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
+def eval_items(
+    ev: EvalSection, task: TaskSection, model_path: str | None, seed: int, task_items: list[tuple[str, str]]
+) -> list[tuple[str, str, int]]:
     """The eval prompts as (prompt, answer, row index): `eval.prompts_file` (read like a jsonl task; no
     row of the task's data, so rewards that read row columns get none), else `eval.num_prompts` of the
     task's items drawn with a seed of their own, with their row index (deterministic; the training
     sampler is not touched, so enabling eval never changes what is trained)."""
-    if cfg.eval.prompts_file:
+    if ev.prompts_file:
         from prl_actors.sections import ConfigError
         from prl_actors.tasks.dataset import load_items
 
         try:
-            return [(p, a, -1) for p, a in load_items(cfg.task, cfg.model.path, cfg.eval.prompts_file, "prompt")]
+            return [(p, a, -1) for p, a in load_items(task, model_path, ev.prompts_file, "prompt")]
         except ConfigError as exc:
             raise ConfigError(f"eval.prompts_file: {exc}") from None
-    n = min(cfg.eval.num_prompts, len(task_items))
-    rng = np.random.default_rng([int(cfg.run.seed), 0xE7A1])
+    n = min(ev.num_prompts, len(task_items))
+    rng = np.random.default_rng([int(seed), 0xE7A1])
     picks = sorted(rng.choice(len(task_items), size=n, replace=False).tolist())
     return [(task_items[i][0], task_items[i][1], i) for i in picks]
 

@@ -172,7 +172,12 @@ def _eval_parts(cfg: Config, task: Any, run_dir: Path, quiet: bool) -> tuple[Any
     from prl_actors.coordinator.evaluation import EvalPlan, done_epochs, eval_items
 
     done = done_epochs(run_dir) if cfg.run.resume else set()
-    plan = EvalPlan(eval_items(cfg, task.items), cfg.eval.samples, cfg.eval.every_epochs, done)
+    plan = EvalPlan(
+        eval_items(cfg.eval, cfg.task, cfg.model.path, cfg.run.seed, task.items),
+        cfg.eval.samples,
+        cfg.eval.every_epochs,
+        done,
+    )
     return plan, RunDir(run_dir, echo=not quiet)
 
 
