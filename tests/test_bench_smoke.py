@@ -196,8 +196,9 @@ def test_replay_timeline_without_matplotlib_is_one_error_line(
 
 
 HARNESS = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: a background job ignores it
 from prl_bench.common import run_up
 pid_file = Path(sys.argv[1])
 sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
