@@ -23,10 +23,20 @@ if TYPE_CHECKING:
 def task(cfg: Config) -> Task:
     """The run's task (tasks/registry.load_task); on `run.resume` (not the sim engine), refused when
     its data are not those of the checkpoint to resume from (data/position.py)."""
-    from prl_actors.tasks.registry import check_resume, load_task
+    from prl_actors.tasks.registry import check_resume
+
+    loaded = _load_task(cfg)
+    if cfg.run.resume and cfg.worker.engine != "sim":
+        check_resume(loaded, cfg.run.run_dir, cfg.coordinator.groups_per_epoch, stride(cfg))
+    return loaded
+
+
+def _load_task(cfg: Config) -> Task:
+    """tasks/registry.load_task with the run's settings (no resume check: `task` adds it)."""
+    from prl_actors.tasks.registry import load_task
 
     w = cfg.worker
-    loaded = load_task(
+    return load_task(
         cfg.task,
         cfg.run.seed,
         model_path=cfg.model.path,
@@ -34,9 +44,6 @@ def task(cfg: Config) -> Task:
         max_model_len=w.max_model_len if w.engine == "vllm" else None,
         sim_arms=cfg.sim.arms if w.engine == "sim" else None,
     )
-    if cfg.run.resume and w.engine != "sim":
-        check_resume(loaded, cfg.run.run_dir, cfg.coordinator.groups_per_epoch, stride(cfg))
-    return loaded
 
 
 def stride(cfg: Config) -> int:
@@ -99,16 +106,8 @@ def engine(cfg: Config, model_dir: Path | None) -> Engine:
     made = make_engine(settings, model_dir)
     if not cfg.task.multi_turn or cfg.worker.engine == "sim":
         return made
-    from prl_actors.tasks.registry import load_task
 
-    w = cfg.worker
-    loaded = load_task(
-        cfg.task,
-        cfg.run.seed,
-        model_path=cfg.model.path,
-        max_new_tokens=w.sampling.max_new_tokens,
-        max_model_len=w.max_model_len if w.engine == "vllm" else None,
-    )
+    loaded = _load_task(cfg)
     return multi_turn_engine(made, settings, cfg.task, loaded.reward)
 
 
@@ -137,17 +136,9 @@ def group_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
     so honest groups pass; the model's checks only with `model_dir` (see `checker_model_dir`)."""
     from prl_actors.buffer.group_check import GroupChecker
     from prl_actors.buffer.group_check_setup import epoch_prompts, simulated, with_model
-    from prl_actors.tasks import load_task
 
     w = cfg.worker
-    loaded = load_task(
-        cfg.task,
-        cfg.run.seed,
-        model_path=cfg.model.path,
-        max_new_tokens=w.sampling.max_new_tokens,
-        max_model_len=w.max_model_len if w.engine == "vllm" else None,
-        sim_arms=cfg.sim.arms if w.engine == "sim" else None,
-    )
+    loaded = _load_task(cfg)
     checker = GroupChecker(
         prompt_of=epoch_prompts(loaded, cfg.coordinator),
         score=loaded.score if cfg.buffer.verify_rewards else None,
@@ -178,16 +169,8 @@ def _episode_prompt_ids(cfg: Config) -> Callable[[Any], Callable[[Prompt], list[
 
     def make(tokenizer: Any) -> Callable[[Prompt], list[int]]:
         from prl_actors.envs_llm.registry import episode_prompt_ids
-        from prl_actors.tasks import load_task
 
-        w = cfg.worker
-        loaded = load_task(
-            cfg.task,
-            cfg.run.seed,
-            model_path=cfg.model.path,
-            max_new_tokens=w.sampling.max_new_tokens,
-            max_model_len=w.max_model_len if w.engine == "vllm" else None,
-        )
+        loaded = _load_task(cfg)
         return episode_prompt_ids(cfg.task, tokenizer, loaded.reward)
 
     return make

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from prl_actors.launch.supervisor import Interrupted, Supervisor
+from prl_actors.launch.supervisor import Interrupted, Supervisor, actor_argv
 from prl_actors.launch.wiring import members
-from prl_actors.protocol.messages import role_prefix
 from prl_actors.records.logs import console
 from prl_actors.records.rundir import RunDir
 from prl_actors.runtime.processes import spawn, watch_supervisor
@@ -199,18 +197,7 @@ class EnvRun:
         self.next_env = 0
 
     def spawn(self, name: str) -> None:
-        role = role_prefix(name)
-        cmd = [
-            sys.executable,
-            "-m",
-            "prl_actors.cli.main",
-            "actor",
-            role,
-            "--config",
-            str(self.config_path),
-            "--name",
-            name,
-        ]
+        cmd = actor_argv(name, self.config_path)
         self.sup.start(spawn(name, cmd))
 
     def add_env(self) -> str:

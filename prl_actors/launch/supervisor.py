@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
+from prl_actors.protocol.messages import role_prefix
 from prl_actors.runtime.processes import KILL_WAIT_S, Child, wait_exit
 
 START_GATE_ENV = "PRL_START_GATE"  # set by `up` for the trainer and workers: exists once the servers are bound
@@ -44,6 +47,13 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def actor_argv(name: str, config_path: Path) -> list[str]:
+    """The command line of the run's actor `name` (its role from the name: worker-3 -> worker), as `up`
+    and the classic run start it: `prl-actors actor ROLE --config FILE --name NAME`."""
+    role = role_prefix(name)
+    return [sys.executable, "-m", "prl_actors.cli.main", "actor", role, "--config", str(config_path), "--name", name]
 
 
 def restart_delay(restarts: int) -> float:

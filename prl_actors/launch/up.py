@@ -60,6 +60,7 @@ from prl_actors.launch.supervisor import (
     Healing,
     Interrupted,
     Supervisor,
+    actor_argv,
     restart_delay,
 )
 from prl_actors.launch.supervisor import RESTART_BACKOFF_S as RESTART_BACKOFF_S  # re-exported for its users
@@ -384,17 +385,7 @@ class Launcher:
         restarted core: the coordinator must not scale back to run.workers); `spare`: as a spare
         (`_spawn_spares`), kept apart from the running members."""
         role = role_prefix(name)
-        cmd = [
-            sys.executable,
-            "-m",
-            "prl_actors.cli.main",
-            "actor",
-            role,
-            "--config",
-            str(self.config_path),
-            "--name",
-            name,
-        ]
+        cmd = actor_argv(name, self.config_path)
         if resume:
             cmd += ["--set", "run.resume=true", "--set", f"run.workers={self.desired}"]
         log = self.run_dir.log_path(name)
