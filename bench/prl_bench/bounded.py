@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
+from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up, up_argv
 from prl_bench.e2e import measure_loop, prepare, settings
 
 DRIFT_THRESHOLD = 0.01  # worker.sync_kl_threshold of the drift case (the demo's steps: 0.06 .. 0.09 on average)
@@ -82,18 +81,6 @@ def measure(
 
     _, overrides = shape_settings(ctx, case)
     run_dir = ctx.work_dir / f"bounded-{case}-{label(mode, k, threshold)}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prl_actors.cli.main",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--workers",
-        "1",
-        "--epochs",
-        str(epochs),
-    ]
     sets = {
         **overrides,
         "model.path": str(model_dir),
@@ -105,8 +92,7 @@ def measure(
     }
     if threshold is not None:
         sets["worker.sync_kl_threshold"] = threshold
-    for key, v in sets.items():
-        cmd += ["--set", f"{key}={v}"]
+    cmd = up_argv(run_dir, 1, epochs, sets)
     code, err = run_up(cmd, timeout_s=1800.0)
     if code != 0:
         raise RuntimeError(f"prl-actors up ({case}, {label(mode, k, threshold)}) failed ({code}): {err[-1500:]}")

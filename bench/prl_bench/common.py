@@ -18,7 +18,8 @@ import random
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,15 @@ def dies_with_us() -> None:
     terminal's Ctrl-C nor a kill of our group, and would keep its actors busy after the bench."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def up_argv(run_dir: Path, workers: int | str, epochs: int, sets: Mapping[str, Any]) -> list[str]:
+    """`prl-actors up` for a bench run in `run_dir`: `workers`, `epochs`, then `--set key=value` each."""
+    cmd = [sys.executable, "-m", "prl_actors.cli.main", "up", "--run-dir", str(run_dir)]
+    cmd += ["--workers", str(workers), "--epochs", str(epochs)]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={value}"]
+    return cmd
 
 
 def run_up(

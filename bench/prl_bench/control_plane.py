@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from prl_bench import internals
-from prl_bench.common import BenchContext, Entry, free_port, percentile, rounded, run_up
+from prl_bench.common import BenchContext, Entry, free_port, percentile, rounded, run_up, up_argv
 from prl_bench.logspans import epoch_phases
 from prl_bench.swarm import serve
 
@@ -195,18 +194,6 @@ def _timeouts(log_path: Path) -> int:
 def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
     """A `prl-actors up` sim run (processes, tcp); per epoch boundary, the turnaround and its parts."""
     epochs = ctx.size(12, 6, 3)
-    cmd = [
-        sys.executable,
-        "-m",
-        "prl_actors.cli.main",
-        "up",
-        "--workers",
-        "3",
-        "--epochs",
-        str(epochs),
-        "--run-dir",
-        str(run_dir),
-    ]
     sets = {
         "worker.engine": "sim",
         "trainer.learner": "sim",
@@ -220,8 +207,7 @@ def turnaround(ctx: BenchContext, run_dir: Path) -> dict[str, Any]:
         "sim.tokens_per_sample": 8,
         "sim.param_count": 262144,
     }
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
+    cmd = up_argv(run_dir, 3, epochs, sets)
     code, err = run_up(cmd, timeout_s=300.0)
     if code != 0:
         raise RuntimeError(f"prl-actors up failed ({code}): {err[-2000:]}")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from prl_bench.chat_shape import CHAT_MODELS, build_chat_model, chat_settings, measure_hf
-from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
+from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up, up_argv
 
 DDP2 = {"trainer.world_size": 2, "trainer.strategy": "ddp"}
 SHAPES = {  # name -> model settings
@@ -207,22 +207,9 @@ def measure_actors(
     """`prl-actors up` (1 worker) for `epochs`: medians of the steady epochs (after the first), and
     the run's dir and metrics rows for the caller (bench gpu reads generation and training from them)."""
     run_dir = ctx.work_dir / f"up-{shape}{tag}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prl_actors.cli.main",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--workers",
-        "1",
-        "--epochs",
-        str(epochs),
-    ]
     chosen = settings(ctx, shape) if overrides_ is None else overrides_
     overrides = {**chosen, "model.path": str(model_dir), "transport.base_port": free_port(5)}
-    for k, v in overrides.items():
-        cmd += ["--set", f"{k}={v}"]
+    cmd = up_argv(run_dir, 1, epochs, overrides)
     code, err = run_up(cmd, timeout_s=timeout_s)
     if code != 0:
         raise RuntimeError(f"prl-actors up ({shape}) failed ({code}): {err[-1500:]}")

@@ -208,7 +208,7 @@ def measure(model_dir: Path, device: str, impl: str, gs: list[Any], steps: int, 
         times.append(time.perf_counter() - t0)
     with DispatchCount() as count:
         one_step(steps + 1)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None  # None off CUDA (JSON has no NaN)
     return {
         "s_per_step": statistics.median(times[1:]),
         "times": times,

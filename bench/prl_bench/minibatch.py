@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
+from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up, up_argv
 from prl_bench.e2e import prepare, settings
 
 MODES = ("periodic", "sync")
@@ -24,18 +23,6 @@ MODES = ("periodic", "sync")
 
 def measure(ctx: BenchContext, shape: str, model_dir: Path, m: int, mode: str, epochs: int) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"minibatch-{shape}-M{m}-{mode}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "prl_actors.cli.main",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--workers",
-        "1",
-        "--epochs",
-        str(epochs),
-    ]
     overrides = {
         **settings(ctx, shape),
         "model.path": str(model_dir),
@@ -44,8 +31,7 @@ def measure(ctx: BenchContext, shape: str, model_dir: Path, m: int, mode: str, e
         "run.mode": mode,
         "trainer.num_minibatches": m,
     }
-    for k, v in overrides.items():
-        cmd += ["--set", f"{k}={v}"]
+    cmd = up_argv(run_dir, 1, epochs, overrides)
     code, err = run_up(cmd, timeout_s=1800.0)
     if code != 0:
         raise RuntimeError(f"prl-actors up ({shape}, M={m}, {mode}) failed ({code}): {err[-1500:]}")

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from prl_actors.envs_llm.guess import GuessEnv
-from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up
+from prl_bench.common import BenchContext, Entry, free_port, rounded, run_up, up_argv
 
 LATENCIES_MS = (0, 10, 100)
 MAX_TURNS = 4
@@ -87,18 +86,6 @@ def prepare(ctx: BenchContext) -> tuple[Path, Path]:
 def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Path, epochs: int) -> dict[str, Any]:
     run_dir = ctx.work_dir / f"up-{mode}-{latency_ms}ms"
     workers = str(ctx.size(2, 2, 1))
-    cmd = [
-        sys.executable,
-        "-m",
-        "prl_actors.cli.main",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--workers",
-        workers,
-        "--epochs",
-        str(epochs),
-    ]
     overrides = {
         **settings(ctx),
         "run.mode": mode,
@@ -109,8 +96,7 @@ def measure(ctx: BenchContext, mode: str, latency_ms: int, model: Path, rows: Pa
         "transport.base_port": free_port(5),
         "transport.auth": ctx.auth,
     }
-    for k, v in overrides.items():
-        cmd += ["--set", f"{k}={v}"]
+    cmd = up_argv(run_dir, workers, epochs, overrides)
     code, err = run_up(cmd, timeout_s=1200.0)
     if code != 0:
         raise RuntimeError(f"prl-actors up ({mode}, {latency_ms} ms) failed ({code}): {err[-1500:]}")
