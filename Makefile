@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(BIN)/python tools/import_cycles.py  # no import circles but the listed ones, no import up a layer (tools/import_layers.txt)
 
 # Test tiers: a module names its tier at its top (`pytestmark = pytest.mark.fast`); one that names
-# none is integration (tests/conftest.py). `make test` = lint + fast + integration (~10 min on 2 cores
+# none is integration (tests/conftest.py). `make test` = lint + fast + integration (~7 min on 2 cores
 # with its install); `make test-fast` = fast only; `make test-e2e` = the e2e tier; the rest are opt-in.
 # `make test` runs the tests on TEST_WORKERS processes (pytest-xdist, a module's tests stay together;
 # most of them wait on real processes and sockets); TEST_WORKERS=0 runs them in this one process.
