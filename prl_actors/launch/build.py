@@ -151,7 +151,7 @@ def group_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
     if cfg.task.multi_turn:  # every model turn bounded, max_turns of them
         checker.max_response_tokens = cfg.task.max_turns * (cfg.task.max_turn_tokens or w.sampling.max_new_tokens)
     if model_dir is not None:
-        episode = _episode_prompt_ids(cfg) if cfg.task.multi_turn else None
+        episode = _episode_prompt_ids(cfg, loaded.reward) if cfg.task.multi_turn else None
         with_model(
             checker,
             model_dir,
@@ -163,14 +163,15 @@ def group_checker(cfg: Config, model_dir: Path | None) -> GroupChecker:
     return checker
 
 
-def _episode_prompt_ids(cfg: Config) -> Callable[[Any], Callable[[Prompt], list[int]]]:
+def _episode_prompt_ids(
+    cfg: Config, reward: Callable[[str, str, str], float]
+) -> Callable[[Any], Callable[[Prompt], list[int]]]:
     """tokenizer -> (row -> the prompt ids of a multi-turn group, as its engine renders them:
-    the environment's reset, envs_llm/registry.episode_prompt_ids)."""
+    the environment's reset with the task's `reward`, envs_llm/registry.episode_prompt_ids)."""
 
     def make(tokenizer: Any) -> Callable[[Prompt], list[int]]:
         from prl_actors.envs_llm.registry import episode_prompt_ids
 
-        loaded = _load_task(cfg)
-        return episode_prompt_ids(cfg.task, tokenizer, loaded.reward)
+        return episode_prompt_ids(cfg.task, tokenizer, reward)
 
     return make
